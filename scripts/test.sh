@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The test command (README; .ci/run calls exactly this).  Sets up the pinned CPU profile,
+# starts a loopback Redis for the shared-cache tests, runs the CLI self-check and pytest.
+# No GPU needed.  pytest's own exit code is ours: a run that collects nothing exits 5.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+PYBIN=.venv/bin
+
+# Redis on loopback for cache_tools' push/pull tests (a real store, not a stand-in).
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "test: installing redis-server (Debian package)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
+    || echo "test: redis-server could not be installed; the Redis tests will fail"
+fi
+REDIS_PORT=${WARMUP_TEST_REDIS_PORT:-6391}
+redis_dir=$(mktemp -d)
+cleanup() {
+  [ -n "${redis_pid:-}" ] && kill "$redis_pid" 2>/dev/null || true
+  rm -rf "$redis_dir"
+}
+trap cleanup EXIT
+if command -v redis-server >/dev/null 2>&1; then
+  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$redis_dir" --save '' \
+    --appendonly no --daemonize no >"$redis_dir/log" 2>&1 &
+  redis_pid=$!
+  for _ in $(seq 50); do
+    redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  export WARMUP_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+fi
+
+# The operator's self-check, exactly as shipped.
+"$PYBIN/sglang-warmup" doctor --json >/dev/null
+"$PYBIN/python" -m pytest "$@"

@@ -1,0 +1,49 @@
+"""The WarmupError family: every error the product raises on purpose carries a hint (the fix)."""
+
+from __future__ import annotations
+
+
+class WarmupError(Exception):
+    """An expected failure with a one-line message and a hint that says how to fix it.
+
+    The CLI prints ``message`` and ``hint`` (never a traceback unless WARMUP_DEBUG=1) and exits
+    with ``exit_code``.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class PlanError(WarmupError):
+    """A plan file is invalid; ``message`` starts with ``file:line: key.path:``."""
+
+    exit_code = 2
+
+
+class FactsError(WarmupError):
+    """Server facts could not be obtained or are inconsistent."""
+
+    exit_code = 2
+
+
+class TransportError(WarmupError):
+    """A request could not reach SGLang, or SGLang refused or aborted it."""
+
+
+class DriverError(WarmupError):
+    """The warm-up failed in strict mode (a request or the final flush failed)."""
+
+
+class RegistrationError(WarmupError):
+    """A plan could not be registered into SGLang's ``--warmups`` registry."""
+
+
+class PatchError(WarmupError):
+    """A patch was forced on where it cannot apply."""

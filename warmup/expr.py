@@ -1,0 +1,245 @@
+"""Plan expressions: a tiny, safe arithmetic over named server facts (never ``eval``).
+
+An expression is parsed once with :func:`ast.parse` and checked against a whitelist of node
+types; evaluation walks the tree itself.  Supported: integers, booleans, ``+ - * // % **``
+(``**`` only with a small exponent), comparisons, ``and or not``, ``a if c else b``, names
+(server facts and the plan's ``let`` values) and the functions in :data:`FUNCTIONS`.
+A fact that the server does not have (``None``) makes the expression *undefined*: a
+condition is then false and a size skips its shape, with the fact named in the reason.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+MAX_LENGTH = 256  # characters of one expression
+MAX_DEPTH = 16  # nesting of the syntax tree
+MAX_POWER = 64  # largest exponent of ``**``
+MAX_MAGNITUDE = 1 << 40  # results beyond this are a plan error, not a huge allocation
+
+
+class ExprSyntaxError(ValueError):
+    """The expression text is not in the plan language (found at load time)."""
+
+
+class ExprEvalError(ValueError):
+    """The expression is well-formed but cannot be evaluated (division by zero, overflow, …)."""
+
+
+class Undefined(Exception):
+    """A fact the expression needs is not set on this server."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _next_pow2(x: int) -> int:
+    x = int(x)
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
+def _ceil_div(a: int, b: int) -> int:
+    if b == 0:
+        raise ZeroDivisionError
+    return -(-a // b)
+
+
+def _align_up(x: int, m: int) -> int:
+    return _ceil_div(x, m) * m
+
+
+def _align_down(x: int, m: int) -> int:
+    if m == 0:
+        raise ZeroDivisionError
+    return (x // m) * m
+
+
+def _odd(x: int) -> int:
+    """The smallest integer >= x (and >= 2) that is not divisible by 16: Triton's 'other' class."""
+    x = max(int(x), 2)
+    return x + 1 if x % 16 == 0 else x
+
+
+def _seq_or_args(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        if len(args) == 1 and isinstance(args[0], (list, tuple)):
+            if not args[0]:
+                raise ExprEvalError(f"{name}() of an empty list")
+            return fn(args[0])
+        if not args:
+            raise ExprEvalError(f"{name}() needs at least one argument")
+        return fn(args)
+
+    return call
+
+
+#: Functions a plan expression may call, with their arity (None = variadic).
+FUNCTIONS: dict[str, tuple[Callable[..., Any], int | None]] = {
+    "min": (_seq_or_args("min", min), None),
+    "max": (_seq_or_args("max", max), None),
+    "len": (lambda xs: len(xs), 1),
+    "ceil_div": (_ceil_div, 2),
+    "align_up": (_align_up, 2),
+    "align_down": (_align_down, 2),
+    "next_pow2": (_next_pow2, 1),
+    "odd": (_odd, 1),
+    "abs": (abs, 1),
+    # default(x, y): x, or y when x is not set on this server (x is evaluated lazily)
+    "default": (lambda x, y: x, 2),
+}
+
+_BINOPS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
+    ast.Pow: lambda a, b: a**b,
+}
+_CMPOPS: dict[type, Callable[[Any, Any], bool]] = {
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
+    ast.Lt: lambda a, b: a < b,
+    ast.LtE: lambda a, b: a <= b,
+    ast.Gt: lambda a, b: a > b,
+    ast.GtE: lambda a, b: a >= b,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
+_ALLOWED = (
+    ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Call,
+    ast.Name, ast.Load, ast.Constant, ast.List, ast.Tuple,
+    ast.And, ast.Or, ast.Not, ast.USub, ast.UAdd,
+    *_BINOPS, *_CMPOPS,
+)
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A checked expression: its source text and the names it reads."""
+
+    text: str
+    names: frozenset[str]
+    _tree: ast.Expression
+
+    def evaluate(self, env: Mapping[str, Any]) -> Any:
+        """Evaluate against ``env``; raises Undefined, ExprEvalError."""
+        try:
+            value = _eval(self._tree.body, env)
+        except ZeroDivisionError:
+            raise ExprEvalError(f"division by zero in {self.text!r}") from None
+        except (TypeError, OverflowError) as exc:
+            raise ExprEvalError(f"cannot evaluate {self.text!r}: {exc}") from None
+        return value
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse(text: str, known_names: frozenset[str] | set[str]) -> Expr:
+    """Check ``text`` against the plan language and the names it may read."""
+    if len(text) > MAX_LENGTH:
+        raise ExprSyntaxError(f"expression is {len(text)} characters long (limit {MAX_LENGTH})")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ExprSyntaxError(f"not a valid expression: {exc.msg}") from None
+    names: set[str] = set()
+    _check(tree, 0, names, frozenset(known_names))
+    return Expr(text=text.strip(), names=frozenset(names), _tree=tree)
+
+
+def _check(node: ast.AST, depth: int, names: set[str], known: frozenset[str]) -> None:
+    if depth > MAX_DEPTH:
+        raise ExprSyntaxError(f"expression is nested more than {MAX_DEPTH} levels deep")
+    if not isinstance(node, _ALLOWED):
+        raise ExprSyntaxError(f"'{type(node).__name__}' is not allowed in plan expressions")
+    if isinstance(node, ast.Constant) and not isinstance(node.value, (int, bool)):
+        raise ExprSyntaxError(f"only integers and booleans are allowed, not {node.value!r}")
+    if isinstance(node, ast.Name):
+        if node.id not in known and node.id not in FUNCTIONS:
+            raise ExprSyntaxError(f"unknown name {node.id!r}")
+        names.add(node.id)
+    if isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            raise ExprSyntaxError("only the functions " + ", ".join(sorted(FUNCTIONS))
+                                  + " may be called")
+        if node.keywords:
+            raise ExprSyntaxError("keyword arguments are not allowed")
+        _, arity = FUNCTIONS[node.func.id]
+        if arity is not None and len(node.args) != arity:
+            raise ExprSyntaxError(f"{node.func.id}() takes {arity} argument(s), got {len(node.args)}")
+        for arg in node.args:
+            _check(arg, depth + 1, names, known)
+        return
+    if isinstance(node, ast.BinOp) and isinstance(node.right, ast.Constant):
+        if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and node.right.value == 0:
+            raise ExprSyntaxError("division by zero")
+    for child in ast.iter_child_nodes(node):
+        _check(child, depth + 1, names, known)
+
+
+def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in FUNCTIONS:
+            raise ExprEvalError(f"{node.id} is a function; call it")
+        value = env.get(node.id)
+        if value is None:
+            raise Undefined(node.id)
+        return value
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_eval(e, env) for e in node.elts]
+    if isinstance(node, ast.UnaryOp):
+        value = _eval(node.operand, env)
+        if isinstance(node.op, ast.Not):
+            return not value
+        return -value if isinstance(node.op, ast.USub) else +value
+    if isinstance(node, ast.BoolOp):
+        if isinstance(node.op, ast.And):
+            result: Any = True
+            for v in node.values:
+                result = _eval(v, env)
+                if not result:
+                    return result
+            return result
+        result = False
+        for v in node.values:
+            result = _eval(v, env)
+            if result:
+                return result
+        return result
+    if isinstance(node, ast.BinOp):
+        left, right = _eval(node.left, env), _eval(node.right, env)
+        if isinstance(node.op, ast.Pow) and (not isinstance(right, int) or right > MAX_POWER):
+            raise ExprEvalError(f"exponent {right!r} is above {MAX_POWER}")
+        return _bounded(_BINOPS[type(node.op)](left, right))
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env)
+        for op, comp in zip(node.ops, node.comparators):
+            right = _eval(comp, env)
+            if not _CMPOPS[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.IfExp):
+        return _eval(node.body, env) if _eval(node.test, env) else _eval(node.orelse, env)
+    if isinstance(node, ast.Call):
+        if node.func.id == "default":  # type: ignore[union-attr]
+            try:
+                return _eval(node.args[0], env)
+            except Undefined:
+                return _eval(node.args[1], env)
+        fn, _ = FUNCTIONS[node.func.id]  # type: ignore[union-attr]
+        return _bounded(fn(*[_eval(a, env) for a in node.args]))
+    raise ExprEvalError(f"unsupported node {type(node).__name__}")  # unreachable after _check
+
+
+def _bounded(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_MAGNITUDE:
+        raise ExprEvalError(f"value {value} is beyond ±2^40")
+    return value

@@ -1,0 +1,59 @@
+"""SGLang plugin entry point (group ``sglang.srt.plugins``): activates sglang-warmup inside
+every SGLang process, gated by WARMUP_ENABLE=1.
+
+SGLang calls ``register()`` first thing in the launcher, in every scheduler, in the
+detokenizer and in the data-parallel controller (SGLang >= 0.5.13).  It must stay cheap and
+must never raise into SGLang: each step logs its own failure and the others still run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from warmup import settings
+
+logger = logging.getLogger("sglang_warmup.plugin")
+
+_registered = False
+
+
+def register() -> None:
+    """Install compile-event hooks, arm the lazy prefill-graph patches and register the plan."""
+    global _registered
+    if _registered or not settings.ENABLE.get():
+        return
+    _registered = True
+    for name, step in (("events", _install_events), ("patches", _activate_patches),
+                       ("plan", _register_plan)):
+        try:
+            step()
+        except Exception as exc:  # a guest never raises into its host
+            if name == "plan":
+                # A plan that cannot be registered must stop the launcher: starting cold
+                # while the operator asked for a warm start is the failure we exist to prevent.
+                raise
+            logger.warning("sglang-warmup: %s not activated: %s", name, exc)
+
+
+def _install_events() -> None:
+    if not settings.METRICS.get():
+        return
+    from warmup import events
+
+    events.install()
+
+
+def _activate_patches() -> None:
+    if not settings.PATCHES.get():
+        return
+    from warmup import patches
+
+    patches.activate()
+
+
+def _register_plan() -> None:
+    if not settings.PLAN.get():
+        return
+    from warmup import hook
+
+    hook.register_from_env()

@@ -1,0 +1,104 @@
+"""The only reader of WARMUP_* environment variables (and of the few other variables the
+warm-up itself, not a cache, depends on).  Each value is read on access, so tests can
+set and unset variables with ``monkeypatch.setenv``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    """One environment variable: its name, its default and how its text is parsed."""
+
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    doc: str
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name)
+        if raw is None:
+            return self.default
+        try:
+            return self.parse(raw.strip())
+        except ValueError as exc:
+            from warmup.errors import WarmupError
+
+            raise WarmupError(
+                f"environment variable {self.name}={raw!r}: {exc}",
+                hint=f"{self.name}: {self.doc}",
+            ) from None
+
+    def is_set(self) -> bool:
+        return self.name in os.environ
+
+
+def _bool(text: str) -> bool:
+    low = text.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _mode(text: str) -> str:
+    low = text.lower() or "auto"
+    if low not in ("auto", "on", "off"):
+        raise ValueError("expected auto, on or off")
+    return low
+
+
+def _str(text: str) -> str:
+    return text
+
+
+def _float(text: str) -> float:
+    return float(text)
+
+
+# --- activation (the plugin entry point does nothing unless this is set) -------------------
+ENABLE = EnvVar("WARMUP_ENABLE", False, _bool,
+                "set to 1 to activate sglang-warmup inside SGLang processes (plugin gate)")
+DEBUG = EnvVar("WARMUP_DEBUG", False, _bool, "set to 1 to print tracebacks from the CLI")
+
+# --- the warm-up plan registered into --warmups ---------------------------------------------
+PLAN = EnvVar("WARMUP_PLAN", "", _str,
+              "path of the plan file that the plugin registers as a --warmups entry")
+WARMUP_NAME = EnvVar("WARMUP_NAME", "sglang_warmup", _str,
+                     "name under which the plan is registered in SGLang's --warmups registry")
+REPORT = EnvVar("WARMUP_REPORT", "", _str, "path where the run report (JSON) is written")
+LENIENT = EnvVar("WARMUP_LENIENT", False, _bool,
+                 "set to 1 to warn and continue when a warm-up request or the flush fails")
+REQUEST_TIMEOUT_S = EnvVar("WARMUP_REQUEST_TIMEOUT_S", 600.0, _float,
+                           "seconds one warm-up request (or group) may take")
+FLUSH_TIMEOUT_S = EnvVar("WARMUP_FLUSH_TIMEOUT_S", 60.0, _float,
+                         "seconds SGLang may wait for idle before the final cache flush")
+SEED = EnvVar("WARMUP_SEED", "0", _str, "seed of the random token ids of warm-up prompts")
+
+# --- phase and metrics --------------------------------------------------------------------
+STATE_DIR = EnvVar("WARMUP_STATE_DIR", "", _str,
+                   "directory shared by all SGLang processes: phase file and compile manifest")
+METRICS = EnvVar("WARMUP_METRICS", True, _bool,
+                 "set to 0 to install no compile-event hooks in SGLang processes")
+PROMETHEUS_MULTIPROC_DIR = EnvVar("PROMETHEUS_MULTIPROC_DIR", "", _str,
+                                  "prometheus-client multiprocess directory")
+
+# --- patches --------------------------------------------------------------------------------
+PATCHES = EnvVar("WARMUP_PATCHES", True, _bool,
+                 "set to 0 to apply no prefill-graph fixes in SGLang processes")
+
+
+def fix_mode(number: int) -> str:
+    """``auto`` | ``on`` | ``off`` for fix N, from WARMUP_FIX_<N>."""
+    return EnvVar(f"WARMUP_FIX_{number}", "auto", _mode,
+                  f"auto (apply where needed), on (force) or off for fix {number}").get()
