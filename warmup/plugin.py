@@ -41,6 +41,34 @@ def _install_events() -> None:
     from warmup import events
 
     events.install()
+    _arm_serving_marker()
+
+
+def _arm_serving_marker() -> None:
+    """Without a plan, nothing of ours ends a warm-up; take SGLang's own "serving started"
+    moment (``triton_load_watch.mark_serving_started``, SGLang >= 0.5.19) as the start of the
+    ``serving`` phase.  With a plan, the driver flips the phase after the warm-up instead; a
+    sidecar sharing the state directory flips it after its own warm-up."""
+    if settings.PLAN.get():
+        return
+    try:
+        from sglang.srt.utils import triton_load_watch as watch
+    except ImportError:
+        return
+    original = watch.mark_serving_started
+    if getattr(original, "__sglang_warmup__", False):
+        return
+
+    def mark_serving_started(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        finally:
+            from warmup import phase
+
+            phase.set_phase("serving")
+
+    mark_serving_started.__sglang_warmup__ = True  # type: ignore[attr-defined]
+    watch.mark_serving_started = mark_serving_started
 
 
 def _activate_patches() -> None:

@@ -74,8 +74,9 @@ DEBUG = EnvVar("WARMUP_DEBUG", False, _bool, "set to 1 to print tracebacks from 
 # --- the warm-up plan registered into --warmups ---------------------------------------------
 PLAN = EnvVar("WARMUP_PLAN", "", _str,
               "path of the plan file that the plugin registers as a --warmups entry")
-WARMUP_NAME = EnvVar("WARMUP_NAME", "sglang_warmup", _str,
-                     "name under which the plan is registered in SGLang's --warmups registry")
+WARMUP_NAME = EnvVar("WARMUP_NAME", "", _str,
+                     "name under which the plan is registered in SGLang's --warmups registry "
+                     "(default: the plan's own name)")
 REPORT = EnvVar("WARMUP_REPORT", "", _str, "path where the run report (JSON) is written")
 LENIENT = EnvVar("WARMUP_LENIENT", False, _bool,
                  "set to 1 to warn and continue when a warm-up request or the flush fails")

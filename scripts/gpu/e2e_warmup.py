@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""End-to-end warm-up benchmark on a GPU host: cold launches of a real SGLang server serving a
+tiny random-weight MoE, with no warm-up (A), SGLang's own ``--warmups prefill_shapes`` (B), and
+``sglang-warmup serve --plan plans/default.yaml`` (C); then the same traffic sample twice against
+each, measuring per-step latency and the kernels compiled after ready.
+
+    python3 scripts/gpu/e2e_warmup.py --graphs eager --out OUT_DIR [--launches A,B,C]
+
+``--graphs eager`` adds ``--disable-prefill-cuda-graph`` (decode graphs kept), the state in which
+DeepSeek-V4 and MLA models serve; ``--graphs default`` keeps SGLang's default graphs.
+
+The launches of one run start together (one GPU, a quarter of its memory each) so that their
+cold starts overlap; the traffic is then sent to one server at a time, the others idle, so the
+measured latencies are not shared.  Startup times are therefore upper bounds (contended).
+
+Needs: the SGLang site-packages built by scripts/gpu/build_carry.sh under .carry/ (unpacked
+here on first use), nvcc on PATH or in /usr/local/cuda/bin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE, SITE_TF, OURS = Path("/tmp/site"), Path("/tmp/site_tf"), Path("/tmp/ours")
+MODEL = Path("/tmp/tiny")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def setup() -> dict[str, str]:
+    carry = ROOT / ".carry"
+    for name, dest in (("site.tar.xz", SITE), ("tf.tar.xz", SITE_TF)):
+        if not dest.exists():
+            with tarfile.open(carry / name) as tf:
+                tf.extractall(dest)
+    if not OURS.exists():
+        # A wheel built beforehand (pip wheel --no-deps -w .carry/wheel .) installs without a
+        # build backend; otherwise build from the checkout with the host's setuptools.
+        wheels = sorted((carry / "wheel").glob("sglang_warmup-*.whl"))
+        src = str(wheels[-1]) if wheels else str(ROOT)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                        "--no-build-isolation", "--target", str(OURS), src], check=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"{SITE_TF}:{SITE}:{OURS}"
+    env["PATH"] = "/usr/local/cuda/bin:" + env.get("PATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    if not (MODEL / "config.json").exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts/gpu/gen_tiny_model.py"), str(MODEL),
+                        "--vocab", "65600"], check=True, env=dict(env, TINY_MAX_POS="40960"))
+    sys.path[:0] = [str(SITE_TF), str(SITE), str(OURS)]
+    return env
+
+
+def cache_env(base: Path) -> dict[str, str]:
+    dirs = {"TRITON_CACHE_DIR": base / "triton", "TVM_FFI_CACHE_DIR": base / "tvm_ffi",
+            "FLASHINFER_WORKSPACE_BASE": base / "flashinfer", "TORCHINDUCTOR_CACHE_DIR": base / "inductor",
+            "SGLANG_CACHE_DIR": base / "sglang", "SGLANG_JIT_CACHE_DIR": base / "sglang_jit"}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    return {k: str(v) for k, v in dirs.items()}
+
+
+def triton_entries(base: Path) -> set[str]:
+    """Triton cache entries on disk, as ``<hash prefix>:<kernel name>``."""
+    d = base / "triton"
+    return {f"{c.parent.name[:10]}:{c.stem}" for c in d.rglob("*.cubin")} if d.exists() else set()
+
+
+def count_artifacts(base: Path) -> dict[str, int]:
+    """Compiled artifacts on disk: Triton cubins, nvcc/tvm-ffi and FlashInfer modules."""
+    def count(d: Path, pattern: str) -> int:
+        return sum(1 for _ in d.rglob(pattern)) if d.exists() else 0
+
+    return {"triton": count(base / "triton", "*.cubin"),
+            "nvcc": count(base / "tvm_ffi", "*.so") + count(base / "sglang_jit", "*.so")
+            + count(base / "flashinfer", "*.so")}
+
+
+class Server:
+    def __init__(self, name: str, port: int, argv: list[str], env: dict[str, str], workdir: Path) -> None:
+        self.name, self.port, self.workdir = name, port, workdir
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = workdir / "server.log"
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(argv, env=env, stdout=open(self.log_path, "w"),
+                                     stderr=subprocess.STDOUT, start_new_session=True, cwd=str(ROOT))
+        self.ready_s: float | None = None
+
+    def poll_ready(self) -> bool:
+        if self.ready_s is not None:
+            return True
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    self.ready_s = time.time() - self.t0
+                    return True
+        except Exception:
+            pass
+        return False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=20)
+        except Exception:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except Exception:
+                pass
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def traffic_sample(max_prompt: int):
+    """Chat-like lengths, shared prefixes, concurrent bursts, batched requests, long chunked
+    prompts and several sampling settings (the same sample for every launch)."""
+    from warmup import traffic
+
+    steps = (traffic.synth("chat", seed=1, steps=14, max_prompt=max_prompt)
+             + traffic.synth("rag", seed=1, steps=6, max_prompt=max_prompt)
+             + traffic.synth("batch", seed=1, steps=4, max_prompt=max_prompt)
+             + traffic.synth("agent", seed=1, steps=6, max_prompt=max_prompt))
+    return steps
+
+
+async def replay(url: str, steps, salt: str) -> list[dict]:
+    from warmup.transport import HttpTransport
+
+    t = HttpTransport(url, timeout_s=300, seed="e2e")
+    t.tokens.salt = salt
+    t.facts_sync()
+    t.tokens.salt = salt
+    out = []
+    for i, s in enumerate(steps):
+        step = s.to_step(i)
+        t0 = time.perf_counter()
+        err = None
+        try:
+            await t.send(step)
+        except Exception as exc:  # report, keep going
+            err = str(exc)[:200]
+        out.append({"i": i, "label": step.shape_class, "mode": step.mode,
+                    "prompts": [r.input_len for r in step.requests],
+                    "ms": round((time.perf_counter() - t0) * 1000, 1), "error": err})
+    return out
+
+
+def metrics_text(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            return r.read().decode()
+    except Exception as exc:
+        return f"# unavailable: {exc}"
+
+
+def serving_misses(text: str) -> dict[str, float]:
+    """sglang_warmup compile events after ready, from /metrics text."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("sglang_warmup_compile_events_total{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels[len("sglang_warmup_compile_events_total"):]] = float(value)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--graphs", default="eager", help="eager, default, or eager,default")
+    ap.add_argument("--launches", default="A,B,C")
+    ap.add_argument("--plan", default="plans/default.yaml")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/e2e-out"))
+    ap.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole run")
+    a = ap.parse_args()
+    start = time.time()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = setup()
+    log("setup done")
+    graphs = a.graphs.split(",")
+    launches = [(g, n) for g in graphs for n in a.launches.split(",")]
+    run = Path("/tmp/e2e")
+    shutil.rmtree(run, ignore_errors=True)
+    frac = f"{min(0.25, 0.9 / len(launches)):.2f}"
+    base_args = ["--model-path", str(MODEL), "--skip-tokenizer-init", "--attention-backend", "triton",
+              "--sampling-backend", "pytorch", "--grammar-backend", "none", "--moe-runner-backend", "triton",
+              "--mem-fraction-static", frac, "--max-total-tokens", "131072", "--mm-feature-transport", "cpu",
+              "--host", "127.0.0.1", "--enable-metrics"]
+    servers: list[Server] = []
+    for i, (graph, name) in enumerate(launches):
+        common = base_args + (["--disable-prefill-cuda-graph"] if graph == "eager" else [])
+        name = f"{graph}-{name}"
+        wd = run / name
+        wd.mkdir(parents=True)
+        senv = dict(env, **cache_env(wd / "cache"))
+        state = wd / "state"
+        state.mkdir()
+        senv.update({"WARMUP_ENABLE": "1", "WARMUP_STATE_DIR": str(state),
+                     "PROMETHEUS_MULTIPROC_DIR": str(state / "prometheus")})
+        (state / "prometheus").mkdir()
+        port = 31000 + i * 10
+        args = common + ["--port", str(port)]
+        if name.endswith("-A"):
+            argv = [sys.executable, "-m", "sglang.launch_server", *args]
+        elif name.endswith("-B"):
+            argv = [sys.executable, "-m", "sglang.launch_server", *args, "--warmups", "prefill_shapes"]
+        else:
+            argv = [sys.executable, "-m", "warmup", "serve", "--plan", str(ROOT / a.plan),
+                    "--state-dir", str(state), "--report", str(wd / "report.json"), "--", *args]
+        servers.append(Server(name, port, argv, senv, wd))
+        log(f"started {name}: {' '.join(argv[2:6])} ... port {port}")
+    results: dict[str, dict] = {}
+    try:
+        while not all(s.poll_ready() or not s.alive() for s in servers):
+            if time.time() - start > a.deadline * 0.7:
+                break
+            time.sleep(2)
+        for s in servers:
+            r = results[s.name] = {"ready_s": s.ready_s, "alive": s.alive()}
+            if s.ready_s is None:
+                r["log_tail"] = s.tail(40)
+                log(f"{s.name} not ready: {s.tail(15)}")
+                continue
+            r["at_ready"] = count_artifacts(s.workdir / "cache")
+            r["entries_at_ready"] = sorted(triton_entries(s.workdir / "cache"))
+            if not s.name.endswith("-C"):  # no plan: mark the serving phase at ready, as a sidecar does
+                from warmup import phase
+
+                phase.set_phase("serving", state_dir=str(s.workdir / "state"))
+            log(f"{s.name} ready in {s.ready_s:.0f} s, artifacts {r['at_ready']}")
+        max_prompt = 12000
+        steps = traffic_sample(max_prompt)
+        Path("/tmp/traffic.jsonl").write_text("".join(json.dumps(t.to_json()) + "\n" for t in steps))
+        for s in servers:
+            r = results[s.name]
+            if s.ready_s is None:
+                continue
+            if time.time() - start > a.deadline:
+                r["note"] = "deadline: traffic not sent"
+                continue
+            r["metrics_at_ready"] = serving_misses(metrics_text(s.url))
+            r["pass1"] = asyncio.run(replay(s.url, steps, "p1"))
+            r["after_pass1"] = count_artifacts(s.workdir / "cache")
+            urllib.request.urlopen(urllib.request.Request(s.url + "/flush_cache?timeout=30", method="POST"),
+                                   timeout=60).read()
+            r["pass2"] = asyncio.run(replay(s.url, steps, "p2"))
+            r["after_pass2"] = count_artifacts(s.workdir / "cache")
+            r["new_entries"] = sorted(triton_entries(s.workdir / "cache") - set(r["entries_at_ready"]))
+            try:
+                from warmup import events
+
+                recs = events.read_manifest(str(s.workdir / "state"))
+                r["manifest_serving"] = [
+                    f"{(x.get('kernel') or {}).get('name')}:{x.get('event')}:{str(x.get('hash'))[:10]}:pid{x.get('pid')}"
+                    for x in recs if x.get("phase") == "serving"]
+                r["manifest_counts"] = {}
+                for x in recs:
+                    k = f"{x.get('phase')}/{x.get('event')}/{x.get('compiler')}"
+                    r["manifest_counts"][k] = r["manifest_counts"].get(k, 0) + 1
+            except Exception as exc:
+                r["manifest_error"] = str(exc)
+            r["metrics_after"] = serving_misses(metrics_text(s.url))
+            rep = s.workdir / "report.json"
+            if rep.exists():
+                r["report"] = json.loads(rep.read_text())
+            slow = [(p1["label"], p1["ms"], p2["ms"]) for p1, p2 in zip(r["pass1"], r["pass2"])
+                    if p1["ms"] > 1.5 * p2["ms"] and p1["ms"] - p2["ms"] > 5]
+            r["slow_first"] = slow
+            log(f"{s.name}: compiles after ready {r['after_pass2']['triton'] - r['at_ready']['triton']} "
+                f"triton, {r['after_pass2']['nvcc'] - r['at_ready']['nvcc']} nvcc; "
+                f"first-pass total {sum(x['ms'] for x in r['pass1']):.0f} ms vs second "
+                f"{sum(x['ms'] for x in r['pass2']):.0f} ms; steps >1.5x slower: {len(slow)}")
+    finally:
+        for s in servers:
+            s.stop()
+            (out / f"server-{s.name}.log").write_text(s.tail(300))
+        (out / f"e2e-{a.graphs.replace(',', '-')}.json").write_text(json.dumps(results, indent=1))
+        log(f"done in {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
