@@ -69,6 +69,8 @@ class RunReport:
     facts: dict[str, Any] = field(default_factory=dict)
     compiles_total: int = 0
     compiles_by_phase: dict[str, int] = field(default_factory=dict)
+    # Set by warmup.coverage.run when the plan is replayed a second time (JSON of a Coverage).
+    coverage: dict[str, Any] | None = None
 
     @property
     def requests(self) -> int:
@@ -106,6 +108,10 @@ class RunReport:
                        "(`sglang-warmup plan show` lists them)")
         for f in self.failures:
             out.append(f"failure: {f}")
+        if self.coverage is not None:
+            from warmup.coverage import Coverage
+
+            out.append(Coverage.from_json(self.coverage).render())
         return "\n".join(out)
 
 
@@ -230,7 +236,8 @@ class Driver:
         by_class = {c.shape_class: c for c in report.classes}
         for r in records:
             ph = r.get("phase") or "init"
-            is_compile = r.get("event") in ("miss", "jit_build") or r.get("cache_hit") is False
+            event = r.get("event")
+            is_compile = event == "miss" or (event == "jit_build" and r.get("outcome") == "built")
             if not is_compile:
                 if r.get("event") == "hit" and r.get("shape_class") in by_class:
                     by_class[r["shape_class"]].disk_hits += 1

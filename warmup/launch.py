@@ -9,6 +9,7 @@ The launcher only prepares an environment and an argument list, then ``exec``s
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -73,8 +74,15 @@ def build(plan_path: str, sglang_args: list[str], *, report: str | None = None,
         env["WARMUP_REPORT"] = str(Path(report).resolve())
     # Compile events from every SGLang process aggregate in one prometheus-client
     # multiprocess directory (SGLang's --enable-metrics uses the same variable).
+    own_mp = not env.get("PROMETHEUS_MULTIPROC_DIR")
     mp = env.get("PROMETHEUS_MULTIPROC_DIR") or str(Path(sdir).resolve() / "prometheus")
     Path(mp).mkdir(parents=True, exist_ok=True)
+    # A reused state directory starts over: old compile records and (our own) metric files
+    # would otherwise be counted as this run's.
+    shutil.rmtree(Path(sdir) / "manifest", ignore_errors=True)
+    if own_mp:
+        for stale in Path(mp).glob("*.db"):
+            stale.unlink(missing_ok=True)
     env["PROMETHEUS_MULTIPROC_DIR"] = mp
     args = list(sglang_args)
     ensure_listed(entry, args)

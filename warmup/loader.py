@@ -160,7 +160,28 @@ def loads(raw: bytes | str, file: str = "<plan>") -> Plan:
         raise PlanError(f"{file}:1: <top>: invalid YAML: {exc}", hint="fix the YAML syntax") from None
     if node is None:
         raise PlanError(f"{file}:1: <top>: the plan is empty", hint="start from plans/default.yaml")
+    _check_tree(ctx, node)
     return _build_plan(ctx, node, hashlib.sha256(raw).hexdigest())
+
+
+def _check_tree(ctx: _Ctx, root: yaml.Node) -> None:
+    """Reject explicit tags (``!!python/...``) anywhere, and oversized documents, before any
+    value is built."""
+    stack, count = [root], 0
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise ctx.fail(node, "<top>", f"more than {MAX_NODES} YAML nodes", hint="shrink the plan")
+        if node.tag not in _SCALAR_TAGS and node.tag not in (_SEQ, _MAP):
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+            raise ctx.fail(node, "<top>", f"YAML tag {tag} is not allowed",
+                           hint="plans hold plain values only (numbers, text, lists, mappings)")
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                stack.extend((k, v))
 
 
 def _scalar(ctx: _Ctx, node: yaml.Node, path: str) -> Any:
@@ -169,7 +190,8 @@ def _scalar(ctx: _Ctx, node: yaml.Node, path: str) -> Any:
         raise ctx.fail(node, path, f"more than {MAX_NODES} YAML nodes", hint="shrink the plan")
     if not isinstance(node, yaml.ScalarNode):
         kind = "a list" if isinstance(node, yaml.SequenceNode) else "a mapping"
-        raise ctx.fail(node, path, f"expected a single value, got {kind}")
+        raise ctx.fail(node, path, f"expected a single value, got {kind}",
+                       hint="write one value here, not a list or mapping")
     if node.tag not in _SCALAR_TAGS:
         raise ctx.fail(node, path, f"YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')} is not allowed",
                        hint="plans hold plain values only")
@@ -182,13 +204,14 @@ def _mapping(ctx: _Ctx, node: yaml.Node, path: str, spec: dict[str, Field],
     if node.tag != _MAP or not isinstance(node, yaml.MappingNode):
         if isinstance(node, yaml.MappingNode):
             raise ctx.fail(node, path, f"YAML tag {node.tag} is not allowed")
-        raise ctx.fail(node, path, f"expected a mapping, got {_what(node)}")
+        raise ctx.fail(node, path, f"expected a mapping, got {_what(node)}",
+                       hint="write `key: value` lines")
     out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
     for knode, vnode in node.value:
         key = _scalar(ctx, knode, path)
         kpath = f"{path}.{key}" if path else str(key)
         if not isinstance(key, str):
-            raise ctx.fail(knode, kpath, f"keys must be text, got {key!r}")
+            raise ctx.fail(knode, kpath, f"keys must be text, got {key!r}", hint="quote the key")
         if key in out:
             raise ctx.fail(knode, kpath, f"duplicate key (first at line {out[key][0].start_mark.line + 1})",
                            hint="keep one of them")
@@ -207,9 +230,10 @@ def _mapping(ctx: _Ctx, node: yaml.Node, path: str, spec: dict[str, Field],
 def _sequence(ctx: _Ctx, node: yaml.Node, path: str, *, nonempty: bool = True) -> list[yaml.Node]:
     ctx.nodes += 1
     if node.tag != _SEQ or not isinstance(node, yaml.SequenceNode):
-        raise ctx.fail(node, path, f"expected a list, got {_what(node)}")
+        raise ctx.fail(node, path, f"expected a list, got {_what(node)}",
+                       hint="write a YAML list, e.g. [1, 219, 256]")
     if nonempty and not node.value:
-        raise ctx.fail(node, path, "the list is empty")
+        raise ctx.fail(node, path, "the list is empty", hint="give at least one item or remove the key")
     return list(node.value)
 
 
@@ -219,16 +243,25 @@ def _what(node: yaml.Node) -> str:
     if isinstance(node, yaml.MappingNode):
         return "a mapping"
     v = yaml.SafeLoader("").construct_object(node) if node.tag in _SCALAR_TAGS else node.value
-    return f"{type(v).__name__} {v!r}"
+    return f"{_type_name(v)} {v!r}"
+
+
+def _type_name(v: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "text",
+            type(None): "null"}.get(type(v), type(v).__name__)
+
+
+_SIZE_HINT = "a size is a positive integer or an expression such as `chunked_prefill_size + 219`"
 
 
 # --- typed values -----------------------------------------------------------------------------
 def _int(ctx: _Ctx, node: yaml.Node, path: str, *, minimum: int = 1) -> int:
     v = _scalar(ctx, node, path)
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ctx.fail(node, path, f"expected an integer, got {type(v).__name__} {v!r}")
+        raise ctx.fail(node, path, f"expected an integer, got {_type_name(v)} {v!r}",
+                       hint="write a whole number")
     if v < minimum:
-        raise ctx.fail(node, path, f"must be >= {minimum}, got {v}")
+        raise ctx.fail(node, path, f"must be >= {minimum}, got {v}", hint="write a whole number")
     return v
 
 
@@ -243,14 +276,14 @@ def _ident(ctx: _Ctx, node: yaml.Node, path: str) -> str:
 def _text(ctx: _Ctx, node: yaml.Node, path: str) -> str:
     v = _scalar(ctx, node, path)
     if not isinstance(v, str):
-        raise ctx.fail(node, path, f"expected text, got {type(v).__name__} {v!r}")
+        raise ctx.fail(node, path, f"expected text, got {_type_name(v)} {v!r}", hint="quote it")
     return v
 
 
 def _bool(ctx: _Ctx, node: yaml.Node, path: str) -> bool:
     v = _scalar(ctx, node, path)
     if not isinstance(v, bool):
-        raise ctx.fail(node, path, f"expected true or false, got {v!r}")
+        raise ctx.fail(node, path, f"expected true or false, got {v!r}", hint="write true or false")
     return v
 
 
@@ -258,16 +291,17 @@ def _size(ctx: _Ctx, node: yaml.Node, path: str, names: frozenset[str], *, boole
     v = _scalar(ctx, node, path)
     if isinstance(v, bool):
         if not boolean:
-            raise ctx.fail(node, path, f"expected an integer or an expression, got {v!r}")
+            raise ctx.fail(node, path, f"expected an integer or an expression, got {v!r}", hint=_SIZE_HINT)
         text = "True" if v else "False"
     elif isinstance(v, int):
         if not boolean and v <= 0:
-            raise ctx.fail(node, path, f"sizes must be positive, got {v}")
+            raise ctx.fail(node, path, f"sizes must be positive, got {v}", hint=_SIZE_HINT)
         text = str(v)
     elif isinstance(v, str):
         text = v
     else:
-        raise ctx.fail(node, path, f"expected an integer or an expression, got {type(v).__name__} {v!r}")
+        raise ctx.fail(node, path, f"expected an integer or an expression, got {_type_name(v)} {v!r}",
+                       hint=_SIZE_HINT)
     try:
         parsed = E.parse(text, names)
     except E.ExprSyntaxError as exc:
@@ -279,7 +313,8 @@ def _size(ctx: _Ctx, node: yaml.Node, path: str, names: frozenset[str], *, boole
             close = difflib.get_close_matches(bad, sorted(names), n=1)
             hint = (f"did you mean '{close[0]}'? " if close else "") + \
                 "`sglang-warmup plan facts` lists the server facts"
-        raise ctx.fail(node, path, f"`{text}`: {msg}", hint=hint) from None
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise ctx.fail(node, path, f"`{shown}`: {msg}", hint=hint) from None
     return Size(parsed, ctx.at(node, path))
 
 
@@ -365,7 +400,8 @@ def _build_plan(ctx: _Ctx, node: yaml.Node, sha: str) -> Plan:
         pm = _mapping(ctx, pnode, ppath, PHASE)
         pname = _ident(ctx, pm["name"][1], f"{ppath}.name")
         if pname in seen_phases:
-            raise ctx.fail(pm["name"][1], f"{ppath}.name", f"duplicate phase name '{pname}'")
+            raise ctx.fail(pm["name"][1], f"{ppath}.name", f"duplicate phase name '{pname}'",
+                           hint="phase names are unique in a plan")
         seen_phases.add(pname)
         shapes = []
         for si, snode in enumerate(_sequence(ctx, pm["shapes"][1], f"{ppath}.shapes")):
@@ -389,7 +425,7 @@ def _build_shape(ctx: _Ctx, node: yaml.Node, path: str, names: frozenset[str],
                  variant_names: tuple[str, ...]) -> Shape:
     # Read `kind` first so unknown keys can be reported against that kind's keys.
     if not isinstance(node, yaml.MappingNode):
-        raise ctx.fail(node, path, f"expected a mapping, got {_what(node)}")
+        raise ctx.fail(node, path, f"expected a mapping, got {_what(node)}", hint="write `key: value` lines")
     kind_node = next((v for k, v in node.value
                       if isinstance(k, yaml.ScalarNode) and k.value == "kind"), None)
     if kind_node is None:
@@ -479,6 +515,7 @@ def json_schema() -> dict[str, Any]:
     for kind_spec in SHAPE_KIND.values():
         all_shape_keys.update(kind_spec)
     shape = obj(all_shape_keys)
+    shape["required"] = [k for k, f in SHAPE_COMMON.items() if f.required]
     shape["allOf"] = [
         {"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
          "then": {"required": [k for k, f in spec.items() if f.required],
@@ -487,7 +524,9 @@ def json_schema() -> dict[str, Any]:
     ]
     types["shapes"] = {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/shape"}}
     types["phases"] = {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/phase"}}
-    types["let"] = {"type": "object", "additionalProperties": bool_expr,
+    types["let"] = {"type": "object",
+                    "additionalProperties": {"anyOf": [{"type": "integer"}, {"type": "boolean"},
+                                                       {"type": "string", "maxLength": E.MAX_LENGTH}]},
                     "propertyNames": {"pattern": "^[A-Za-z][A-Za-z0-9_]{0,63}$"}}
     types["defaults"] = obj(DEFAULTS)
     types["limits"] = obj(LIMITS)
@@ -501,7 +540,6 @@ def json_schema() -> dict[str, Any]:
     top["properties"]["version"] = {"const": 1, "description": TOP["version"].doc}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "https://github.com/sglang-warmup/sglang-warmup/plans/schema.json",
         "title": "sglang-warmup shape plan",
         **top,
         "$defs": {"phase": obj(PHASE), "shape": shape},
