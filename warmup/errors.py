@@ -47,3 +47,13 @@ class RegistrationError(WarmupError):
 
 class PatchError(WarmupError):
     """A patch was forced on where it cannot apply."""
+
+
+class AuditMissesError(WarmupError):
+    """An audit recorded more post-ready compile events than ``--max-misses`` allows."""
+
+    exit_code = 3
+
+
+class SidecarError(WarmupError):
+    """The sidecar (or prebake) cannot start as configured, or cannot reach its server."""

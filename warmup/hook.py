@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
+
 from warmup import loader, settings
 from warmup.errors import RegistrationError, WarmupError
 
@@ -85,7 +87,7 @@ def register_from_env() -> str | None:
 def ensure_listed(name: str, argv: list[str]) -> bool:
     """If ``argv`` is an SGLang launch command, make its ``--warmups`` list include ``name``
     (SGLang parses ``sys.argv`` after the plugins ran).  Returns True if argv was changed."""
-    if not any(a in ("--model-path", "--model") or a.startswith(("--model-path=", "--model="))
+    if not any(a in ("--model-path", "--model", "--config") or a.startswith(("--model-path=", "--model="))
                for a in argv):
         return False
     for i, a in enumerate(argv):
@@ -102,9 +104,26 @@ def ensure_listed(name: str, argv: list[str]) -> bool:
             argv[i] = "--warmups=" + ",".join(names + [name])
             break
     else:
-        argv.extend(["--warmups", name])
+        # A --warmups flag replaces the list of a --config file (SGLang: command line over
+        # config), so the config's own names are carried over.
+        names = _config_warmups(argv)
+        if name in names:
+            return False
+        argv.extend(["--warmups", ",".join(names + [name])])
     logger.info("sglang-warmup: added %s to --warmups (WARMUP_PLAN is set)", name)
     return True
+
+
+def _config_warmups(argv: list[str]) -> list[str]:
+    """The ``warmups`` names of the SGLang ``--config`` YAML file in ``argv`` (none when there is
+    no such file or it cannot be read: SGLang reports that itself)."""
+    try:
+        data = yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text(encoding="utf-8"))
+    except (ValueError, IndexError, OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    value = data.get("warmups") if isinstance(data, dict) else None
+    items = value if isinstance(value, list) else str(value or "").split(",")
+    return [str(n).strip() for n in items if str(n).strip()]
 
 
 def guard_execute_warmups() -> None:
@@ -176,7 +195,11 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
                     state_dir=settings.STATE_DIR.get() or None, metrics=metrics)
     report = None
     try:
-        report = await driver.run(exp)
+        from warmup import coverage
+
+        # With WARMUP_SECOND_PASS=1, the plan is replayed once more and the run report says
+        # whether the plan is closed (the replay compiled nothing) or lists what still compiles.
+        report = await coverage.run(driver, exp)
     except WarmupError as exc:
         report = getattr(exc, "report", None)
         raise

@@ -44,6 +44,7 @@ def plugin_entry_point() -> metadata.EntryPoint | None:
 
 def build(plan_path: str, sglang_args: list[str], *, report: str | None = None,
           lenient: bool = False, state_dir: str | None = None, name: str | None = None,
+          second_pass: bool = False,
           environ: dict[str, str] | None = None, python: str = sys.executable) -> Launch:
     """Validate the plan and the install, and compute the command and environment."""
     plan = loader.load(plan_path)  # a bad plan fails here, before any GPU is touched
@@ -70,6 +71,8 @@ def build(plan_path: str, sglang_args: list[str], *, report: str | None = None,
         "WARMUP_STATE_DIR": str(Path(sdir).resolve()),
         "WARMUP_LENIENT": "1" if lenient else "0",
     })
+    if second_pass:
+        env["WARMUP_SECOND_PASS"] = "1"
     if report:
         env["WARMUP_REPORT"] = str(Path(report).resolve())
     # Compile events from every SGLang process aggregate in one prometheus-client

@@ -94,6 +94,16 @@ METRICS = EnvVar("WARMUP_METRICS", True, _bool,
 PROMETHEUS_MULTIPROC_DIR = EnvVar("PROMETHEUS_MULTIPROC_DIR", "", _str,
                                   "prometheus-client multiprocess directory")
 
+# --- coverage and audit -------------------------------------------------------------------
+SECOND_PASS = EnvVar("WARMUP_SECOND_PASS", False, _bool,
+                     "set to 1 to replay the plan a second time after the warm-up and record "
+                     "which classes still compile (coverage.json in the state directory)")
+
+# --- sidecar and prebake -------------------------------------------------------------------
+API_KEY = EnvVar("WARMUP_API_KEY", "", _str,
+                 "the SGLang server's --api-key, sent as a Bearer token by the sidecar "
+                 "(an environment variable so it stays out of process listings)")
+
 # --- patches --------------------------------------------------------------------------------
 PATCHES = EnvVar("WARMUP_PATCHES", True, _bool,
                  "set to 0 to apply no prefill-graph fixes in SGLang processes")
