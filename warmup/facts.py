@@ -393,7 +393,7 @@ def from_server_args(server_args: Any, *, source: str = "server_args",
         max_req_input_len = getattr(tokenizer_manager, "max_req_input_len", None)
     state = dict(internal_state or {})
     mrr = state.get("effective_max_running_requests_per_dp")
-    max_total = state.get("max_total_num_tokens")
+    max_total = _kv_capacity(state)
     if source == "launch_flags":
         if settings.get("max_running_requests") is None:
             assumed.append("max_running_requests=unknown: derived from GPU memory at startup")
@@ -416,7 +416,9 @@ async def from_tokenizer_manager(tokenizer_manager: Any) -> ServerFacts:
         if states:
             # The smallest rank bounds what every rank can take.
             state = dict(states[0])
+            state["max_total_num_tokens"] = _kv_capacity(state)
             for other in states[1:]:
+                other = dict(other, max_total_num_tokens=_kv_capacity(other))
                 for key in ("effective_max_running_requests_per_dp", "max_total_num_tokens"):
                     if other.get(key) is not None and state.get(key) is not None:
                         state[key] = min(state[key], other[key])
@@ -424,6 +426,15 @@ async def from_tokenizer_manager(tokenizer_manager: Any) -> ServerFacts:
         state = {}
     return from_server_args(tokenizer_manager.server_args, source="server_args",
                             tokenizer_manager=tokenizer_manager, internal_state=state)
+
+
+def _kv_capacity(state: Mapping[str, Any]) -> Any:
+    """A scheduler's KV capacity in tokens from its internal state: SGLang (0.5.17+) reports it
+    as ``memory_usage.token_capacity``, not as ``max_total_num_tokens``."""
+    if state.get("max_total_num_tokens") is not None:
+        return state["max_total_num_tokens"]
+    usage = state.get("memory_usage")
+    return usage.get("token_capacity") if isinstance(usage, Mapping) else None
 
 
 #: Stand-in configs shipped for offline expansion of well-known hub models.

@@ -130,8 +130,14 @@ class InProcessTransport:
             return await self._send_mixed(step, t0)
         objs = [self._request(self.tokens.ids(step, i, r), sampling_params(r))
                 for i, r in enumerate(step.requests)]
-        results = await asyncio.gather(*(self._one(o, t0) for o in objs))
-        return list(results)
+        tasks = [asyncio.ensure_future(self._one(o, t0)) for o in objs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            # When one request of the group fails, withdraw the others (SGLang aborts a
+            # cancelled request) instead of leaving them running into the next step.
+            for t in tasks:
+                t.cancel()
 
     async def _one(self, obj: Any, t0: float) -> Outcome:
         outs = await self._drain(obj)
@@ -152,7 +158,7 @@ class InProcessTransport:
 
         tasks = [asyncio.create_task(decoder(i, r)) for i, r in enumerate(step.background)]
         try:
-            await asyncio.gather(*(e.wait() for e in started))
+            await _decoders_started(started, tasks)
             prompt = [await self._one(self._request(self.tokens.ids(step, 0, r), sampling_params(r)), t0)
                       for r in step.requests]
             await asyncio.gather(*tasks)
@@ -183,6 +189,21 @@ class InProcessTransport:
 
     async def close(self) -> None:
         return None
+
+
+async def _decoders_started(started: Sequence[asyncio.Event], tasks: Sequence[asyncio.Future]) -> None:
+    """Wait until every background decoder has produced a token (or finished); a decoder that
+    fails first raises its error at once instead of leaving the prompt waiting for it."""
+    all_started = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in started)))
+    waiting: set[asyncio.Future] = {all_started, *tasks}
+    try:
+        while not all_started.done():
+            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not all_started and not t.cancelled() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+    finally:
+        all_started.cancel()
 
 
 def _outcome(out: Any, latency: float) -> Outcome:
@@ -220,12 +241,16 @@ class HttpTransport:
         self.tokens = TokenMaker(vocab_size or 32000, seed)
 
     # -- plumbing
-    def _call(self, method: str, path: str, body: Any = None, *, timeout: float | None = None,
-              retry: bool = False) -> tuple[int, bytes]:
-        data = None if body is None else json.dumps(body).encode()
+    def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def _call(self, method: str, path: str, body: Any = None, *, timeout: float | None = None,
+              retry: bool = False) -> tuple[int, bytes]:
+        data = None if body is None else json.dumps(body).encode()
+        headers = self._headers()
         attempts = self.retries + 1 if retry else 1
         last: Exception | None = None
         for attempt in range(attempts):
@@ -268,16 +293,19 @@ class HttpTransport:
         return status == 200
 
     def server_info(self) -> dict[str, Any]:
-        status, payload = self._call("GET", "/server_info", retry=True, timeout=60)
+        timeout = min(60.0, self.timeout_s)
+        status, payload = self._call("GET", "/server_info", retry=True, timeout=timeout)
         if status == 404:  # older servers
-            status, payload = self._call("GET", "/get_server_info", retry=True, timeout=60)
+            status, payload = self._call("GET", "/get_server_info", retry=True, timeout=timeout)
         return self._json(status, payload, "/server_info")
 
     def facts_sync(self) -> ServerFacts:
         from warmup import facts
 
         f = facts.from_server_info(self.server_info())
+        salt = self.tokens.salt
         self.tokens = TokenMaker(f.vocab_size, self.tokens.seed)
+        self.tokens.salt = salt
         return f
 
     async def facts(self) -> ServerFacts:
@@ -317,20 +345,31 @@ class HttpTransport:
             body = {"input_ids": self.tokens.ids(step, 1000 + i, req), "sampling_params": sampling_params(req),
                     "stream": True}
             r = urllib.request.Request(self.url + "/generate", data=json.dumps(body).encode(),
-                                       headers={"Content-Type": "application/json"}, method="POST")
+                                       headers=self._headers(), method="POST")
             last: dict[str, Any] = {}
-            with urllib.request.urlopen(r, timeout=self.timeout_s) as resp:
-                for raw in resp:
-                    line = raw.decode(errors="replace").strip()
-                    if not line.startswith("data:") or line == "data: [DONE]":
-                        continue
-                    last = json.loads(line[5:])
-                    loop.call_soon_threadsafe(started[i].set)
+            try:
+                with urllib.request.urlopen(r, timeout=self.timeout_s) as resp:
+                    for raw in resp:
+                        line = raw.decode(errors="replace").strip()
+                        if not line.startswith("data:") or line == "data: [DONE]":
+                            continue
+                        last = json.loads(line[5:])
+                        if isinstance(last, dict) and "error" in last:
+                            # SGLang reports a failure inside the stream, after a 200
+                            raise TransportError(f"/generate (stream) answered an error: "
+                                                 f"{_error_message(last['error'])}", hint="see the server log")
+                        loop.call_soon_threadsafe(started[i].set)
+            except urllib.error.HTTPError as exc:
+                raise TransportError(f"/generate answered HTTP {exc.code}: {_snippet(exc.read())}",
+                                     hint="see the server log") from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+                raise TransportError(f"POST {self.url}/generate failed: {getattr(exc, 'reason', exc)}",
+                                     hint="is the server up and reachable from here?") from None
             loop.call_soon_threadsafe(started[i].set)
             return last
 
         tasks = [asyncio.ensure_future(asyncio.to_thread(stream, i, r)) for i, r in enumerate(step.background)]
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), self.timeout_s)
+        await asyncio.wait_for(_decoders_started(started, tasks), self.timeout_s)
         prompt = []
         for r in step.requests:
             outs = await asyncio.to_thread(self.generate_sync, self.tokens.ids(step, 0, r), sampling_params(r))
@@ -350,6 +389,13 @@ class HttpTransport:
 
     async def close(self) -> None:
         return None
+
+
+def _error_message(error: Any) -> str:
+    """The text of an SGLang ``{"error": ...}`` payload (a string or ``{"message": ...}``)."""
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])
+    return str(error)
 
 
 def _snippet(payload: bytes, limit: int = 200) -> str:

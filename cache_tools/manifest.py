@@ -1,0 +1,200 @@
+"""The manifest: the first member of every archive, listing the fingerprint and, per entry, each
+file's size, mode and sha256.  Everything a restore writes is checked against it first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from cache_tools.errors import ArchiveError
+from cache_tools.fingerprint import Fingerprint, canonical_json
+from cache_tools.locations import KIND_NAMES, kind
+
+FORMAT = "sglang-warmup-cache-archive"
+VERSION = 1
+MANIFEST_NAME = "manifest.json"
+MODES = (0o644, 0o755)
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HINT = "the archive is corrupt or was not written by `sglang-warmup cache pack`"
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One file of an entry."""
+
+    #: path relative to the entry, '/'-separated ('' for a file entry)
+    path: str
+    size: int
+    sha256: str
+    #: 0o644, or 0o755 when any execute bit was set
+    mode: int = 0o644
+
+    def to_list(self) -> list[Any]:
+        return [self.path, self.size, self.sha256, self.mode]
+
+
+@dataclass(frozen=True)
+class EntryRecord:
+    """One entry: its kind, its name below the kind's root and its files, sorted by path."""
+
+    kind: str
+    name: str
+    is_dir: bool
+    files: tuple[FileRecord, ...]
+
+    @property
+    def digest(self) -> str:
+        """Content hash of the entry (files, sizes, modes, hashes), independent of its name:
+        identical content has identical digests (dedupe, the shared store's blob key)."""
+        return content_digest(self.is_dir, self.files)
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def key(self) -> str:
+        """``kind:name``: unique within an archive."""
+        return f"{self.kind}:{self.name}"
+
+    def member(self, f: FileRecord) -> str:
+        """The archive member name of file ``f``: ``<kind>/<name>/<path>``."""
+        return "/".join(p for p in (self.kind, self.name, f.path) if p)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "type": "dir" if self.is_dir else "file",
+                "sha256": self.digest, "files": [f.to_list() for f in self.files]}
+
+
+def content_digest(is_dir: bool, files: tuple[FileRecord, ...]) -> str:
+    return hashlib.sha256(canonical_json(
+        {"type": "dir" if is_dir else "file", "files": [f.to_list() for f in files]})).hexdigest()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Fingerprint plus entries, sorted by (kind, name)."""
+
+    fingerprint: Fingerprint
+    entries: tuple[EntryRecord, ...]
+    created_by: str = "sglang-warmup"
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    @property
+    def nb_files(self) -> int:
+        return sum(len(e.files) for e in self.entries)
+
+    def members(self) -> Iterator[tuple[str, EntryRecord, FileRecord]]:
+        """Every payload member in archive order."""
+        for e in self.entries:
+            for f in e.files:
+                yield e.member(f), e, f
+
+    def to_json(self) -> bytes:
+        kinds: dict[str, dict[str, int]] = {}
+        for e in self.entries:
+            k = kinds.setdefault(e.kind, {"entries": 0, "bytes": 0})
+            k["entries"] += 1
+            k["bytes"] += e.size
+        doc = {"format": FORMAT, "version": VERSION, "created_by": self.created_by,
+               "fingerprint": self.fingerprint.to_dict(),
+               "totals": {"entries": len(self.entries), "files": self.nb_files,
+                          "bytes": self.size},
+               "kinds": kinds,
+               "entries": [e.to_dict() for e in self.entries]}
+        return json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False).encode() + b"\n"
+
+    @classmethod
+    def parse(cls, data: bytes, where: str = MANIFEST_NAME) -> "Manifest":
+        """Parse and validate; an ArchiveError naming the offending field otherwise."""
+        try:
+            doc = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ArchiveError(f"{where}: not valid JSON ({exc})", hint=_HINT) from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ArchiveError(f"{where}: not an sglang-warmup cache manifest", hint=_HINT)
+        if doc.get("version") != VERSION:
+            raise ArchiveError(f"{where}: unsupported version {doc.get('version')!r} "
+                               f"(this sglang-warmup reads version {VERSION})",
+                               hint="use the sglang-warmup release that wrote the archive")
+        try:
+            fp = Fingerprint.from_dict(doc.get("fingerprint"), f"{where}: fingerprint")
+        except ArchiveError:
+            raise
+        except Exception as exc:  # CacheError from Fingerprint.from_dict
+            raise ArchiveError(str(exc), hint=_HINT) from None
+        raw_entries = doc.get("entries")
+        if not isinstance(raw_entries, list):
+            raise ArchiveError(f"{where}: entries: expected a list", hint=_HINT)
+        entries = [parse_entry(e, f"{where}: entries[{i}]") for i, e in enumerate(raw_entries)]
+        keys = [(e.kind, e.name) for e in entries]
+        if keys != sorted(keys):
+            raise ArchiveError(f"{where}: entries are not sorted by kind and name", hint=_HINT)
+        for a, b in zip(keys, keys[1:]):
+            if a == b:
+                raise ArchiveError(f"{where}: entry {a[0]}:{a[1]} is listed twice", hint=_HINT)
+        created_by = doc.get("created_by", "")
+        return cls(fp, tuple(entries), created_by if isinstance(created_by, str) else "")
+
+
+def parse_entry(raw: Any, where: str) -> EntryRecord:
+    """Validate one entry object (also used for records in the shared store)."""
+    if not isinstance(raw, dict):
+        raise ArchiveError(f"{where}: expected an object", hint=_HINT)
+    k = raw.get("kind")
+    if k not in KIND_NAMES:
+        raise ArchiveError(f"{where}: unknown kind {k!r}", hint=_HINT)
+    name = raw.get("name")
+    typ = raw.get("type")
+    if not isinstance(name, str) or typ not in ("dir", "file"):
+        raise ArchiveError(f"{where}: name must be a string and type 'dir' or 'file'", hint=_HINT)
+    parts = tuple(name.split("/")) if name else ()
+    _check_parts(parts, f"{where}: name {name!r}")
+    is_dir = typ == "dir"
+    if kind(k).layout.entry_rule(parts, is_dir) is None:
+        raise ArchiveError(f"{where}: {name!r} is not where a {k} entry can be", hint=_HINT)
+    raw_files = raw.get("files")
+    if not isinstance(raw_files, list) or not raw_files:
+        raise ArchiveError(f"{where}: files: expected a non-empty list", hint=_HINT)
+    files = []
+    for j, rf in enumerate(raw_files):
+        fw = f"{where}.files[{j}]"
+        if not (isinstance(rf, list) and len(rf) == 4):
+            raise ArchiveError(f"{fw}: expected [path, size, sha256, mode]", hint=_HINT)
+        path, size, sha, mode = rf
+        if not isinstance(path, str):
+            raise ArchiveError(f"{fw}: path must be a string", hint=_HINT)
+        if is_dir:
+            _check_parts(tuple(path.split("/")), f"{fw}: path {path!r}")
+        elif path != "":
+            raise ArchiveError(f"{fw}: a file entry has exactly one file with path ''",
+                               hint=_HINT)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ArchiveError(f"{fw}: size must be a non-negative integer", hint=_HINT)
+        if not isinstance(sha, str) or not _HEX64.match(sha):
+            raise ArchiveError(f"{fw}: sha256 must be 64 lowercase hex digits", hint=_HINT)
+        if mode not in MODES:
+            raise ArchiveError(f"{fw}: mode must be 420 (0644) or 493 (0755)", hint=_HINT)
+        files.append(FileRecord(path, size, sha, mode))
+    paths = [f.path for f in files]
+    if paths != sorted(set(paths)):
+        raise ArchiveError(f"{where}: files are not sorted or not unique", hint=_HINT)
+    if not is_dir and len(files) != 1:
+        raise ArchiveError(f"{where}: a file entry has exactly one file", hint=_HINT)
+    record = EntryRecord(k, name, is_dir, tuple(files))
+    if "sha256" in raw and raw["sha256"] != record.digest:
+        raise ArchiveError(f"{where}: sha256 does not match its files", hint=_HINT)
+    return record
+
+
+def _check_parts(parts: tuple[str, ...], where: str) -> None:
+    for p in parts:
+        if p in ("", ".", "..") or "\\" in p or "\x00" in p:
+            raise ArchiveError(f"{where}: not a plain relative path", hint=_HINT)

@@ -1,0 +1,301 @@
+"""A shared store for fleets: push complete cache entries to Redis, pull them on other nodes.
+
+Keys (``<ns>`` defaults to ``sglang-warmup``, ``<fp>`` is the toolchain hash of fingerprint.py):
+
+* ``<ns>:<fp>:meta`` - the fingerprint (JSON), written once;
+* ``<ns>:<fp>:<kind>:<entry>`` - the entry record (files, sizes, sha256; its content hash),
+  written with ``SET NX``: the first node to publish an entry defines it, nobody overwrites it;
+* ``<ns>:<fp>:blob:<content sha256>`` - the entry's files as a small deterministic tar, also
+  ``SET NX``; identical content is stored once (content-addressed);
+* ``<ns>:<fp>:index`` - a set of ``<kind>:<entry>``, added to after blob and record exist.
+
+Pull verifies every byte against the record before anything is moved into place, with the same
+staged, atomic install as ``cache restore`` (including the Triton group rewrite).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from cache_tools import fingerprint as fp_mod
+from cache_tools.archive import (CHUNK, Limits, PlannedEntry, RestoreResult, Source, _tarinfo,
+                                 check_member, collect, plan_entry, restore_roots)
+from cache_tools.errors import ArchiveError, RemoteError, os_errors
+from cache_tools.fingerprint import Compatibility, Fingerprint
+from cache_tools.locations import Location
+from cache_tools.manifest import EntryRecord, parse_entry
+from cache_tools.progress import Progress
+from cache_tools.scan import CacheWarning, scan
+from cache_tools.staging import Installer, Outcome
+
+NAMESPACE = "sglang-warmup"
+#: Redis strings hold at most 512 MiB; entries above this are skipped with a warning
+MAX_ENTRY_BYTES = 256 << 20
+_HINT_REMOTE = "the shared store holds damaged or foreign data; delete the key and push again"
+
+
+def connect(url: str):
+    """A Redis client for ``url`` (redis://, rediss://, unix://), checked with PING."""
+    try:
+        import redis
+    except ImportError:
+        raise RemoteError("the redis package is needed for push/pull",
+                          hint="pip install 'sglang-warmup[redis]' (or redis)") from None
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=10)
+        client.ping()
+    except ValueError as exc:
+        raise RemoteError(f"--url {url!r}: {exc}",
+                          hint="write redis://HOST:PORT/DB (or rediss://, unix://)") from None
+    except redis.exceptions.RedisError as exc:
+        raise RemoteError(f"cannot reach Redis at {url}: {exc}",
+                          hint="check the URL, that Redis runs, and that this host may connect"
+                          ) from None
+    return client
+
+
+def _prefix(namespace: str, fp_hash: str) -> str:
+    return f"{namespace}:{fp_hash}"
+
+
+def entry_blob(record: EntryRecord, sources: list[Source]) -> bytes:
+    """The entry's files as a deterministic tar (members named by path within the entry)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for s in sources:
+            with s.open() as f:
+                tar.addfile(_tarinfo(s.file.path or "_", s.file.size, s.file.mode), f)
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """What ``push`` did."""
+
+    namespace: str
+    pushed: int
+    present: int
+    bytes_sent: int
+    #: entries the store already holds with different content (the store's copy is kept)
+    conflicts: tuple[str, ...]
+    #: entries larger than the per-entry limit (not pushed)
+    too_large: tuple[str, ...]
+    warnings: tuple[CacheWarning, ...]
+    seconds: float
+
+
+def push(url: str, locations: Iterable[Location], *, namespace: str = NAMESPACE,
+         fingerprint: Fingerprint | None = None, max_entry_bytes: int = MAX_ENTRY_BYTES,
+         progress: Progress | None = None, client: Any = None) -> PushResult:
+    """Publish every complete local entry that the store does not hold yet."""
+    with os_errors("push", "check that the cache files are readable"):
+        return _push(url, list(locations), namespace, fingerprint, max_entry_bytes,
+                     progress or Progress.null(), client)
+
+
+def _push(url: str, locations: list[Location], namespace: str, fingerprint: Fingerprint | None,
+          max_entry_bytes: int, progress: Progress, client: Any) -> PushResult:
+    started = time.monotonic()
+    fp = fingerprint or fp_mod.current()
+    r = client or connect(url)
+    info = scan(list(locations))
+    warnings = list(info.warnings)
+    records, sources = collect([e for e in info.entries if e.complete], None, warnings)
+    by_key: dict[str, list[Source]] = {}
+    for s in sources:
+        by_key.setdefault(s.entry.key, []).append(s)
+    prefix = _prefix(namespace, fp.hash)
+    r.set(f"{prefix}:meta", json.dumps(fp.to_dict(), sort_keys=True), nx=True)
+    existing = r.mget([f"{prefix}:{rec.key}" for rec in records]) if records else []
+    pushed = present = sent = 0
+    conflicts: list[str] = []
+    too_large: list[str] = []
+    progress.start("push", sum(rec.size for rec in records))
+    for rec, raw in zip(records, existing):
+        key = f"{prefix}:{rec.key}"
+        if raw is None and rec.size > max_entry_bytes:
+            too_large.append(rec.key)
+            continue
+        if raw is None:
+            blob = entry_blob(rec, by_key[rec.key])
+            r.set(f"{prefix}:blob:{rec.digest}", blob, nx=True)
+            if r.set(key, json.dumps(rec.to_dict(), sort_keys=True), nx=True):
+                r.sadd(f"{prefix}:index", rec.key)
+                pushed += 1
+                sent += len(blob)
+                progress.advance(rec.size)
+                continue
+            raw = r.get(key)  # another node published it first
+        if _digest_of(raw) == rec.digest:
+            r.sadd(f"{prefix}:index", rec.key)  # heal an index left behind by a killed push
+            present += 1
+        else:
+            conflicts.append(rec.key)
+        progress.advance(rec.size)
+    progress.finish()
+    return PushResult(f"{prefix}", pushed, present, sent, tuple(conflicts), tuple(too_large),
+                      tuple(warnings), time.monotonic() - started)
+
+
+def _digest_of(raw: bytes | None) -> str | None:
+    try:
+        return json.loads(raw)["sha256"] if raw is not None else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class PullPlan:
+    """What a pull would do; nothing has been written yet.  ``execute()`` does it."""
+
+    url: str
+    namespace: str
+    fingerprint: Fingerprint | None
+    compatibility: Compatibility | None
+    roots: Mapping[str, Path]
+    items: tuple[PlannedEntry, ...]
+    max_entry_bytes: int = MAX_ENTRY_BYTES
+    client: Any = field(default=None, compare=False, repr=False)
+
+    def by_action(self, action: str) -> tuple[PlannedEntry, ...]:
+        return tuple(i for i in self.items if i.action == action)
+
+    @property
+    def to_write(self) -> tuple[PlannedEntry, ...]:
+        return tuple(i for i in self.items if i.action in ("add", "fill"))
+
+    @property
+    def bytes_to_write(self) -> int:
+        return sum(i.entry.size for i in self.to_write)
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return not self.to_write
+
+    def execute(self, *, progress: Progress | None = None,
+                on_entry: Callable[[Outcome], None] | None = None) -> RestoreResult:
+        """Fetch and verify every entry to write into staging, then move each into place."""
+        with os_errors("pull", "check free space and permissions of the destination; no "
+                               "partial entry is visible, rerun to finish"):
+            return self._execute(progress or Progress.null(), on_entry)
+
+    def _execute(self, progress: Progress, on_entry: Callable[[Outcome], None] | None
+                 ) -> RestoreResult:
+        started = time.monotonic()
+        r = self.client or connect(self.url)
+        installer = Installer(self.roots)
+        installer.clean_stale()
+        outcomes: list[Outcome] = []
+        fetched = 0
+        try:
+            progress.start("pull", self.bytes_to_write)
+            for item in self.to_write:
+                rec = item.entry
+                blob = r.get(f"{self.namespace}:blob:{rec.digest}")
+                where = f"{self.namespace}:blob:{rec.digest}"
+                if blob is None:
+                    raise RemoteError(f"{where}: missing (entry {rec.key} is indexed)",
+                                      hint=_HINT_REMOTE)
+                if len(blob) > self.max_entry_bytes + 1024 * (len(rec.files) + 4):
+                    raise RemoteError(f"{where}: {len(blob)} bytes exceeds the per-entry limit",
+                                      hint=_HINT_REMOTE)
+                fetched += len(blob)
+                _stage_blob(installer, rec, blob, where)
+                installer.mark_staged(rec)
+                progress.advance(rec.size)
+            progress.finish()
+            installer.prepare()
+            for rec in installer.staged:
+                outcome = installer.commit(rec)
+                outcomes.append(outcome)
+                if on_entry is not None:
+                    on_entry(outcome)
+        finally:
+            installer.cleanup()
+        return RestoreResult(tuple(outcomes), time.monotonic() - started, fetched)
+
+
+def _stage_blob(installer: Installer, rec: EntryRecord, blob: bytes, where: str) -> None:
+    try:
+        tar = tarfile.open(fileobj=io.BytesIO(blob), mode="r:")
+        infos = tar.getmembers()
+    except tarfile.TarError as exc:
+        raise RemoteError(f"{where}: not a valid entry blob ({exc})", hint=_HINT_REMOTE) from None
+    expected = [f.path or "_" for f in rec.files]
+    limits = Limits(max_file_bytes=MAX_ENTRY_BYTES)
+    for ti in infos:
+        try:
+            check_member(ti, limits)
+        except ArchiveError as exc:
+            raise RemoteError(f"{where}: {exc.message}", hint=_HINT_REMOTE) from None
+    if [ti.name for ti in infos] != expected:
+        raise RemoteError(f"{where}: files do not match the record of {rec.key}",
+                          hint=_HINT_REMOTE)
+    for ti, f in zip(infos, rec.files):
+        src = tar.extractfile(ti)
+        assert src is not None
+        h = hashlib.sha256()
+        n = 0
+        with installer.open(rec, f) as out:
+            while chunk := src.read(CHUNK):
+                n += len(chunk)
+                h.update(chunk)
+                out.write(chunk)
+        if n != f.size or h.hexdigest() != f.sha256:
+            raise RemoteError(f"{where}: file {ti.name!r} of {rec.key} fails its sha256 check",
+                              hint=_HINT_REMOTE)
+
+
+def plan_pull(url: str, *, dest: str | os.PathLike[str] | None = None,
+              kinds: Iterable[str] | None = None, fingerprint_hash: str | None = None,
+              namespace: str = NAMESPACE, force: bool = False,
+              env: Mapping[str, str] | None = None, local: Fingerprint | None = None,
+              client: Any = None) -> PullPlan:
+    """List what the store holds for a toolchain and compare it with the destination."""
+    local = local or fp_mod.current()
+    r = client or connect(url)
+    prefix = _prefix(namespace, fingerprint_hash or local.hash)
+    raw_meta = r.get(f"{prefix}:meta")
+    members = sorted(m.decode() if isinstance(m, bytes) else m
+                     for m in r.smembers(f"{prefix}:index"))
+    if raw_meta is None:
+        if members:
+            raise RemoteError(f"{prefix}:meta: missing while {len(members)} entries are indexed",
+                              hint=_HINT_REMOTE)
+        return PullPlan(url, prefix, None, None, {}, (), client=r)
+    try:
+        remote_fp = Fingerprint.from_dict(json.loads(raw_meta), f"{prefix}:meta")
+    except ValueError:
+        raise RemoteError(f"{prefix}:meta: not valid JSON", hint=_HINT_REMOTE) from None
+    compat = fp_mod.require_compatible(remote_fp, local, force=force,
+                                       what=f"the shared store {prefix}")
+    wanted = set(kinds) if kinds is not None else None
+    members = [m for m in members if wanted is None or m.split(":", 1)[0] in wanted]
+    raws = r.mget([f"{prefix}:{m}" for m in members]) if members else []
+    records: list[EntryRecord] = []
+    for m, raw in zip(members, raws):
+        where = f"{prefix}:{m}"
+        if raw is None:
+            raise RemoteError(f"{where}: indexed but missing", hint=_HINT_REMOTE)
+        try:
+            rec = parse_entry(json.loads(raw), where)
+        except ValueError:
+            raise RemoteError(f"{where}: not valid JSON", hint=_HINT_REMOTE) from None
+        except ArchiveError as exc:
+            raise RemoteError(exc.message, hint=_HINT_REMOTE) from None
+        if rec.key != m:
+            raise RemoteError(f"{where}: the record describes {rec.key}", hint=_HINT_REMOTE)
+        records.append(rec)
+    roots = restore_roots((rec.kind for rec in records), dest, env)
+    items = tuple(plan_entry(rec, roots.get(rec.kind)) for rec in records)
+    return PullPlan(url, prefix, remote_fp, compat,
+                    {k: v for k, v in roots.items() if v is not None}, items, client=r)
+

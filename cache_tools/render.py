@@ -1,0 +1,283 @@
+"""Rendering of cache_tools results for people (tables, sentences) and scripts (JSON, env files).
+Pure functions from result objects to text or JSON-ready data; nothing here does work."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shlex
+from typing import Any, Sequence
+
+from cache_tools.archive import MergeResult, PackResult, RestorePlan, RestoreResult, VerifyReport
+from cache_tools.fingerprint import HARDWARE_FIELDS, SOFTWARE_FIELDS, Compatibility, Fingerprint
+from cache_tools.locations import Exports, SGLangProfile
+from cache_tools.prune import PruneResult, PruneStrategy
+from cache_tools.remote import PullPlan, PushResult
+from cache_tools.scan import CacheInfo, age_str, size_str
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
+             for r in [headers, ["-" * w for w in widths], *rows]]
+    return "\n".join(lines)
+
+
+def _iso(ts: float) -> str | None:
+    if not ts:
+        return None
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat(
+        timespec="seconds")
+
+
+# --- env ----------------------------------------------------------------------------------------
+
+
+def env_text(ex: Exports, fmt: str) -> str:
+    if fmt == "sh":
+        lines = [f"# {c}" for c in ex.comments]
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in ex.pairs]
+        return "\n".join(lines)
+    if fmt == "dockerfile":
+        lines = [f"# {c}" for c in ex.comments]
+        lines += [f"ENV {k}={json.dumps(v)}" for k, v in ex.pairs]
+        return "\n".join(lines)
+    if fmt == "k8s":
+        lines = [f"# {c}" for c in ex.comments] + ["env:"]
+        for k, v in ex.pairs:
+            lines += [f"  - name: {k}", f"    value: {json.dumps(v)}"]
+        return "\n".join(lines)
+    raise AssertionError(fmt)
+
+
+# --- ls -----------------------------------------------------------------------------------------
+
+
+def ls_json(info: CacheInfo, profile: SGLangProfile | None = None) -> dict[str, Any]:
+    kinds = []
+    for k in info.kinds:
+        loc = k.location
+        kinds.append({
+            "kind": k.kind.name,
+            "path": str(loc.path) if loc.path else None,
+            "source": loc.source,
+            "active": loc.active,
+            "note": loc.note,
+            "exists": k.exists,
+            "entries": len(k.complete_entries),
+            "incomplete": len(k.entries) - len(k.complete_entries),
+            "size_on_disk": k.size_on_disk,
+            "size_on_disk_str": k.size_on_disk_str,
+            "last_used": _iso(k.last_used),
+            "items": [{"name": e.name, "size_on_disk": e.size_on_disk, "files": len(e.files),
+                       "last_used": _iso(e.last_used), "complete": e.complete,
+                       "problem": e.problem} for e in k.entries],
+        })
+    return {"sglang": (profile.version if profile else None),
+            "size_on_disk": info.size_on_disk, "size_on_disk_str": info.size_on_disk_str,
+            "kinds": kinds, "warnings": [{"kind": w.kind, "path": str(w.path),
+                                          "message": w.message} for w in info.warnings]}
+
+
+def ls_text(info: CacheInfo, profile: SGLangProfile | None = None) -> str:
+    rows = []
+    for k in info.kinds:
+        loc = k.location
+        status = "" if loc.active else "(unused) "
+        if not k.exists:
+            status += "absent"
+        rows.append([k.kind.name, str(loc.path) if loc.path else "-",
+                     str(len(k.complete_entries)), k.size_on_disk_str, str(k.size_on_disk),
+                     age_str(k.last_used) if k.exists else "-",
+                     (status + " " + loc.note).strip()])
+    out = [table(["KIND", "PATH", "ENTRIES", "SIZE", "BYTES", "LAST USED", "NOTE"], rows)]
+    if info.is_empty:
+        checked = sum(1 for k in info.kinds if k.location.path)
+        out.append(f"\nNo JIT cache entries found in the {checked} locations checked.")
+    else:
+        n = sum(len(k.complete_entries) for k in info.kinds)
+        out.append(f"\n{n} complete entries, {info.size_on_disk_str} "
+                   f"({info.size_on_disk} bytes) in total.")
+    if profile is not None and profile.version is None:
+        out.append("SGLang is not installed here: locations follow the SGLang 0.5.22 rules.")
+    for w in info.warnings:
+        out.append(f"warning: {w}")
+    return "\n".join(out)
+
+
+# --- fingerprint --------------------------------------------------------------------------------
+
+
+def fingerprint_text(fp: Fingerprint) -> str:
+    soft, hard = fp.software_map, fp.hardware_map
+    rows = [[f, soft.get(f, "(not installed)")] for f in SOFTWARE_FIELDS]
+    rows += [[f, hard.get(f, "(no GPU visible)" if f != "driver" else "(none)")]
+             for f in HARDWARE_FIELDS]
+    return table(["FIELD", "VALUE"], rows) + f"\n\ntoolchain hash: {fp.hash}\n" \
+                                              f"full hash:      {fp.full_hash}"
+
+
+def compat_lines(c: Compatibility) -> list[str]:
+    lines = []
+    for f, theirs, ours in c.mismatches:
+        lines.append(f"mismatch: {f} {theirs} (archive) vs {ours} (here)")
+    for n in c.notes:
+        lines.append(f"note: {n}")
+    if c.ok and not c.notes:
+        lines.append("fingerprint: matches this machine")
+    elif c.ok:
+        lines.append("fingerprint: compatible with this machine")
+    return lines
+
+
+def fingerprint_compare_table(theirs: Fingerprint, ours: Fingerprint) -> str:
+    a, b = theirs.software_map | theirs.hardware_map, ours.software_map | ours.hardware_map
+    rows = []
+    for f in SOFTWARE_FIELDS + HARDWARE_FIELDS:
+        x, y = a.get(f, "-"), b.get(f, "-")
+        rows.append([f, x, y, "" if x == y else "differs"])
+    return table(["FIELD", "ARCHIVE", "THIS MACHINE", ""], rows)
+
+
+# --- pack / verify / restore / merge ----------------------------------------------------------
+
+
+def pack_text(r: PackResult) -> str:
+    m = r.manifest
+    if r.is_empty:
+        head = (f"No complete cache entries found; wrote an empty archive {r.path} "
+                f"({size_str(r.archive_bytes)}).")
+    else:
+        head = (f"Packed {len(m.entries)} entries ({m.nb_files} files, {size_str(m.size)}) into "
+                f"{r.path}: {size_str(r.archive_bytes)} in {r.seconds:.1f}s.")
+    lines = [head] + [f"warning: {w}" for w in r.warnings]
+    return "\n".join(lines)
+
+
+def verify_text(r: VerifyReport) -> str:
+    m = r.manifest
+    kinds = {}
+    for e in m.entries:
+        kinds[e.kind] = kinds.get(e.kind, 0) + 1
+    lines = [f"{r.path}: OK - {len(m.entries)} entries, {m.nb_files} files, {size_str(m.size)} "
+             f"verified ({'zstd' if r.compressed else 'tar'}, {size_str(r.archive_bytes)})",
+             "kinds: " + (", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"),
+             f"made by: {m.created_by}", "",
+             fingerprint_compare_table(m.fingerprint, r.local), ""]
+    lines += compat_lines(r.compatibility)
+    if not r.compatibility.ok:
+        lines.append("restore would refuse this archive here unless --force is given")
+    return "\n".join(lines)
+
+
+def verify_json(r: VerifyReport) -> dict[str, Any]:
+    m = r.manifest
+    return {"path": str(r.path), "ok": True, "compressed": r.compressed,
+            "archive_bytes": r.archive_bytes, "entries": len(m.entries), "files": m.nb_files,
+            "bytes": m.size, "fingerprint": m.fingerprint.to_dict(),
+            "local_fingerprint": r.local.to_dict(), "compatible": r.compatibility.ok,
+            "mismatches": [list(x) for x in r.compatibility.mismatches],
+            "notes": list(r.compatibility.notes)}
+
+
+def plan_text(plan: RestorePlan | PullPlan, source: str) -> str:
+    if isinstance(plan, PullPlan) and plan.fingerprint is None:
+        return f"Nothing to pull: the shared store holds no entries under {plan.namespace}."
+    items = plan.items
+    if not items:
+        return f"Nothing to restore: {source} holds no entries."
+    count = {a: len(plan.by_action(a)) for a in ("add", "fill", "skip", "blocked", "nowhere")}
+    added = sum(i.entry.size for i in plan.by_action("add"))
+    lines = [f"Plan for {source}:",
+             f"  add      {count['add']} entries ({size_str(added)})",
+             f"  complete {count['fill']} incomplete Triton entries",
+             f"  skip     {count['skip']} entries already complete",
+             f"  bytes to write: {size_str(plan.bytes_to_write)} ({plan.bytes_to_write} bytes)"]
+    if count["blocked"]:
+        lines.append(f"  leave    {count['blocked']} entries: an incomplete copy is in place "
+                     "(another process is writing it, or it was abandoned)")
+    if count["nowhere"]:
+        lines.append(f"  drop     {count['nowhere']} entries of kinds with no persistent "
+                     "directory here")
+    for k, root in sorted(plan.roots.items()):
+        lines.append(f"  {k} -> {root}")
+    if plan.compatibility is not None:
+        lines += ["  " + x for x in compat_lines(plan.compatibility)]
+    if plan.nothing_to_do:
+        lines.append("Nothing to do: every entry is already in place.")
+    return "\n".join(lines)
+
+
+def plan_json(plan: RestorePlan | PullPlan) -> dict[str, Any]:
+    return {"entries": [{"kind": i.entry.kind, "name": i.entry.name, "bytes": i.entry.size,
+                         "action": i.action, "target": str(i.target) if i.target else None}
+                        for i in plan.items],
+            "bytes_to_write": plan.bytes_to_write,
+            "roots": {k: str(v) for k, v in plan.roots.items()}}
+
+
+def outcomes_json(r: RestoreResult) -> list[dict[str, Any]]:
+    return [{"kind": o.entry.kind, "name": o.entry.name, "status": o.status,
+             "target": str(o.target), "detail": o.detail} for o in r.outcomes]
+
+
+def result_text(r: RestoreResult, verb: str = "Restored") -> str:
+    added, filled = r.count("added"), r.count("completed")
+    present, blocked = r.count("present"), r.count("blocked")
+    written = sum(o.entry.size for o in r.outcomes if o.status in ("added", "completed"))
+    text = (f"{verb} {added} entries ({size_str(written)}), completed {filled}, "
+            f"{present} appeared meanwhile (left as they are) in {r.seconds:.1f}s.")
+    if blocked:
+        text += f"\nwarning: {blocked} entries left alone: an incomplete copy is in place."
+        text += "".join(f"\n  {o.target}" for o in r.outcomes if o.status == "blocked")
+    return text
+
+
+def merge_text(r: MergeResult) -> str:
+    m = r.manifest
+    lines = [f"Merged into {r.path}: {len(m.entries)} entries ({size_str(m.size)}), "
+             f"{r.duplicates} duplicates kept once; {size_str(r.archive_bytes)}."]
+    lines += [f"note: {n}" for n in r.notes]
+    return "\n".join(lines)
+
+
+# --- prune / push -------------------------------------------------------------------------------
+
+
+def prune_text(s: PruneStrategy) -> str:
+    if not s.candidates:
+        text = (f"Nothing to prune: no entry matches ({size_str(s.size_before)} in the "
+                "caches).")
+    else:
+        rows = [[c.entry.kind, c.entry.name or ".", c.entry.size_on_disk_str,
+                 age_str(c.entry.last_used), "; ".join(c.reasons)] for c in s.candidates]
+        text = table(["KIND", "ENTRY", "SIZE", "LAST USED", "WHY"], rows)
+        text += (f"\n\nWill delete {len(s.candidates)} entries, freeing "
+                 f"{s.expected_freed_size_str} ({size_str(s.size_before)} -> "
+                 f"{size_str(s.size_after)}).")
+    if s.unknown_toolchain:
+        text += (f"\n{s.unknown_toolchain} entries do not record the toolchain that built them; "
+                 "--fingerprint other keeps them.")
+    return text
+
+
+def prune_result_text(r: PruneResult) -> str:
+    text = f"Deleted {r.removed} entries, freed {size_str(r.freed)}."
+    for path, err in r.failed:
+        text += f"\nwarning: {path}: {err}"
+    return text
+
+
+def push_text(r: PushResult) -> str:
+    if not r.pushed and not r.present and not r.conflicts and not r.too_large:
+        text = f"Nothing to push: no complete cache entries here (store {r.namespace})."
+    else:
+        text = (f"Pushed {r.pushed} entries ({size_str(r.bytes_sent)}) to {r.namespace}; "
+                f"{r.present} were already there; {r.seconds:.1f}s.")
+    for key in r.conflicts:
+        text += f"\nwarning: {key}: the store holds different content (kept the store's)"
+    for key in r.too_large:
+        text += f"\nwarning: {key}: larger than the per-entry limit; not pushed"
+    for w in r.warnings:
+        text += f"\nwarning: {w}"
+    return text

@@ -1,0 +1,405 @@
+"""Read-only inventory of the JIT caches: frozen CacheInfo / KindInfo / CacheEntry objects.
+
+Scanning never raises on what it finds: incomplete entries, in-flight temp files, leftovers of
+interrupted restores and names outside a kind's known layout become CacheWarnings.  Only
+complete entries are ever packed, pushed or counted as present by a restore.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from cache_tools.locations import (STAGING_PREFIX, TRASH_PREFIX, CacheKind, EntryRule, Layout,
+                                   Location)
+
+GROUP_PREFIX = "__grp__"
+# Triton writes these without a group file (runtime/build.py, runtime/autotuner.py).
+_TRITON_LONE_FILES = ("*.so", "*.autotune.json")
+
+
+def open_noatime(path: Path | str):
+    """Open for reading without updating the access time where the OS allows it (Linux,
+    O_NOATIME, file owner), so packing or scanning does not make every entry look recently
+    used to ``prune``."""
+    flags = os.O_RDONLY | getattr(os, "O_NOATIME", 0)
+    try:
+        fd = os.open(path, flags)
+    except PermissionError:
+        fd = os.open(path, os.O_RDONLY)
+    return os.fdopen(fd, "rb")
+
+
+def read_noatime(path: Path | str) -> bytes:
+    with open_noatime(path) as f:
+        return f.read()
+
+
+def size_str(n: int) -> str:
+    """Human size with binary units: 0 B, 1.5 KiB, 20.0 MiB."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def age_str(when: float, now: float | None = None) -> str:
+    """``3s ago``, ``5m ago``, ``2h ago``, ``4d ago`` (``never`` for 0)."""
+    if not when:
+        return "never"
+    delta = max(0.0, (time.time() if now is None else now) - when)
+    for unit, seconds in (("d", 86400), ("h", 3600), ("m", 60)):
+        if delta >= seconds:
+            return f"{int(delta // seconds)}{unit} ago"
+    return f"{int(delta)}s ago"
+
+
+@dataclass(frozen=True)
+class CacheWarning:
+    """A problem found while scanning; never fatal."""
+
+    kind: str
+    path: Path
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.path}: {self.message}"
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One entry of one cache kind (see locations.Layout for what an entry is per kind)."""
+
+    kind: str
+    #: path relative to the kind's root, '/'-separated ('' when the whole directory is the entry)
+    name: str
+    path: Path
+    is_dir: bool
+    #: files of the entry, relative to ``path`` ('' for a file entry), sorted
+    files: tuple[str, ...]
+    size_on_disk: int
+    #: most recent access or modification of any file (seconds since the epoch)
+    last_used: float
+    last_modified: float
+    complete: bool
+    #: why the entry is incomplete ('' when complete)
+    problem: str = ""
+
+    @property
+    def size_on_disk_str(self) -> str:
+        return size_str(self.size_on_disk)
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    """One kind's directory and what it holds."""
+
+    location: Location
+    exists: bool
+    entries: tuple[CacheEntry, ...]
+    warnings: tuple[CacheWarning, ...]
+
+    @property
+    def kind(self) -> CacheKind:
+        return self.location.kind
+
+    @property
+    def complete_entries(self) -> tuple[CacheEntry, ...]:
+        return tuple(e for e in self.entries if e.complete)
+
+    @property
+    def size_on_disk(self) -> int:
+        return sum(e.size_on_disk for e in self.entries)
+
+    @property
+    def size_on_disk_str(self) -> str:
+        return size_str(self.size_on_disk)
+
+    @property
+    def last_used(self) -> float:
+        return max((e.last_used for e in self.entries), default=0.0)
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """Every scanned kind."""
+
+    kinds: tuple[KindInfo, ...]
+
+    @property
+    def warnings(self) -> tuple[CacheWarning, ...]:
+        return tuple(w for k in self.kinds for w in k.warnings)
+
+    @property
+    def entries(self) -> tuple[CacheEntry, ...]:
+        return tuple(e for k in self.kinds for e in k.entries)
+
+    @property
+    def size_on_disk(self) -> int:
+        return sum(k.size_on_disk for k in self.kinds)
+
+    @property
+    def size_on_disk_str(self) -> str:
+        return size_str(self.size_on_disk)
+
+    @property
+    def is_empty(self) -> bool:
+        return not any(k.entries for k in self.kinds)
+
+
+def scan(locations: Iterable[Location]) -> CacheInfo:
+    """Inventory every location (missing directories are empty, not errors)."""
+    return CacheInfo(tuple(scan_kind(loc) for loc in locations))
+
+
+def scan_kind(loc: Location) -> KindInfo:
+    if loc.path is None:
+        return KindInfo(loc, False, (), ())
+    root = loc.path
+    try:
+        st = os.lstat(root)
+    except OSError:
+        return KindInfo(loc, False, (), ())
+    warnings: list[CacheWarning] = []
+    if not stat.S_ISDIR(st.st_mode):
+        warnings.append(CacheWarning(loc.kind.name, root, "not a directory; left alone"))
+        return KindInfo(loc, False, (), tuple(warnings))
+    entries = list(_walk(loc.kind, root, (), warnings))
+    for e in entries:
+        if not e.complete:
+            warnings.append(CacheWarning(loc.kind.name, e.path, "incomplete: " + e.problem))
+        elif e.is_dir and any(f.startswith(GROUP_PREFIX) for f in e.files) and \
+                stale_group_paths(e):
+            warnings.append(CacheWarning(
+                loc.kind.name, e.path, "Triton group file records another directory (a copied "
+                "cache); Triton misses it until `cache restore` places it"))
+    return KindInfo(loc, True, tuple(entries), tuple(warnings))
+
+
+def entry_at(k: CacheKind, root: Path, name: str) -> CacheEntry | None:
+    """The entry called ``name`` under ``root`` as a scan would see it (None when absent or
+    when ``name`` is not an entry position of the kind)."""
+    parts = tuple(name.split("/")) if name else ()
+    path = root.joinpath(*parts)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return None
+    verdict, rule = k.layout.match(parts, stat.S_ISDIR(st.st_mode))
+    if verdict != "entry" or rule is None:
+        return None
+    return _entry(k, root, parts, rule, [])
+
+
+def _walk(k: CacheKind, root: Path, parts: tuple[str, ...], warnings: list[CacheWarning]
+          ) -> Iterator[CacheEntry]:
+    path = root.joinpath(*parts)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return  # vanished while scanning (pruned or replaced): nothing to report
+    if stat.S_ISLNK(st.st_mode):
+        warnings.append(CacheWarning(k.name, path, "symbolic link; never packed"))
+        return
+    is_dir = stat.S_ISDIR(st.st_mode)
+    verdict, rule = k.layout.match(parts, is_dir)
+    if verdict == "entry":
+        assert rule is not None
+        entry = _entry(k, root, parts, rule, warnings)
+        if entry is not None:
+            yield entry
+        return
+    if verdict == "descend" and is_dir:
+        for name in _listdir(path):
+            if _own(name):
+                warnings.append(CacheWarning(k.name, path / name, _own_message(name)))
+                continue
+            if k.layout.is_ignored(name):
+                continue
+            if k.layout.is_temp(name):
+                warnings.append(CacheWarning(k.name, path / name,
+                                             "in-flight or abandoned temporary file; skipped"))
+                continue
+            yield from _walk(k, root, parts + (name,), warnings)
+        return
+    warnings.append(CacheWarning(k.name, path, f"not part of the known {k.name} layout; "
+                                               "left alone"))
+
+
+def _own(name: str) -> bool:
+    return name.startswith(STAGING_PREFIX) or name.startswith(TRASH_PREFIX)
+
+
+def _own_message(name: str) -> str:
+    if name.startswith(STAGING_PREFIX):
+        return "restore staging directory (a restore is running or was interrupted; the next " \
+               "restore removes it)"
+    return "prune trash directory (a prune is running or was interrupted)"
+
+
+def _listdir(path: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def _entry(k: CacheKind, root: Path, parts: tuple[str, ...], rule: EntryRule,
+           warnings: list[CacheWarning]) -> CacheEntry | None:
+    path = root.joinpath(*parts)
+    name = "/".join(parts)
+    files: list[str] = []
+    size = 0
+    used = modified = 0.0
+    temp_seen: list[str] = []
+    for rel, st in _files(path, k.layout, temp_seen, warnings, k.name):
+        files.append(rel)
+        size += st.st_size
+        modified = max(modified, st.st_mtime)
+        used = max(used, st.st_atime, st.st_mtime)
+    try:
+        is_dir = stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return None
+    problem = _problem(rule, path, parts, files, is_dir)
+    if problem == "" and temp_seen and rule.complete != "triton":
+        problem = "being written (temporary file " + temp_seen[0] + " present)"
+    elif problem == "" and temp_seen:
+        # Triton publishes each file by os.replace and the group last: the entry is usable.
+        warnings.append(CacheWarning(k.name, path / temp_seen[0],
+                                     "in-flight or abandoned temporary file; skipped"))
+    return CacheEntry(k.name, name, path, is_dir, tuple(sorted(files)), size, used, modified,
+                      problem == "", problem)
+
+
+def _files(path: Path, layout: Layout, temp_seen: list[str], warnings: list[CacheWarning],
+           kind_name: str) -> Iterator[tuple[str, os.stat_result]]:
+    """Regular files below ``path`` (or ``path`` itself), skipping temp and ignored names."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISREG(st.st_mode):
+        yield "", st
+        return
+    stack = [("", path)]
+    while stack:
+        rel, current = stack.pop()
+        for name in _listdir(current):
+            child_rel = f"{rel}/{name}" if rel else name
+            child = current / name
+            if layout.is_ignored(name) or _own(name):
+                continue
+            if layout.is_temp(name):
+                temp_seen.append(child_rel)
+                continue
+            try:
+                cst = os.lstat(child)
+            except OSError:
+                continue
+            if stat.S_ISDIR(cst.st_mode):
+                stack.append((child_rel, child))
+            elif stat.S_ISREG(cst.st_mode):
+                yield child_rel, cst
+            else:
+                warnings.append(CacheWarning(kind_name, child,
+                                             "not a regular file (link or device); never packed"))
+
+
+def _problem(rule: EntryRule, path: Path, parts: tuple[str, ...], files: list[str],
+             is_dir: bool) -> str:
+    if not is_dir:
+        return ""
+    if not files:
+        return "empty directory (being written or interrupted)"
+    if rule.complete == "any":
+        return ""
+    if rule.complete.startswith("marker:"):
+        glob = rule.complete[len("marker:"):].replace("{name}", parts[-1] if parts else "")
+        if any("/" not in f and fnmatch.fnmatchcase(f, glob) for f in files):
+            return ""
+        return f"no {glob} yet (being built or interrupted)"
+    if rule.complete == "triton":
+        return triton_problem(path, files)
+    raise AssertionError(rule.complete)
+
+
+def read_group(path: Path) -> dict[str, str] | None:
+    """A Triton group file's ``child_paths`` (name -> path); None when unreadable."""
+    try:
+        data = json.loads(read_noatime(path).decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    children = data.get("child_paths") if isinstance(data, dict) else None
+    if not isinstance(children, dict) or not all(
+            isinstance(a, str) and isinstance(b, str) for a, b in children.items()):
+        return None
+    return children
+
+
+def triton_problem(path: Path, files: Iterable[str]) -> str:
+    """Why a Triton hash directory is not a complete entry ('' when it is).
+
+    Complete means: at least one ``__grp__*.json`` and every child it names is a file of this
+    directory (Triton writes the group last), or no group and only the lone artifacts Triton
+    writes without one (launcher ``.so``, ``.autotune.json``).
+    """
+    names = list(files)
+    if any("/" in f for f in names):
+        return "unexpected subdirectory in a Triton entry"
+    groups = [f for f in names if f.startswith(GROUP_PREFIX) and f.endswith(".json")]
+    if not groups:
+        if names and all(any(fnmatch.fnmatchcase(f, g) for g in _TRITON_LONE_FILES)
+                         for f in names):
+            return ""
+        return "no __grp__*.json group file (compile in flight or interrupted)"
+    present = set(names)
+    for g in groups:
+        children = read_group(path / g)
+        if children is None:
+            return f"unreadable group file {g}"
+        for child, recorded in children.items():
+            if "/" in child or child in ("", ".", "..") or os.path.basename(recorded) != child:
+                return f"group file {g} names {child!r} outside its entry"
+            if child not in present:
+                return f"group file {g} references missing file {child}"
+    return ""
+
+
+def triton_hits(path: Path) -> bool:
+    """Whether Triton itself would hit this directory: every group present and every path it
+    records exists (FileCacheManager.get_group), or a lone-artifact entry."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    groups = [n for n in names if n.startswith(GROUP_PREFIX) and n.endswith(".json")]
+    if not groups:
+        return bool(names) and all(
+            any(fnmatch.fnmatchcase(n, g) for g in _TRITON_LONE_FILES) for n in names)
+    for g in groups:
+        children = read_group(path / g)
+        if children is None or not all(os.path.exists(p) for p in children.values()):
+            return False
+    return True
+
+
+def stale_group_paths(entry: CacheEntry) -> bool:
+    """Whether a complete Triton entry's group records paths of another location (a copied
+    cache): Triton misses it until ``cache restore`` rewrites the group."""
+    for f in entry.files:
+        if f.startswith(GROUP_PREFIX) and f.endswith(".json"):
+            children = read_group(entry.path / f) or {}
+            if any(os.path.dirname(p) != str(entry.path) for p in children.values()):
+                return True
+    return False

@@ -1,0 +1,503 @@
+"""cache_tools/replay.py: kernels compiled through the real @triton.jit path (CPU, target sm_90)
+with sglang-warmup's events recording the manifest, replayed into an empty cache, then looked up
+again through the JIT path: the replayed entries must be the very ones the JIT finds on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+import triton.language as tl
+from prometheus_client import CollectorRegistry
+from triton import knobs
+from triton.runtime.jit import MockTensor
+
+from cache_tools import replay
+from cache_tools.errors import CacheError
+from warmup import events, phase
+from warmup.doctor import compile_only_target
+
+REPO = Path(__file__).resolve().parents[2]
+TRITON = triton.__version__
+
+
+@triton.jit
+def spec_kernel(x_ptr, y_ptr, n, stride, BLOCK: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                SCALE: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x_ptr + offs * stride, mask=mask) * SCALE
+    tl.store(y_ptr + offs, v.to(OUT_DTYPE), mask=mask)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warps=1),
+                          triton.Config({"BLOCK": 64}, num_warps=2)], key=["n"])
+@triton.jit
+def tuned_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1.0, mask=offs < n)
+
+
+def make_nested_kernel():
+    @triton.jit
+    def nested_kernel(x_ptr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs) * 2.0)
+
+    return nested_kernel
+
+
+class Misaligned(MockTensor):
+    """A tensor argument whose address is not a multiple of 16 bytes (no ``tt.divisibility``)."""
+
+    def data_ptr(self):
+        return 8
+
+
+F32, F16 = MockTensor(tl.float32), MockTensor(tl.float16)
+
+# (args, constexpr kwargs, options): one entry each
+#   1: n % 16 == 0, stride == 1 (baked in as a constexpr), aligned pointers
+#   2: n "other", stride % 16 == 0, a misaligned x pointer
+#   3: n == 1 (constexpr), stride "other", a misaligned y pointer, num_warps=8
+SPECS = [
+    ((F32, F16, 4096, 1), {"BLOCK": 128, "OUT_DTYPE": tl.float16, "SCALE": 2.0}, {}),
+    ((Misaligned(tl.float32), F32, 4097, 16),
+     {"BLOCK": 64, "OUT_DTYPE": tl.float32, "SCALE": 0.5}, {}),
+    ((F32, Misaligned(tl.bfloat16), 1, 3),
+     {"BLOCK": 256, "OUT_DTYPE": tl.bfloat16, "SCALE": 1.0}, {"num_warps": 8}),
+]
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch):
+    """Triton's hook slots, our events installation, the phase and the whole environment (a
+    kernel module that imports sglang setdefaults cache variables) are put back."""
+    saved_env = dict(os.environ)
+    saved = (knobs.compilation.listener, knobs.runtime.jit_cache_hook,
+             knobs.runtime.jit_post_compile_hook,
+             list(knobs.runtime.kernel_load_start_hook.calls),
+             list(knobs.runtime.kernel_load_end_hook.calls))
+    monkeypatch.delenv("WARMUP_STATE_DIR", raising=False)
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    phase.reset()
+    yield
+    events.uninstall()
+    phase.reset()
+    knobs.compilation.listener, knobs.runtime.jit_cache_hook, \
+        knobs.runtime.jit_post_compile_hook = saved[:3]
+    knobs.runtime.kernel_load_start_hook.calls[:] = saved[3]
+    knobs.runtime.kernel_load_end_hook.calls[:] = saved[4]
+    os.environ.clear()
+    os.environ.update(saved_env)
+
+
+def clear_jit(*kernels) -> None:
+    """Forget in-process compiled kernels so the next launch asks triton.compile again."""
+    for k in kernels:
+        while not isinstance(k, triton.runtime.jit.JITFunction):
+            k = k.fn
+        k.device_caches.clear()
+
+
+def jit_compile(cache_dir: Path, calls, *, state_dir: Path | None = None) -> list:
+    """Run ``calls`` (each a no-argument function doing ``kernel.warmup(...)``) with the
+    Triton cache at ``cache_dir``, the active driver's target patched to cuda:90 and, with a
+    ``state_dir``, sglang-warmup's events recording the manifest.  Returns what Triton's
+    compilation listener saw: ``(kernel name, cache_hit, hash)`` per triton.compile call."""
+    seen = []
+    previous = knobs.compilation.listener
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit):
+        seen.append((src.name, cache_hit, metadata["hash"]))
+
+    os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
+    knobs.compilation.listener = listener
+    try:
+        if state_dir is not None:
+            events.install(registry=CollectorRegistry(), state_dir=state_dir)
+        with compile_only_target():
+            for call in calls:
+                call()
+    finally:
+        events.uninstall()
+        knobs.compilation.listener = previous
+    return seen
+
+
+def spec_calls():
+    return [lambda a=a, c=c, o=o: spec_kernel.warmup(*a, **c, **o, grid=(1,))
+            for a, c, o in SPECS]
+
+
+def entries(cache_dir: Path) -> set[str]:
+    """Triton cache entries (hash directories holding a group file)."""
+    return {p.parent.name for p in cache_dir.glob("*/__grp__*.json")}
+
+
+def metadata_hashes(cache_dir: Path) -> set[str]:
+    return {json.loads(p.read_text())["hash"] for p in cache_dir.glob("*/spec_kernel.json")}
+
+
+def records(state_dir: Path) -> list[dict]:
+    return [r for r in events.read_manifest(state_dir) if r["event"] == "miss"]
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    """SPECS compiled through the JIT path into tmp_path/jit-cache, recorded in tmp_path/state."""
+    clear_jit(spec_kernel)
+    state, cache = tmp_path / "state", tmp_path / "jit-cache"
+    seen = jit_compile(cache, spec_calls(), state_dir=state)
+    assert [hit for _, hit, _ in seen] == [False, False, False]
+    return state, cache, seen
+
+
+# --- key fidelity ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_replayed_entries_are_the_ones_the_jit_finds(recorded, tmp_path, jobs):
+    state, jit_cache, seen = recorded
+    # The manifest covers what this test claims: int classes, alignment, constexprs.
+    recs = records(state)
+    assert len(recs) == 3
+    assert recs[0]["constexprs"][0] == {"path": [3], "name": "stride", "value": 1}
+    assert {"path": [2], "name": "n", "attrs": [["tt.divisibility", 16]]} in recs[0]["attrs"]
+    assert {"path": [0], "name": "x_ptr", "attrs": [["tt.divisibility", 16]]} in recs[0]["attrs"]
+    assert {"path": [0], "name": "x_ptr", "attrs": []} in recs[1]["attrs"]
+    assert {"path": [3], "name": "stride", "attrs": [["tt.divisibility", 16]]} in recs[1]["attrs"]
+    assert {"path": [2], "name": "n", "value": 1} in recs[2]["constexprs"]
+    assert {"path": [1], "name": "y_ptr", "attrs": []} in recs[2]["attrs"]
+    assert {"path": [5], "name": "OUT_DTYPE", "value": "bf16"} in recs[2]["constexprs"]
+    assert recs[2]["options"]["num_warps"] == 8
+
+    empty = tmp_path / "replayed"
+    report = replay.replay([state], cache_dir=empty, jobs=jobs)
+    assert [(r.status, r.reason) for r in report.results] == [("rebuilt", "")] * 3
+    assert [r.hash for r in report.results] == [h for _, _, h in seen]
+    assert report.counts == {"rebuilt": 3, "present": 0, "planned": 0, "skipped": 0,
+                             "failed": 0}
+    assert report.jobs == jobs and report.triton_version == TRITON
+    # Same entry directories, same metadata hashes, same cubins.
+    assert entries(empty) == entries(jit_cache) and len(entries(empty)) == 3
+    assert metadata_hashes(empty) == metadata_hashes(jit_cache) == {h for _, _, h in seen}
+    for cubin in jit_cache.glob("*/spec_kernel.cubin"):
+        assert (empty / cubin.parent.name / cubin.name).read_bytes() == cubin.read_bytes()
+
+    # A fresh process-state JIT launch against the replayed cache: every lookup a disk hit.
+    clear_jit(spec_kernel)
+    again = jit_compile(empty, spec_calls())
+    assert again == [(name, True, h) for name, _, h in seen]
+
+
+def test_a_second_replay_finds_everything_present_and_dry_run_writes_nothing(recorded,
+                                                                            tmp_path):
+    state, _, seen = recorded
+    out = tmp_path / "replayed"
+    replay.replay([state], cache_dir=out, jobs=1)
+    again = replay.replay([state / "manifest"], cache_dir=out, jobs=1)
+    assert [r.status for r in again.results] == ["present"] * 3
+
+    dry_dir = tmp_path / "dry"
+    dry = replay.replay(sorted((state / "manifest").glob("*.jsonl")), cache_dir=dry_dir,
+                        jobs=2, dry_run=True)
+    assert [r.status for r in dry.results] == ["planned"] * 3
+    assert not dry_dir.exists()
+    assert replay.summary_line(dry).startswith("3 would rebuild, 0 already present, 0 skipped")
+
+
+def test_hits_and_repeated_misses_collapse_into_one_entry(recorded, tmp_path):
+    state, _, _ = recorded
+    manifest = next((state / "manifest").glob("*.jsonl"))
+    lines = manifest.read_text().splitlines()
+    hit = dict(json.loads(lines[0]), event="hit", phase="serving", pid=1)
+    load = {"event": "load", "compiler": "triton", "hash": "h", "kernel": {"name": "x"}}
+    manifest.write_text("\n".join(lines + [json.dumps(hit), json.dumps(load), '{"torn']) + "\n")
+    report = replay.replay([state], cache_dir=tmp_path / "out", jobs=1)
+    assert [r.records for r in report.results] == [2, 1, 1]
+    assert report.results[0].phases == ("init", "serving")
+    assert report.ignored == 1
+    assert report.warnings == (f"{manifest}:{len(lines) + 3}: not a JSON line, skipped",)
+
+
+# --- what cannot be replayed, and why ----------------------------------------------------------
+
+def test_skips_name_their_reason(recorded, tmp_path):
+    state, _, _ = recorded
+    manifest = next((state / "manifest").glob("*.jsonl"))
+    base = [json.loads(x) for x in manifest.read_text().splitlines()]
+
+    def variant(**changes) -> dict:
+        rec = json.loads(json.dumps(base[0]))
+        for key, value in changes.items():
+            if value is None:
+                del rec[key]
+            else:
+                rec[key] = value
+        return rec
+
+    cases = [
+        variant(triton_version="3.6.0"),
+        variant(kernel={**base[0]["kernel"], "module": "no_such_module_for_replay"}),
+        variant(kernel={**base[0]["kernel"], "qualname": "gone_kernel"}),
+        variant(kernel={**base[0]["kernel"], "qualname": "make_nested_kernel"}),
+        variant(kernel={**base[0]["kernel"], "qualname": "make.<locals>.inner"}),
+        variant(kernel={**base[0]["kernel"], "module": "__main__"}),
+        variant(options=None, target=None),
+        variant(kernel={"module": None, "name": "k", "qualname": None, "path": "/x/k.ttir"}),
+        variant(options={**base[0]["options"], "extern_libs": [["mylib", "/nowhere/lib.bc"]]}),
+    ]
+    changed = json.loads(json.dumps(base[0]))
+    changed["constexprs"][1]["value"] = 64  # BLOCK differs from what gave the recorded key
+    for number, case in enumerate(cases):
+        case["hash"] = f"{base[0]['hash']}-{number}"  # distinct entries, not one
+    cases.append(changed)
+    manifest.write_text("".join(json.dumps(c) + "\n" for c in cases))
+
+    report = replay.replay([manifest], cache_dir=tmp_path / "out", jobs=1)
+    got = [(r.status, r.reason, r.detail) for r in report.results]
+    assert got == [
+        ("skipped", "triton-version",
+         f"recorded with Triton 3.6.0, this interpreter has Triton {TRITON}: the cache key "
+         "hashes Triton itself; replay with an interpreter that has Triton 3.6.0 (--python)"),
+        ("skipped", "not-importable",
+         "import no_such_module_for_replay failed: ModuleNotFoundError: No module named "
+         "'no_such_module_for_replay'"),
+        ("skipped", "not-importable",
+         f"{__name__} has no gone_kernel (a different release of its package than recorded?)"),
+        ("skipped", "not-a-kernel",
+         f"{__name__}.make_nested_kernel is a function, not a @triton.jit kernel"),
+        ("skipped", "nested-function",
+         "make.<locals>.inner is defined inside a function (a closure or nested kernel): it "
+         "cannot be imported by name"),
+        ("skipped", "not-importable",
+         "spec_kernel was defined in a script run as __main__: move it into an importable "
+         "module"),
+        ("skipped", "missing-fields", "the record lacks options, target"),
+        ("skipped", "ir-source",
+         "compiled from the IR file /x/k.ttir, not from a Python kernel: nothing to re-import"),
+        ("skipped", "extern-lib",
+         "extern library mylib was /nowhere/lib.bc on the recording machine and is not there "
+         "here"),
+        ("skipped", "key-mismatch", got[-1][2]),
+    ]
+    assert got[-1][2].startswith("the cache key here is ")
+    assert got[-1][2].endswith(f", recorded {base[0]['hash'][:12]}: the kernel source or what "
+                               "it calls, the Triton build (Python version), ptxas or the "
+                               "cache-invalidating environment differ from the recording "
+                               "machine")
+    assert not list((tmp_path / "out").glob("*/__grp__*.json"))
+    assert report.skip_reasons == {"extern-lib": 1, "ir-source": 1, "key-mismatch": 1,
+                                   "missing-fields": 1, "nested-function": 1,
+                                   "not-a-kernel": 1, "not-importable": 3,
+                                   "triton-version": 1}
+
+
+def test_a_nested_kernel_is_recorded_and_skipped(tmp_path):
+    nested = make_nested_kernel()
+    state = tmp_path / "state"
+    jit_compile(tmp_path / "c", [lambda: nested.warmup(F32, BLOCK=16, grid=(1,))],
+                state_dir=state)
+    report = replay.replay([state], cache_dir=tmp_path / "out", jobs=1)
+    (result,) = report.results
+    assert (result.status, result.reason, result.kernel) == (
+        "skipped", "nested-function",
+        f"{__name__}:make_nested_kernel.<locals>.nested_kernel")
+
+
+def test_changed_kernel_source_is_a_key_mismatch_not_a_useless_entry(tmp_path, monkeypatch):
+    """What a manifest from another SGLang release looks like: same module, other source."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    source = ("import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+              "def k(x_ptr, BLOCK: tl.constexpr):\n"
+              "    offs = tl.arange(0, BLOCK)\n"
+              "    tl.store(x_ptr + offs, tl.load(x_ptr + offs) + {add})\n")
+    (package / "replay_release.py").write_text(source.format(add="1.0"))
+    monkeypatch.syspath_prepend(str(package))
+    import replay_release
+
+    state = tmp_path / "state"
+    jit_compile(tmp_path / "c", [lambda: replay_release.k.warmup(F32, BLOCK=32, grid=(1,))],
+                state_dir=state)
+    monkeypatch.delitem(sys.modules, "replay_release")
+    (package / "replay_release.py").write_text(source.format(add="2.0"))
+    report = replay.replay([state], cache_dir=tmp_path / "out", jobs=1)
+    assert [(r.status, r.reason) for r in report.results] == [("skipped", "key-mismatch")]
+    assert entries(tmp_path / "out") == set()
+
+
+def test_the_recorded_cache_invalidating_environment_is_the_one_replayed(tmp_path):
+    clear_jit(spec_kernel)
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # changes the key (and the code)
+    state = tmp_path / "state"
+    seen = jit_compile(tmp_path / "jit", spec_calls()[:2], state_dir=state)
+    del os.environ["TRITON_DISABLE_LINE_INFO"]
+    assert {json.dumps(r["env"]) for r in records(state)} == {
+        '{"TRITON_DISABLE_LINE_INFO": "true"}'}
+    report = replay.replay([state], cache_dir=tmp_path / "out", jobs=1)
+    assert [(r.status, r.hash) for r in report.results] == [("rebuilt", h) for _, _, h in seen]
+    assert "TRITON_DISABLE_LINE_INFO" not in os.environ  # put back after the compile
+
+    # The same kernels recorded without it: every key differs, which names the toolchain.
+    manifest = next((state / "manifest").glob("*.jsonl"))
+    lines = [json.loads(x) for x in manifest.read_text().splitlines()]
+    manifest.write_text("".join(json.dumps(dict(r, env={})) + "\n" for r in lines))
+    report = replay.replay([state], cache_dir=tmp_path / "out2", jobs=1)
+    assert [r.reason for r in report.results] == ["key-mismatch"] * 2
+    assert report.warnings == (
+        "all 2 recomputed cache keys differ from the recorded ones: the toolchain differs from "
+        "the recording machine's (the Triton wheel or Python version, ptxas, the "
+        "cache-invalidating environment), not single kernels",)
+
+
+def test_target_filter(recorded, tmp_path):
+    state, _, _ = recorded
+    report = replay.replay([state], cache_dir=tmp_path / "out", target="cuda:100", jobs=1)
+    assert {(r.status, r.reason, r.detail) for r in report.results} == {
+        ("skipped", "other-target", "recorded for cuda:90, replaying cuda:100 only")}
+    report = replay.replay([state], cache_dir=tmp_path / "out", target="cuda:90:32",
+                           jobs=1, dry_run=True)
+    assert [r.status for r in report.results] == ["planned"] * 3
+
+
+def test_autotuned_kernels_replay_and_report_unrecorded_configs(tmp_path):
+    clear_jit(tuned_kernel)
+    state_all, state_one = tmp_path / "all", tmp_path / "one"
+    jit_compile(tmp_path / "c1", [lambda: tuned_kernel.warmup(F32, 4096, grid=(1,))],
+                state_dir=state_all)
+    clear_jit(tuned_kernel)
+    jit_compile(tmp_path / "c2", [lambda: tuned_kernel.fn.warmup(F32, 4096, BLOCK=64,
+                                                                  num_warps=2, grid=(1,))],
+                state_dir=state_one)
+
+    full = replay.replay([state_all], cache_dir=tmp_path / "out", jobs=1)
+    assert [(r.status, r.kernel) for r in full.results] == [
+        ("rebuilt", f"{__name__}:tuned_kernel")] * 2
+    assert full.warnings == ()
+    partial = replay.replay([state_one], cache_dir=tmp_path / "out", jobs=1)
+    assert [r.status for r in partial.results] == ["present"]
+    assert partial.warnings == (
+        f"{__name__}:tuned_kernel: autotuned, 1 of its 2 configs recorded for one "
+        "specialization; a cold serving process that benchmarks the others compiles them "
+        "(fewer if the autotuner prunes its configs)",)
+    clear_jit(tuned_kernel)
+    assert [hit for _, hit, _ in jit_compile(
+        tmp_path / "out", [lambda: tuned_kernel.warmup(F32, 4096, grid=(1,))])] == [True, True]
+
+
+def test_a_real_sglang_kernel(tmp_path):
+    """SGLang's own kv-indices kernel, imported from the installed SGLang, round trip."""
+    from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton as k
+
+    clear_jit(k)
+    i32 = MockTensor(tl.int32)
+    state = tmp_path / "state"
+    calls = [lambda: k.warmup(i32, i32, i32, i32, None, i32, 4096, grid=(1,)),
+             lambda: k.warmup(i32, i32, i32, i32, i32, i32, 4097, ENTRY_PAGE_SIZE=16,
+                              TOKEN_BLOCK_PARALLEL=True, grid=(1,))]
+    first = jit_compile(tmp_path / "jit", calls, state_dir=state)
+    report = replay.replay([state], cache_dir=tmp_path / "out", jobs=1, target="cuda:90")
+    assert [(r.status, r.kernel) for r in report.results] == [
+        ("rebuilt", "sglang.kernels.ops.kvcache.kv_indices:"
+                    "create_flashinfer_kv_indices_triton")] * 2
+    clear_jit(k)
+    assert jit_compile(tmp_path / "out", calls) == [(n, True, h) for n, _, h in first]
+
+
+# --- inputs, the interpreter switch and the command ---------------------------------------------
+
+def test_bad_inputs_are_cache_errors(tmp_path):
+    with pytest.raises(CacheError) as err:
+        replay.replay([tmp_path / "missing"], cache_dir=tmp_path / "out")
+    assert err.value.message == f"{tmp_path / 'missing'}: no such file or directory"
+    assert err.value.hint == ("pass a compiles-<pid>.jsonl file, the manifest/ directory or the "
+                              "WARMUP_STATE_DIR above it")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CacheError) as err:
+        replay.replay([tmp_path / "empty"], cache_dir=tmp_path / "out")
+    assert err.value.message == (f"{tmp_path / 'empty'}: no compiles-*.jsonl files here or in "
+                                 f"{tmp_path / 'empty' / 'manifest'}")
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("")
+    for target, message in (("cuda", "--target 'cuda': expected BACKEND:ARCH[:WARP_SIZE]"),
+                            ("cuda:90:x", "--target 'cuda:90:x': warp size 'x' is not a "
+                                          "number")):
+        with pytest.raises(CacheError) as err:
+            replay.replay([manifest], cache_dir=tmp_path / "out", target=target)
+        assert err.value.message == message
+    with pytest.raises(CacheError) as err:
+        replay.replay([manifest], cache_dir=tmp_path / "out", jobs=0)
+    assert err.value.message == "--jobs 0: expected 1 or more"
+    with pytest.raises(CacheError) as err:
+        replay.replay([manifest], cache_dir=tmp_path / "out", python=tmp_path / "nopython")
+    assert err.value.message == f"--python {tmp_path / 'nopython'}: not an executable file"
+    report = replay.replay([manifest], cache_dir=tmp_path / "out")
+    assert report.results == ()
+    assert replay.report_text(report).splitlines()[0] == f"No Triton compile records in {manifest}."
+
+
+def test_another_interpreter_runs_the_same_replay(recorded, tmp_path):
+    state, jit_cache, _ = recorded
+    out = tmp_path / "elsewhere"
+    # sys.path of this test run (the test module holds the kernel) for the other interpreter.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    report = replay.replay([state], cache_dir=out, jobs=1, python=sys.executable)
+    assert [r.status for r in report.results] == ["rebuilt"] * 3
+    assert report.python == sys.executable
+    assert entries(out) == entries(jit_cache)
+
+
+def test_the_cli_command(recorded, tmp_path):
+    state, jit_cache, _ = recorded
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env.pop("TRITON_CACHE_DIR", None)
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "warmup", "cache", "replay", *args],
+                              env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    done = cli(str(state), "--target", "cuda:90", "--cache-dir", str(tmp_path / "out"),
+               "--jobs", "1")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["STATUS", "KERNEL", "SPECIALIZATION", "KEY", "TARGET", "TIME",
+                                "WHY"]
+    assert lines[2].startswith(f"rebuilt  {__name__}:spec_kernel  stride=1, BLOCK=128, "
+                               "OUT_DTYPE=fp16, SCALE=2.0; w4 s3")
+    assert lines[-1].startswith("3 rebuilt, 0 already present, 0 skipped, 0 failed in ")
+    assert done.stderr.splitlines()[0] == f"[1/3] rebuilt {__name__}:spec_kernel"
+    assert entries(tmp_path / "out") == entries(jit_cache)
+
+    done = cli(str(state), "--cache-dir", str(tmp_path / "out"), "--json", "--jobs", "1",
+               "--target", "cuda:100", "--strict")
+    assert done.returncode == 1
+    data = json.loads(done.stdout)
+    assert data["counts"]["skipped"] == 3 and data["skip_reasons"] == {"other-target": 3}
+    assert done.stderr.splitlines()[-2:] == [
+        "error: 3 of 3 recorded kernels were not rebuilt",
+        "hint: the WHY column says why for each; --strict also counts skipped ones"]
+
+    done = cli(str(tmp_path / "nothing"))
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        f"error: {tmp_path / 'nothing'}: no such file or directory",
+        "hint: pass a compiles-<pid>.jsonl file, the manifest/ directory or the "
+        "WARMUP_STATE_DIR above it"]
+
+
+def test_the_module_stays_standard_library_only():
+    code = ("import json, sys\nimport cache_tools.replay\n"
+            "print(json.dumps(sorted({n.split('.')[0] for n in sys.modules}"
+            " - set(sys.stdlib_module_names) - {'cache_tools', '__main__'})))\n")
+    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO)}, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []

@@ -1,0 +1,89 @@
+"""staging.py: restores racing each other and a Triton compile into one directory, and a restore
+killed with SIGKILL, never leave a partial entry visible."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import cache_kernels
+import cache_workers
+from cache_helpers import HERE, compile_into, triton_location
+from cache_tools import archive
+from cache_tools.scan import scan_kind
+from cache_tools.staging import clean_stale, own_dir_name
+from cache_tools.locations import STAGING_PREFIX
+
+
+def _pack(src: Path, out: Path, fp) -> Path:
+    archive.pack(out, [triton_location(src)], fingerprint=fp)
+    return out
+
+
+def test_concurrent_restores_while_triton_compiles(triton_cache, tmp_path, fp):
+    tar = _pack(triton_cache, tmp_path / "c.tar", fp)
+    dest = tmp_path / "shared"
+    ctx = multiprocessing.get_context("spawn")
+    go = ctx.Event()
+    results = ctx.Queue()
+    procs = [ctx.Process(target=cache_workers.restore_worker, args=(str(tar), str(dest), go, 3))
+             for _ in range(3)]
+    procs.append(ctx.Process(target=cache_workers.compile_worker,
+                             args=(str(dest / "triton"), go, results)))
+    for p in procs:
+        p.start()
+    go.set()
+    hits = results.get(timeout=240)
+    for p in procs:
+        p.join(240)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    assert len(hits) == 4 and hits[3] is False        # EXTRA is in no archive: compiled
+    info = scan_kind(triton_location(dest / "triton"))
+    assert [e.problem for e in info.entries if not e.complete] == []
+    assert len(info.entries) == 4 and not info.warnings
+    assert not [p for p in (dest / "triton").iterdir() if p.name.startswith(".sgw-")]
+    specs = cache_kernels.SPECS + cache_kernels.EXTRA
+    assert compile_into(dest / "triton", specs) == [True, True, True, True]
+
+
+def test_sigkill_mid_restore_leaves_no_partial_entry_and_a_rerun_completes(
+        triton_cache, tmp_path, fp):
+    tar = _pack(triton_cache, tmp_path / "c.tar", fp)
+    dest = tmp_path / "dest"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parents[1]), str(HERE)]))
+    proc = subprocess.Popen([sys.executable, str(HERE / "cache_workers.py"), str(tar),
+                             str(dest), "60"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("committed ") and first.endswith(" added\n"), first
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL
+    root = dest / "triton"
+    info = scan_kind(triton_location(root))
+    assert [(e.name, e.complete) for e in info.entries] == [(first.split()[1], True)]
+    leftovers = [p for p in root.iterdir() if p.name.startswith(STAGING_PREFIX)]
+    assert len(leftovers) == 1
+    assert [w.message for w in info.warnings] == [
+        "restore staging directory (a restore is running or was interrupted; the next restore "
+        "removes it)"]
+    plan = archive.plan_restore(tar, dest=dest, local=fp)
+    assert sorted(i.action for i in plan.items) == ["add", "add", "skip"]
+    assert [o.status for o in plan.execute().outcomes] == ["added", "added"]
+    assert not [p for p in root.iterdir() if p.name.startswith(STAGING_PREFIX)]
+    assert compile_into(root) == [True, True, True]
+
+
+def test_only_dead_processes_staging_is_cleaned(tmp_path):
+    mine = tmp_path / own_dir_name(STAGING_PREFIX)           # this (live) process... but
+    mine.mkdir()                                              # same pid: treated as a leftover
+    alive_pid = os.getppid()
+    theirs = tmp_path / mine.name.replace(f"-{os.getpid()}-", f"-{alive_pid}-")
+    theirs.mkdir()
+    assert clean_stale(tmp_path) == [mine]
+    assert theirs.exists()

@@ -1,0 +1,110 @@
+"""A fake ``python -m sglang.launch_server`` for the prebake tests (put ``fake_sglang`` first on
+PYTHONPATH).
+
+It holds ``serve``'s contract the way SGLang does: it refuses to start unless the environment
+``serve`` builds is there (WARMUP_ENABLE=1, WARMUP_PLAN, WARMUP_NAME listed in ``--warmups``);
+it starts a child process in its process group (as SGLang starts its schedulers); it runs the
+plan before it listens (the real loader, expansion and Driver, with sglang-warmup's real
+compile-event hooks) where every request compiles a real Triton kernel for sm_90 into
+TRITON_CACHE_DIR, writes the run report to WARMUP_REPORT, then serves the stand-in HTTP API
+on ``--host``/``--port``.
+
+FAKE_SGLANG_MODE selects a fault: ``exit`` (exit 3 before listening), ``never-ready`` (listen
+but answer 503 forever), ``ignore-term`` (ignore SIGTERM, child too), ``no-report`` (write no
+run report, as when the plugin is not loaded).  The child's pid goes to
+``$WARMUP_STATE_DIR/child.pid``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # sidecar_support/, for standin
+
+import standin  # noqa: E402
+
+
+class CompilingTransport:
+    """Runs each warm-up step as the scheduler would: one kernel per prompt-length class."""
+
+    def __init__(self) -> None:
+        from warmup.transport import TokenMaker
+
+        self.tokens = TokenMaker(32000)
+        self.kernels: dict[int, object] = {}
+
+    async def send(self, step):
+        import triton
+        from triton.backends.compiler import GPUTarget
+
+        from warmup.transport import Outcome
+
+        outs = []
+        for r in list(step.requests) + list(step.background):
+            block = standin._block_for(r.input_len, False)
+            if block not in self.kernels:
+                src = triton.compiler.ASTSource(fn=standin._kernel(), signature={
+                    "x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32"},
+                    constexprs={"BLOCK": block})
+                self.kernels[block] = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+            outs.append(Outcome(output_tokens=r.max_new_tokens, finish_reason="length",
+                                latency_s=0.0))
+        return outs
+
+    async def flush(self, timeout_s: float) -> str:
+        return "flushed on 1 rank(s)"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-path", required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--warmups", default="")
+    args, _unknown = ap.parse_known_args()
+    mode = os.environ.get("FAKE_SGLANG_MODE", "")
+    env = os.environ
+    if env.get("WARMUP_ENABLE") != "1" or not env.get("WARMUP_PLAN"):
+        sys.exit("fake sglang: WARMUP_ENABLE=1 and WARMUP_PLAN are not set: not launched by serve")
+    if env.get("WARMUP_NAME") not in args.warmups.split(","):
+        sys.exit(f"fake sglang: --warmups {args.warmups!r} does not list {env.get('WARMUP_NAME')}")
+    if not env.get("TRITON_CACHE_DIR"):
+        sys.exit("fake sglang: TRITON_CACHE_DIR is not set")
+    if mode == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the child
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    state = Path(env["WARMUP_STATE_DIR"])
+    (state / "child.pid").write_text(str(child.pid))
+    print(f"fake sglang: model {args.model_path}, child {child.pid}", flush=True)
+    if mode == "exit":
+        print("fake sglang: failing on purpose before listening", flush=True)
+        sys.exit(3)
+
+    from warmup import events, facts, loader
+    from warmup.driver import Driver
+    from warmup.plan import expand
+
+    events.install()
+    plan = loader.load(env["WARMUP_PLAN"])
+    exp = expand(plan, facts.from_server_info(standin.SERVER_INFO))
+    t0 = time.perf_counter()
+    report = asyncio.run(Driver(CompilingTransport(), state_dir=str(state)).run(exp))
+    print(f"fake sglang: warm-up {plan.name}: {report.requests} requests in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    if mode != "no-report":
+        report.write(env["WARMUP_REPORT"])
+    opts = standin.build_parser().parse_args(["--host", args.host, "--port", str(args.port)]
+                                             + (["--never-healthy"] if mode == "never-ready" else []))
+    standin.serve(opts, announce=False)
+
+
+if __name__ == "__main__":
+    main()
