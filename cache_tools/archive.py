@@ -667,16 +667,11 @@ class RestoreResult:
         return sum(1 for o in self.outcomes if o.status == status)
 
 
-@dataclass(frozen=True)
-class RestorePlan:
-    """What a restore would do; nothing has been written yet.  ``execute()`` does it."""
+class EntryPlanView:
+    """What every entry-by-entry install plan (restore, pull) says about itself.  Needs an
+    ``items`` tuple of :class:`PlannedEntry`."""
 
-    archive: Path
-    manifest: Manifest
-    compatibility: Compatibility
-    roots: Mapping[str, Path]
     items: tuple[PlannedEntry, ...]
-    limits: Limits = field(default_factory=Limits)
 
     def by_action(self, action: str) -> tuple[PlannedEntry, ...]:
         return tuple(i for i in self.items if i.action == action)
@@ -692,6 +687,18 @@ class RestorePlan:
     @property
     def nothing_to_do(self) -> bool:
         return not self.to_write
+
+
+@dataclass(frozen=True)
+class RestorePlan(EntryPlanView):
+    """What a restore would do; nothing has been written yet.  ``execute()`` does it."""
+
+    archive: Path
+    manifest: Manifest
+    compatibility: Compatibility
+    roots: Mapping[str, Path]
+    items: tuple[PlannedEntry, ...]
+    limits: Limits = field(default_factory=Limits)
 
     def execute(self, *, progress: Progress | None = None,
                 on_entry: Callable[[Outcome], None] | None = None) -> RestoreResult:

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from cache_tools import fingerprint as fp_mod
-from cache_tools.archive import (CHUNK, Limits, PlannedEntry, RestoreResult, Source, _tarinfo,
-                                 check_member, collect, plan_entry, restore_roots)
+from cache_tools.archive import (CHUNK, EntryPlanView, Limits, PlannedEntry, RestoreResult,
+                                 Source, _tarinfo, check_member, collect, plan_entry,
+                                 restore_roots)
 from cache_tools.errors import ArchiveError, RemoteError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import Location
@@ -153,7 +154,7 @@ def _digest_of(raw: bytes | None) -> str | None:
 
 
 @dataclass(frozen=True)
-class PullPlan:
+class PullPlan(EntryPlanView):
     """What a pull would do; nothing has been written yet.  ``execute()`` does it."""
 
     url: str
@@ -164,21 +165,6 @@ class PullPlan:
     items: tuple[PlannedEntry, ...]
     max_entry_bytes: int = MAX_ENTRY_BYTES
     client: Any = field(default=None, compare=False, repr=False)
-
-    def by_action(self, action: str) -> tuple[PlannedEntry, ...]:
-        return tuple(i for i in self.items if i.action == action)
-
-    @property
-    def to_write(self) -> tuple[PlannedEntry, ...]:
-        return tuple(i for i in self.items if i.action in ("add", "fill"))
-
-    @property
-    def bytes_to_write(self) -> int:
-        return sum(i.entry.size for i in self.to_write)
-
-    @property
-    def nothing_to_do(self) -> bool:
-        return not self.to_write
 
     def execute(self, *, progress: Progress | None = None,
                 on_entry: Callable[[Outcome], None] | None = None) -> RestoreResult:

@@ -14,18 +14,23 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "setup: $VENV is up to date"
   exit 0
 fi
+# pip, minus the notes about this machine's optional local package indexes that do not exist.
+pip() {
+  "$VENV/bin/python" -m pip "$@" 2>&1 | { grep -v "^WARNING: Location '.*' is ignored" || true; }
+  return "${PIPESTATUS[0]}"
+}
 echo "setup: [1/4] virtual environment $VENV"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
+pip install -q --upgrade pip
 echo "setup: [2/4] pinned dependencies (torch 2.14.1 CPU profile; takes a few minutes the first time)"
-"$VENV/bin/python" -m pip install -q -r requirements/cpu-sglang-0.5.22.txt
+pip install -q -r requirements/cpu-sglang-0.5.22.txt
 echo "setup: [3/4] sglang 0.5.22 (no deps) and sglang 0.5.23 (no deps, second target)"
-"$VENV/bin/python" -m pip install -q --no-deps sglang==0.5.22
+pip install -q --no-deps sglang==0.5.22
 # 0.5.23 imports tvm_ffi at module level (kernels/ops/communication/all_reduce.py), which
 # 0.5.22 imports lazily; its own pin goes into the same target so both releases share .venv.
-"$VENV/bin/python" -m pip install -q --no-deps --upgrade --target .deps/sglang-0.5.23 \
+pip install -q --no-deps --upgrade --target .deps/sglang-0.5.23 \
   sglang==0.5.23 apache-tvm-ffi==0.1.11
 echo "setup: [4/4] sglang-warmup (editable)"
-"$VENV/bin/python" -m pip install -q --no-deps -e .
+pip install -q --no-deps -e .
 "$VENV/bin/python" -c "import sglang.srt.server_args, warmup; print('setup: ok, sglang', __import__('sglang').__version__)"
 echo "$want" > "$stamp"

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import json
 
+from _cli import cli
 import pytest
 from _sglang_standin import TRAFFIC, Forward, StandIn, recording, write_traffic  # noqa: F401
 
 from warmup import audit, events, phase
-from warmup.cli import main
 from warmup.errors import WarmupError
 
 EXPECTED_MISSES = {0: 1, 2: 2, 3: 1, 5: 1}
@@ -38,14 +38,6 @@ EXPECTED_KEYS = {
 }
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = 0
-    try:
-        main(list(argv))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_every_compile_is_attributed_to_its_step(recording, tmp_path, capsys):

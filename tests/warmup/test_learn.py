@@ -11,11 +11,11 @@ import difflib
 import json
 from pathlib import Path
 
+from _cli import cli
 import pytest
 from _sglang_standin import StandIn, recording, write_traffic  # noqa: F401 (fixture)
 
 from warmup import audit, learn, loader, traffic
-from warmup.cli import main
 from warmup.errors import WarmupError
 from warmup.plan import expand
 
@@ -34,14 +34,6 @@ phases:
 """
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = 0
-    try:
-        main(list(argv))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def real_audit(recording, tmp_path) -> Path:

@@ -7,18 +7,9 @@ import json
 import _facts_cache
 import pytest
 
+from _cli import cli as run
+
 from warmup import facts as F
-from warmup.cli import main
-
-
-def run(capsys, *argv):
-    code = 0
-    try:
-        main(list(argv))
-    except SystemExit as exc:
-        code = exc.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture()

@@ -6,20 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from _cli import cli
 import pytest
 
 from warmup import traffic
-from warmup.cli import main
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = 0
-    try:
-        main(list(argv))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def reload(tmp_path: Path, text: str) -> list[traffic.TrafficStep]:
