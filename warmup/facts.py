@@ -345,13 +345,15 @@ def from_launch_flags(flags: str | list[str], *, model_config: str | None = None
         assumed.append("device=cuda: no accelerator here; resolved as for CUDA with unknown memory")
     if "--skip-tokenizer-init" not in argv:
         argv = argv + ["--skip-tokenizer-init"]  # offline: the tokenizer files are not needed
-    import logging
+    if _flag_value(argv, "--log-level") is None:
+        argv = argv + ["--log-level", "warning"]  # resolution's INFO lines are not facts
+    import warnings
 
-    quiet = logging.getLogger().level
     try:
-        sa = prepare_server_args(argv)
-        logging.getLogger().setLevel(max(quiet, logging.WARNING))
-        sa.resolve_once()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # import-time notes about absent accelerators
+            sa = prepare_server_args(argv)
+            sa.resolve_once()
     except SystemExit as exc:
         raise FactsError(f"SGLang rejected the launch flags (argparse exit {exc.code})",
                          hint="run `python -m sglang.launch_server --help` for the valid flags") from None
