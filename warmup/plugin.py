@@ -42,6 +42,9 @@ def _install_events() -> None:
 
     events.install()
     _arm_serving_marker()
+    from warmup import inductor
+
+    inductor.arm()  # Inductor compiles torch.compile kernels in workers of its own
 
 
 def _arm_serving_marker() -> None:
