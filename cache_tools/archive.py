@@ -779,12 +779,7 @@ def _execute(plan: RestorePlan, progress: Progress,
                         progress.advance(len(chunk))
             bytes_read = reader.archive_bytes
         progress.finish()
-        installer.prepare()  # everything is verified: only now does anything move into place
-        for entry in installer.staged:
-            outcome = installer.commit(entry)
-            outcomes.append(outcome)
-            if on_entry is not None:
-                on_entry(outcome)
+        outcomes.extend(installer.commit_all(on_entry))
     finally:
         installer.cleanup()
     return RestoreResult(tuple(outcomes), time.monotonic() - started, bytes_read)

@@ -198,12 +198,7 @@ class PullPlan(EntryPlanView):
                 installer.mark_staged(rec)
                 progress.advance(rec.size)
             progress.finish()
-            installer.prepare()
-            for rec in installer.staged:
-                outcome = installer.commit(rec)
-                outcomes.append(outcome)
-                if on_entry is not None:
-                    on_entry(outcome)
+            outcomes.extend(installer.commit_all(on_entry))
         finally:
             installer.cleanup()
         return RestoreResult(tuple(outcomes), time.monotonic() - started, fetched)

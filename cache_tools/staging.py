@@ -18,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from cache_tools.errors import ArchiveError, CacheError
 from cache_tools.locations import STAGING_PREFIX, TRASH_PREFIX, kind
@@ -200,6 +200,17 @@ class Installer:
                                   f"{entry.kind}/{entry.name}/{f.path}")
 
     # -- commit -------------------------------------------------------------------------------
+
+    def commit_all(self, on_entry: "Callable[[Outcome], None] | None" = None) -> list[Outcome]:
+        """``prepare()``, then move every staged entry into place, one rename each."""
+        self.prepare()  # everything is verified: only now does anything move into place
+        outcomes = []
+        for entry in self.staged:
+            outcome = self.commit(entry)
+            outcomes.append(outcome)
+            if on_entry is not None:
+                on_entry(outcome)
+        return outcomes
 
     def commit(self, entry: EntryRecord) -> Outcome:
         root = self.roots[entry.kind]

@@ -545,7 +545,7 @@ def render_text(report: DoctorReport) -> str:
              f"({report.duration_s:.1f} s)",
              f"  triton {report.triton_version or 'not installed'}, "
              f"sglang {report.sglang_version or 'not installed'}, target {report.target or '?'}",
-             f"  plugin entry point: "
+             "  plugin entry point: "
              + (f"{report.plugin.get('name')} -> {ENTRY_POINT_VALUE} "
                 f"({report.plugin.get('distribution')}), loaded by "
                 f"{report.plugin.get('loaded_by') or '?'}"

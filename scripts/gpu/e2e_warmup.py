@@ -35,6 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SITE, SITE_TF, OURS = Path("/tmp/site"), Path("/tmp/site_tf"), Path("/tmp/ours")
 MODEL = Path("/tmp/tiny")
+#: How setup() found sglang-warmup on this host: "already installed", "checkout" or a wheel.
+INSTALLED_FROM = "already installed"
 
 
 def log(msg: str) -> None:
@@ -47,6 +49,7 @@ def setup() -> dict[str, str]:
         if not dest.exists():
             with tarfile.open(carry / name) as tf:
                 tf.extractall(dest)
+    global INSTALLED_FROM
     if not OURS.exists():
         # A wheel built beforehand (pip wheel --no-deps -w .carry/wheel .) installs without a
         # build backend; otherwise build from the checkout with the host's setuptools.
@@ -54,6 +57,7 @@ def setup() -> dict[str, str]:
         src = str(wheels[-1]) if wheels else str(ROOT)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                         "--no-build-isolation", "--target", str(OURS), src], check=True)
+        INSTALLED_FROM = f"wheel {wheels[-1].name}" if wheels else "checkout"
     env = dict(os.environ)
     env["PYTHONPATH"] = f"{SITE_TF}:{SITE}:{OURS}"
     env["PATH"] = "/usr/local/cuda/bin:" + env.get("PATH", "")

@@ -42,8 +42,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SITE, SITE_TF, OURS = Path("/tmp/site"), Path("/tmp/site_tf"), Path("/tmp/ours")
-MODEL = Path("/tmp/tiny")
+sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+from e2e_warmup import MODEL  # noqa: E402  (the tiny model every GPU script serves)
 # The replayed cache lives at the same absolute path on both machines: Triton's group files
 # list their children by absolute path (`sglang-warmup cache pack/restore` rewrites them when
 # a cache moves; here nothing moves).
@@ -105,38 +105,12 @@ def write_json(path: Path, data) -> None:
 # --------------------------------------------------------------------------------------------
 
 def gpu_setup() -> tuple[dict[str, str], str]:
-    """Unpack the carry, install this checkout (for its plugin entry point), write the model.
-    Returns the server environment and how sglang-warmup was installed."""
-    carry = ROOT / ".carry"
-    for name, dest in (("site.tar.xz", SITE), ("tf.tar.xz", SITE_TF)):
-        if not dest.exists():
-            with tarfile.open(carry / name) as tf:
-                tf.extractall(dest)
-    how = "already installed"
-    if not OURS.exists():
-        # The checkout first: its events module writes the manifest being proven.  A wheel
-        # built beforehand (pip wheel --no-deps -w .carry/wheel .) when the host cannot build.
-        how = "checkout"
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                               "--no-index", "--no-build-isolation", "--target", str(OURS),
-                               str(ROOT)], capture_output=True, text=True)
-        if done.returncode != 0:
-            wheels = sorted((carry / "wheel").glob("sglang_warmup-*.whl"))
-            if not wheels:
-                raise SystemExit(f"cannot install sglang-warmup: {done.stderr[-2000:]}")
-            shutil.rmtree(OURS, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                            "--no-index", "--target", str(OURS), str(wheels[-1])], check=True)
-            how = f"wheel {wheels[-1].name} (checkout build failed)"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = f"{SITE_TF}:{SITE}:{OURS}"
-    env["PATH"] = "/usr/local/cuda/bin:" + env.get("PATH", "")
-    env["PYTHONUNBUFFERED"] = "1"
-    if not (MODEL / "config.json").exists():
-        subprocess.run([sys.executable, str(ROOT / "scripts/gpu/gen_tiny_model.py"), str(MODEL),
-                        "--vocab", "65600"], check=True, env=dict(env, TINY_MAX_POS="40960"))
-    sys.path[:0] = [str(SITE_TF), str(SITE), str(OURS)]
-    return env, how
+    """e2e_warmup.setup(): unpack the carry, install this checkout (for its plugin entry point),
+    write the model.  Returns the server environment and how sglang-warmup was installed."""
+    import e2e_warmup
+
+    env = e2e_warmup.setup()
+    return env, e2e_warmup.INSTALLED_FROM
 
 
 def cache_env(base: Path, triton_dir: Path | None = None) -> dict[str, str]:
