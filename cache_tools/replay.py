@@ -27,9 +27,12 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -58,6 +61,7 @@ TRITON_VERSION = "triton-version"
 OTHER_TARGET = "other-target"
 EXTERN_LIB = "extern-lib"
 KEY_MISMATCH = "key-mismatch"
+PTXAS_VERSION = "ptxas-version"
 COMPILE_ERROR = "compile-error"
 
 # Cache-manager overrides that would send our writes somewhere other than the cache dir.
@@ -390,21 +394,108 @@ def _cache_environment(cache_dir: str) -> dict[str, str | None]:
     return values
 
 
-def _resolve_kernel(module_name: str, qualname: str) -> tuple[Any, Any]:
-    """(the JITFunction, the Autotuner around it or None) for ``module:qualname``.
+_source_dir: Path | None = None
+
+
+def _recorded_source_dir() -> Path:
+    """A private directory of this process for recorded kernel modules (removed at exit)."""
+    global _source_dir
+    if _source_dir is None:
+        import atexit
+        import shutil
+
+        _source_dir = Path(tempfile.mkdtemp(prefix="sglang-warmup-replay-src-"))
+        atexit.register(shutil.rmtree, _source_dir, True)
+    return _source_dir
+
+
+@contextlib.contextmanager
+def _without_gpu_driver_setup(text: str) -> Iterator[None]:
+    """Inductor's generated modules select the GPU driver when executed
+    (``triton_helpers.set_driver_to_gpu()``), which raises on a machine without a GPU; the
+    compile needs no driver.  Newer torch has a switch for exactly this; older torch gets
+    the call made a no-op while the module executes."""
+    if "triton_helpers" not in text:
+        yield
+        return
+    try:
+        from torch._inductor.runtime import triton_helpers
+    except Exception:  # the module's own import will say what is missing
+        yield
+        return
+    skip = getattr(triton_helpers, "skip_gpu_driver_setup", None)
+    if skip is not None:
+        with skip():
+            yield
+        return
+    original = getattr(triton_helpers, "set_driver_to_gpu", None)
+    if original is None:
+        yield
+        return
+    triton_helpers.set_driver_to_gpu = lambda: None
+    try:
+        yield
+    finally:
+        triton_helpers.set_driver_to_gpu = original
+
+
+def _load_recorded_source(module_name: str, source: dict) -> Any:
+    """Execute a kernel module from the text its manifest line carries (a module that was
+    made at run time, such as Inductor's generated kernels), as Inductor itself loads it:
+    a module of the recorded name with ``__file__`` set, registered in ``sys.modules``."""
+    loaded = sys.modules.get(module_name)
+    if loaded is not None:
+        return loaded
+    text = source.get("text")
+    if not isinstance(text, str):
+        raise LookupError(NOT_IMPORTABLE, f"{module_name} was made at run time and its "
+                                          "manifest line carries no source text")
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if digest != source.get("sha256"):
+        raise LookupError(NOT_IMPORTABLE, f"the source recorded for {module_name} does not "
+                                          "match its sha256: the manifest line is damaged")
+    name = str(source.get("file") or "")
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.py", name):
+        name = f"{digest[:32]}.py"
+    path = _recorded_source_dir() / digest[:16] / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    module = types.ModuleType(module_name)
+    module.__file__ = str(path)
+    try:
+        code = compile(text, str(path), "exec", dont_inherit=True)
+        with _without_gpu_driver_setup(text):
+            exec(code, module.__dict__, module.__dict__)
+    except BaseException as exc:  # generated code may raise anything
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        first = (str(exc).splitlines() or [""])[0][:300]
+        raise LookupError(NOT_IMPORTABLE, f"the recorded source of {module_name} does not run "
+                                          f"here: {type(exc).__name__}: {first}") from None
+    sys.modules[module_name] = module
+    return module
+
+
+def _resolve_kernel(module_name: str, qualname: str,
+                    source: dict | None = None) -> tuple[Any, Any]:
+    """(the JITFunction, the Autotuner around it or None) for ``module:qualname``; a module
+    made at run time is executed from its recorded ``source``.
 
     Raises LookupError (with the sentence to report) when it cannot be found."""
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction, KernelInterface
 
-    try:
-        obj = importlib.import_module(module_name)
-    except BaseException as exc:  # a module may exit or raise anything on import
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        first = (str(exc).splitlines() or [""])[0][:300]
-        raise LookupError(NOT_IMPORTABLE,
-                          f"import {module_name} failed: {type(exc).__name__}: {first}") from None
+    if isinstance(source, dict):
+        obj = _load_recorded_source(module_name, source)
+    else:
+        try:
+            obj = importlib.import_module(module_name)
+        except BaseException as exc:  # a module may exit or raise anything on import
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            first = (str(exc).splitlines() or [""])[0][:300]
+            raise LookupError(NOT_IMPORTABLE, f"import {module_name} failed: "
+                                              f"{type(exc).__name__}: {first}") from None
     for part in qualname.split("."):
         if not hasattr(obj, part):
             raise LookupError(NOT_IMPORTABLE,
@@ -490,6 +581,90 @@ def _autotune_info(autotuner: Any, record: dict) -> dict[str, Any]:
     return {"configs": len(autotuner.configs), "match": match, "group": group}
 
 
+_ptxas_versions: dict[str, str | None] = {}
+
+
+def _ptxas_version(path: str) -> str | None:
+    """``ptxas --version`` as Triton's ``get_ptxas_version`` reads it (stdout, decoded)."""
+    if path not in _ptxas_versions:
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, timeout=60,
+                                 check=True).stdout.decode("utf-8")
+        except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
+            out = None
+        _ptxas_versions[path] = out
+    return _ptxas_versions[path]
+
+
+def _ptxas_release(version: str | None) -> str:
+    match = re.search(r"release (\d+\.\d+), (V[\d.]+)", version or "")
+    return f"CUDA {match.group(1)} ({match.group(2)})" if match else "an unknown version"
+
+
+@contextlib.contextmanager
+def _ptxas_version_scope() -> Iterator[None]:
+    """Triton caches the ptxas version per architecture, not per ptxas: records compiled with
+    different ptxas binaries (``TRITON_PTXAS_PATH`` set per record) must each read their own,
+    and the process must not keep the last record's afterwards."""
+
+    def forget() -> None:
+        try:
+            from triton.backends.nvidia import compiler as nvidia
+
+            nvidia.get_ptxas_version.cache_clear()
+        except (ImportError, AttributeError):
+            pass
+
+    forget()
+    try:
+        yield
+    finally:
+        forget()
+
+
+def choose_ptxas(record: dict, triton_dir: str) -> tuple[str | None, str | None, str | None]:
+    """(variable, path, problem): the ptxas whose ``--version`` equals the recorded one.
+
+    The recording process may have used another ptxas than Triton's own (Inductor's compile
+    workers use the one shipped in torch); the cache key hashes its version.  Tried in
+    order: the variable already set here, the recorded path, the recorded path's part below
+    ``site-packages/`` under this interpreter's site-packages, Triton's bundled ptxas.
+    (None, None, None) when the record names no ptxas (older manifests, other backends)."""
+    toolchain = record.get("toolchain") if isinstance(record.get("toolchain"), dict) else {}
+    wanted, recorded = toolchain.get("ptxas_version"), toolchain.get("ptxas")
+    target = record.get("target") or {}
+    if not wanted or target.get("backend") != "cuda":
+        return None, None, None
+    try:
+        blackwell = int(target.get("arch")) >= 100
+    except (TypeError, ValueError):
+        blackwell = False
+    variable = "TRITON_PTXAS_BLACKWELL_PATH" if blackwell else "TRITON_PTXAS_PATH"
+    binary = "ptxas-blackwell" if blackwell else "ptxas"
+    candidates = [os.environ.get(variable)]
+    if isinstance(recorded, str):
+        candidates.append(recorded)
+        if "/site-packages/" in recorded:
+            import site
+
+            below = recorded.split("/site-packages/", 1)[1]
+            roots = list(getattr(site, "getsitepackages", lambda: [])())
+            roots += [p for p in sys.path if p.endswith("site-packages")]
+            candidates += [os.path.join(root, below) for root in roots]
+    candidates.append(os.path.join(triton_dir, "backends", "nvidia", "bin", binary))
+    tried = []
+    for path in dict.fromkeys(c for c in candidates if c):
+        if not os.path.isfile(path):
+            continue
+        tried.append(path)
+        if _ptxas_version(path) == wanted:
+            return variable, path, None
+    here = ", ".join(f"{p} ({_ptxas_release(_ptxas_version(p))})" for p in tried) or "none"
+    return variable, None, (f"recorded with the ptxas at {recorded} ({_ptxas_release(wanted)}); "
+                            f"none here reports that version (tried: {here}): set {variable} "
+                            "to a ptxas of that release")
+
+
 def replay_record(record: dict, *, cache_dir: str, dry_run: bool = False) -> dict[str, Any]:
     """Rebuild one recorded entry into ``cache_dir``; never raises for a bad record.
 
@@ -514,7 +689,8 @@ def replay_record(record: dict, *, cache_dir: str, dry_run: bool = False) -> dic
                     f"{record['triton_version']} (--python)")
     kernel = record["kernel"]
     try:
-        fn, autotuner = _resolve_kernel(kernel["module"], kernel["qualname"])
+        fn, autotuner = _resolve_kernel(kernel["module"], kernel["qualname"],
+                                        kernel.get("source"))
     except LookupError as exc:
         reason, detail = exc.args
         return done(SKIPPED, reason, detail)
@@ -532,11 +708,16 @@ def replay_record(record: dict, *, cache_dir: str, dry_run: bool = False) -> dic
     env: dict[str, str | None] = {k: None for k in get_cache_invalidating_env_vars()}
     env.update(recorded_env)
     env.update(_cache_environment(cache_dir))
+    variable, ptxas, problem = choose_ptxas(record, os.path.dirname(triton.__file__))
+    if problem:
+        return done(SKIPPED, PTXAS_VERSION, problem, autotune=tuning)
+    if ptxas:
+        env[variable] = ptxas
     from triton import knobs
 
     # scope(): a cache dir set in code (knobs.cache.dir = ...) would beat the variable.
     scope = knobs.cache.scope() if hasattr(knobs.cache, "scope") else contextlib.nullcontext()
-    with _environment(env), scope:
+    with _environment(env), scope, _ptxas_version_scope():
         knobs.cache.dir = cache_dir
         try:
             source_cls = ASTSource

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib.abc
 import importlib.util
 import json
@@ -63,6 +64,9 @@ _MAX_PENDING = 256
 _MAX_LOAD_STARTS = 1024
 # Our own failures are logged at WARNING this many times per process, then at DEBUG.
 _MAX_ERROR_LOGS = 5
+# A kernel module made at run time (Inductor's generated kernels) is copied into its manifest
+# lines so that replay can rebuild it elsewhere; larger sources are left out.
+_MAX_SOURCE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -827,6 +831,68 @@ def read_manifest(state_dir: str | os.PathLike | None = None) -> list[dict]:
     return records
 
 
+_sources: dict[str, dict | None] = {}
+_sources_lock = threading.Lock()
+
+
+def generated_source(function: Any) -> dict | None:
+    """The module text of a kernel defined in a module made at run time, or None.
+
+    Inductor writes each generated kernel to a file in its cache and executes it as a module
+    that has no import spec (``torch._inductor.runtime.compile_tasks.<key>``), so no other
+    process can import it by name.  Its text goes into the manifest line:
+    ``{"file": basename, "sha256": hex, "text": source}``.  Modules that import normally,
+    ``__main__`` scripts and sources over 256 KiB give None.  Read once per file; never
+    raises."""
+    try:
+        namespace = getattr(function, "__globals__", None)
+        if not isinstance(namespace, dict) or namespace.get("__spec__", True) is not None:
+            return None
+        name, path = namespace.get("__name__"), namespace.get("__file__")
+        if not name or name == "__main__" or not isinstance(path, str):
+            return None
+        with _sources_lock:
+            if path in _sources:
+                return _sources[path]
+        result = None
+        if os.path.isfile(path) and os.path.getsize(path) <= _MAX_SOURCE_BYTES:
+            text = Path(path).read_text(encoding="utf-8")
+            result = {"file": os.path.basename(path),
+                      "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                      "text": text}
+        with _sources_lock:
+            _sources[path] = result
+        return result
+    except Exception:
+        return None
+
+
+_toolchains: dict[tuple, dict | None] = {}
+
+
+def _toolchain(target: Any) -> dict | None:
+    """The ptxas the cache key hashed (its path and ``--version`` output, as Triton's
+    ``get_ptxas_version`` read it), for a CUDA target; None otherwise.
+
+    The version is part of the key, and it differs between processes of one server: Inductor's
+    compile workers point ``TRITON_PTXAS_PATH`` at the ptxas shipped in torch, the scheduler
+    uses Triton's own.  Replay needs to know which.  Never raises."""
+    try:
+        if target is None or getattr(target, "backend", None) != "cuda":
+            return None
+        arch = target.arch
+        variable = "TRITON_PTXAS_BLACKWELL_PATH" if int(arch) >= 100 else "TRITON_PTXAS_PATH"
+        key = (arch, os.environ.get(variable))
+        if key not in _toolchains:
+            from triton.backends.nvidia import compiler as nvidia
+
+            _toolchains[key] = {"ptxas": nvidia.get_ptxas(arch).path,
+                                "ptxas_version": nvidia.get_ptxas_version(arch)}
+        return _toolchains[key]
+    except Exception:
+        return None
+
+
 def _base_record(event: str, state: _phase.PhaseState, compiler: str) -> dict:
     return {
         "event": event,
@@ -853,6 +919,9 @@ def _triton_record(inst: _Installation, event: str, state: _phase.PhaseState, sr
     }
     if fn is None and getattr(src, "path", None) is not None:
         kernel["path"] = str(src.path)  # an IR source: replayable from that file only
+    source = generated_source(inner)
+    if source is not None:
+        kernel["source"] = source
     metadata = dict(metadata or {})
     target = metadata.get("target")
     target_json = _target_json(target)
@@ -882,6 +951,7 @@ def _triton_record(inst: _Installation, event: str, state: _phase.PhaseState, sr
         "options": _jsonable(options),
         "env": _jsonable(env),
         "target": target_json,
+        "toolchain": _toolchain(target),
         "triton_version": metadata.get("triton_version"),
         "duration_s": (times.total / 1e6) if times is not None else None,
         "stages": _stages(times),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -37,7 +36,8 @@ def test_interrupted_compiles_are_warnings_not_crashes(triton_cache):
     # Triton writes the group file last: without it the compile was interrupted.
     next(a.glob("__grp__*.json")).unlink()
     # A group whose child is gone.
-    next(b.glob("*.cubin")).unlink()
+    gone = next(b.glob("*.cubin"))
+    gone.unlink()
     # An in-flight write (Triton's put(): tmp.pid_<pid>_<uuid>/<file>, then os.replace).
     (c / "tmp.pid_4242_0000").mkdir()
     (c / "tmp.pid_4242_0000" / "x.cubin").write_bytes(b"partial")
@@ -45,11 +45,10 @@ def test_interrupted_compiles_are_warnings_not_crashes(triton_cache):
     (triton_cache / "EMPTY").mkdir()
     info = scan_kind(triton_location(triton_cache))
     problems = {e.name: e.problem for e in info.entries if not e.complete}
-    cubin = next(f for f in os.listdir(a) if f.endswith(".cubin"))
     assert problems == {
         a.name: "no __grp__*.json group file (compile in flight or interrupted)",
         b.name: f"group file {next(b.glob('__grp__*.json')).name} references missing file "
-                f"{cubin}",
+                f"{gone.name}",
         "EMPTY": "empty directory (being written or interrupted)",
     }
     messages = sorted(str(w) for w in info.warnings)

@@ -189,9 +189,15 @@ def test_a_miss_then_a_disk_hit_are_counted_in_their_phase(registry, state_dir):
     assert set(miss["stages"]["lowering_s"]) >= {"ttir", "ttgir", "llir", "ptx", "cubin"}
     assert "scale_kernel.cubin" in miss["artifacts"]
     assert miss["specialization"] is None  # triton.compile called directly: no jit hook
+    # The ptxas whose version the key hashed (Triton's own here).
+    from triton.backends.nvidia import compiler as nvidia
+
+    assert miss["toolchain"] == {"ptxas": nvidia.get_ptxas(90).path,
+                                 "ptxas_version": nvidia.get_ptxas_version(90)}
+    assert "source" not in miss["kernel"]  # an importable module: replay imports it
     assert sorted(miss) == sorted([
         "event", "time", "pid", "phase", "shape_class", "request", "compiler", "kernel", "key",
-        "hash", "signature", "constexprs", "attrs", "options", "env", "target",
+        "hash", "signature", "constexprs", "attrs", "options", "env", "target", "toolchain",
         "triton_version", "duration_s", "stages", "cache_hit", "artifacts", "cache_entry",
         "specialization"])
     manifest = state_dir / "manifest" / f"compiles-{os.getpid()}.jsonl"
