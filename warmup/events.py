@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import importlib.abc
 import importlib.util
 import json
 import logging
@@ -44,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from warmup import importer
 from warmup import phase as _phase
 
 logger = logging.getLogger("sglang_warmup.events")
@@ -214,7 +214,6 @@ class _Installation:
         self._tls = threading.local()
         self._options_fields: dict[tuple, frozenset[str]] = {}
         self._undo: list[Callable[[], None]] = []
-        self._finder: _PostImportFinder | None = None
         self.report: InstallReport = InstallReport(None, "unknown", ())
         self._hooks: list[HookStatus] = []
         self._listener = None
@@ -286,7 +285,7 @@ class _Installation:
                 attr = h.name.rsplit(".", 1)[1]
                 hooks.append(HookStatus(h.name, h.state, _slot_position(
                     _get_knob("runtime", attr), self._jit_hooks[h.name])))
-            elif h.state == "armed" and self._finder is not None:
+            elif h.state == "armed":
                 module = h.name.rsplit(".", 1)[0]
                 now = "patched" if module in sys.modules else "not imported yet"
                 hooks.append(HookStatus(h.name, h.state, now))
@@ -515,12 +514,8 @@ class _Installation:
                     self._add(name, "failed", repr(exc))
                 continue
             try:
-                if self._finder is None:
-                    self._finder = _PostImportFinder()
-                    sys.meta_path.insert(0, self._finder)
-                    finder = self._finder
-                    self._undo.append(lambda: _remove_finder(finder))
-                self._finder.add(module_name, functools.partial(self._patch_on_import, attr, make))
+                self._undo.append(importer.finder().watch(
+                    module_name, functools.partial(self._patch_on_import, attr, make)))
                 self._add(name, "armed", "patched when the module is imported")
             except Exception as exc:
                 self._add(name, "failed", repr(exc))
@@ -1171,65 +1166,3 @@ def _sglang_jit_layout() -> str:
         if (utils / "compile.py").is_file():
             return "module"
     return "none"
-
-
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Runs callbacks right after named modules finish executing (a post-import hook).
-
-    It finds nothing itself: it asks the finders after it for the spec and wraps that
-    module's own loader instance's ``exec_module``, so the module object and its loader are
-    the ones the import system would have used anyway.
-    """
-
-    def __init__(self) -> None:
-        self._callbacks: dict[str, list[Callable[[Any], None]]] = {}
-        self._busy = threading.local()
-
-    def add(self, module_name: str, callback: Callable[[Any], None]) -> None:
-        self._callbacks.setdefault(module_name, []).append(callback)
-
-    def find_spec(self, fullname, path=None, target=None):
-        callbacks = self._callbacks.get(fullname)
-        if not callbacks or getattr(self._busy, "name", None) == fullname:
-            return None
-        self._busy.name = fullname
-        try:
-            spec = None
-            for finder in list(sys.meta_path):
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-        except Exception as exc:  # let the import system run its own course (and errors)
-            logger.debug("sglang-warmup: post-import lookup of %s failed: %r", fullname, exc)
-            return None
-        finally:
-            self._busy.name = None
-        loader = getattr(spec, "loader", None) if spec is not None else None
-        if loader is None or isinstance(loader, type) or not hasattr(loader, "exec_module"):
-            return spec
-        original = loader.exec_module
-
-        def exec_module(module, _original=original, _callbacks=tuple(callbacks)):
-            _original(module)
-            for callback in _callbacks:
-                try:
-                    callback(module)
-                except Exception as exc:  # a guest never raises into an import
-                    logger.debug("sglang-warmup: post-import patch of %s failed: %r",
-                                 module.__name__, exc)
-
-        try:
-            loader.exec_module = exec_module
-        except Exception:
-            return spec
-        return spec
-
-
-def _remove_finder(finder: _PostImportFinder) -> None:
-    try:
-        sys.meta_path.remove(finder)
-    except ValueError:
-        pass
-

@@ -32,7 +32,7 @@ def arm() -> None:
     if module is not None:
         _patch(module)
         return
-    from warmup.patches.importer import finder
+    from warmup.importer import finder
 
     finder().watch(POOL_MODULE, _patch)
 

@@ -17,7 +17,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from warmup import settings
 from warmup.errors import WarmupError
@@ -28,7 +28,7 @@ from warmup.patches import (
     fix4_hoisted_rows as fix4,
     fix5_context_cap as fix5,
 )
-from warmup.patches.importer import finder
+from warmup.importer import finder
 from warmup.patches.source import FileView, LiveView, TargetMissing, mark_of
 from warmup.patches.status import FixStatus, Refused
 
@@ -52,6 +52,8 @@ class _State:
     originals: dict[int, tuple[Any, str, bool, Any]] = field(default_factory=dict)
     cap: tuple[bool, str] | None = None
     armed: bool = False
+    #: the undo of each post-import watch this registry placed
+    unwatch: list[Callable[[], None]] = field(default_factory=list)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
 
@@ -226,7 +228,7 @@ def activate() -> None:
             if module is not None:
                 on_import(module)
             else:
-                finder().watch(name, on_import)
+                _state.unwatch.append(finder().watch(name, on_import))
     except Exception as exc:  # noqa: BLE001
         logger.warning("sglang-warmup: patches not armed: %s: %s", type(exc).__name__, exc)
 
@@ -286,5 +288,7 @@ def revert() -> None:
         _state.statuses.clear()
         _state.cap = None
         _state.armed = False
-        finder().unwatch_all()
+        for undo in _state.unwatch:
+            undo()
+        _state.unwatch.clear()
         _views.clear()

@@ -6,6 +6,10 @@ finders for the real spec and wraps the spec's loader; after the real ``exec_mod
 module's ``__loader__`` is set back to the real loader and the callback runs.  Nothing is
 imported on our account, so a process that never loads the DeepSeek-V4 backend never pays for
 it.  The finder removes itself once every watched module has loaded.
+
+One finder serves the whole process (``finder()``): the patches, the compile events (SGLang's
+JIT builders) and the Inductor worker hook each watch their modules through it.  A name may
+have several callbacks; ``watch`` returns the undo of that one watch.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import threading
 from types import ModuleType
 from typing import Callable
 
-logger = logging.getLogger("sglang_warmup.patches")
+logger = logging.getLogger("sglang_warmup.importer")
 
 Callback = Callable[[ModuleType], None]
 
@@ -49,7 +53,7 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
     """Watches module names; see the module docstring."""
 
     def __init__(self) -> None:
-        self._callbacks: dict[str, Callback] = {}
+        self._callbacks: dict[str, list[Callback]] = {}
         self._resolving: set[str] = set()
         self._lock = threading.RLock()
 
@@ -57,11 +61,23 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
     def watched(self) -> frozenset[str]:
         return frozenset(self._callbacks)
 
-    def watch(self, name: str, callback: Callback) -> None:
+    def watch(self, name: str, callback: Callback) -> Callable[[], None]:
+        """Run ``callback(module)`` once ``name`` has executed; returns the undo of this watch."""
         with self._lock:
-            self._callbacks[name] = callback
+            self._callbacks.setdefault(name, []).append(callback)
             if self not in sys.meta_path:
                 sys.meta_path.insert(0, self)
+        return lambda: self.unwatch(name, callback)
+
+    def unwatch(self, name: str, callback: Callback) -> None:
+        with self._lock:
+            callbacks = self._callbacks.get(name, [])
+            if callback in callbacks:
+                callbacks.remove(callback)
+            if not callbacks:
+                self._callbacks.pop(name, None)
+            if not self._callbacks:
+                self._remove()
 
     def unwatch_all(self) -> None:
         with self._lock:
@@ -101,15 +117,15 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
 
     def loaded(self, module: ModuleType) -> None:
         with self._lock:
-            callback = self._callbacks.pop(module.__name__, None)
+            callbacks = self._callbacks.pop(module.__name__, [])
             if not self._callbacks:
                 self._remove()
-        if callback is None:
-            return
-        try:
-            callback(module)
-        except Exception:  # noqa: BLE001 - a guest never raises into its host's import
-            logger.exception("sglang-warmup: post-import callback for %s failed", module.__name__)
+        for callback in callbacks:
+            try:
+                callback(module)
+            except Exception:  # noqa: BLE001 - a guest never raises into its host's import
+                logger.exception("sglang-warmup: post-import callback for %s failed",
+                                 module.__name__)
 
 
 _finder: PostImportFinder | None = None

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from warmup.patches.importer import PostImportFinder
+from warmup.importer import PostImportFinder
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_a_failing_callback_never_breaks_the_import(package, caplog):
         raise RuntimeError("boom")
 
     finder.watch(f"{name}.target", callback)
-    with caplog.at_level(logging.ERROR, logger="sglang_warmup.patches"):
+    with caplog.at_level(logging.ERROR, logger="sglang_warmup.importer"):
         module = importlib.import_module(f"{name}.target")
     assert module.VALUE == 1
     assert [r.getMessage() for r in caplog.records] == [
@@ -81,3 +81,44 @@ def test_a_module_that_fails_to_import_keeps_its_watch(package):
     importlib.invalidate_caches()
     module = importlib.import_module(f"{name}.target")
     assert calls == [module]
+
+
+def test_several_watchers_of_one_module_and_their_own_undo(package):
+    name, root, finder = package
+    (root / "target.py").write_text("VALUE = 1\n")
+    first, second, third = [], [], []
+    finder.watch(f"{name}.target", first.append)
+    undo_second = finder.watch(f"{name}.target", second.append)
+    finder.watch(f"{name}.target", third.append)
+    undo_second()  # only that watch goes
+    assert finder.watched == {f"{name}.target"} and finder in sys.meta_path
+    module = importlib.import_module(f"{name}.target")
+    assert (first, second, third) == ([module], [], [module])
+    assert finder not in sys.meta_path
+
+
+def test_the_last_undo_removes_the_finder(package):
+    name, root, finder = package
+    undo = finder.watch(f"{name}.target", lambda module: None)
+    assert sys.meta_path[0] is finder
+    undo()
+    undo()  # twice is harmless
+    assert finder.watched == frozenset() and finder not in sys.meta_path
+
+
+def test_reverting_the_patches_leaves_other_watches_in_place(package):
+    """The patch registry removes its own watches, not the compile events' or Inductor's."""
+    from warmup import importer, patches
+
+    name, root, _ = package
+    (root / "target.py").write_text("VALUE = 1\n")
+    seen = []
+    undo = importer.finder().watch(f"{name}.target", seen.append)
+    try:
+        patches.activate()
+        patches.revert()
+        assert f"{name}.target" in importer.finder().watched
+        module = importlib.import_module(f"{name}.target")
+        assert seen == [module]
+    finally:
+        undo()
