@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 from warmup import phase as phase_mod
 from warmup.errors import DriverError, TransportError
@@ -75,6 +75,36 @@ class RunReport:
     @property
     def requests(self) -> int:
         return sum(c.requests for c in self.classes)
+
+    def count_compiles(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Set the compile counts from compile-manifest records: per phase, and per class for
+        the warm-up's own (``compiles``, ``jit_builds``, ``disk_hits``, kernel names)."""
+        from warmup.events import is_miss, kernel_name
+
+        by_class = {c.shape_class: c for c in self.classes}
+        for c in self.classes:
+            c.compiles = c.jit_builds = c.disk_hits = 0
+            c.kernels = []
+        self.compiles_by_phase = {}
+        self.compiles_total = 0
+        for r in records:
+            c = by_class.get(r.get("shape_class") or "")
+            if not is_miss(r):
+                if r.get("event") == "hit" and c is not None:
+                    c.disk_hits += 1
+                continue
+            ph = r.get("phase") or "init"
+            self.compiles_by_phase[ph] = self.compiles_by_phase.get(ph, 0) + 1
+            self.compiles_total += 1
+            if c is None or ph != "warmup":
+                continue
+            if r.get("event") == "jit_build":
+                c.jit_builds += 1
+            else:
+                c.compiles += 1
+            name = kernel_name(r)
+            if name not in c.kernels:
+                c.kernels.append(name)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -233,27 +263,7 @@ class Driver:
             records = events.read_manifest(self.state_dir)
         except Exception:
             return
-        by_class = {c.shape_class: c for c in report.classes}
-        for r in records:
-            ph = r.get("phase") or "init"
-            event = r.get("event")
-            is_compile = event == "miss" or (event == "jit_build" and r.get("outcome") == "built")
-            if not is_compile:
-                if r.get("event") == "hit" and r.get("shape_class") in by_class:
-                    by_class[r["shape_class"]].disk_hits += 1
-                continue
-            report.compiles_by_phase[ph] = report.compiles_by_phase.get(ph, 0) + 1
-            report.compiles_total += 1
-            c = by_class.get(r.get("shape_class") or "")
-            if c is None or ph != "warmup":
-                continue
-            if r.get("event") == "jit_build":
-                c.jit_builds += 1
-            else:
-                c.compiles += 1
-            name = (r.get("kernel") or {}).get("name") if isinstance(r.get("kernel"), dict) else r.get("kernel")
-            if name and name not in c.kernels:
-                c.kernels.append(name)
+        report.count_compiles(records)
 
     def _record_metrics(self, report: RunReport, exp: Expansion) -> None:
         if self.metrics is None:

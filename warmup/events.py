@@ -41,7 +41,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from warmup import importer
 from warmup import phase as _phase
@@ -797,6 +797,20 @@ class _ManifestWriter:
 def manifest_files(state_dir: str | os.PathLike) -> list[Path]:
     """The manifest files under a state directory, sorted by name."""
     return sorted((Path(state_dir) / MANIFEST_DIR).glob(MANIFEST_GLOB))
+
+
+def is_miss(record: Mapping[str, Any]) -> bool:
+    """A manifest record of something compiled now (a Triton miss or an nvcc JIT build)."""
+    event = record.get("event")
+    return event == "miss" or (event == "jit_build" and record.get("outcome") == "built")
+
+
+def kernel_name(record: Mapping[str, Any]) -> str:
+    """The kernel (Triton) or module (nvcc JIT) a manifest record names; ``?`` if none."""
+    kernel = record.get("kernel")
+    if isinstance(kernel, dict):
+        return str(kernel.get("name") or kernel.get("qualname") or "?")
+    return str(record.get("module_name") or kernel or "?")
 
 
 def read_manifest(state_dir: str | os.PathLike | None = None) -> list[dict]:

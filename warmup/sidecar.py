@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from warmup import loader
 from warmup import phase as phase_mod
+from warmup.events import is_miss, kernel_name
 from warmup.driver import Driver, RunReport
 from warmup.errors import SidecarError, TransportError, WarmupError
 from warmup.plan import Expansion, Plan, WarmupStep, expand
@@ -323,19 +324,6 @@ class PassCheck:
                 "kernels": list(self.kernels), "detail": self.detail}
 
 
-def is_miss(record: Mapping[str, Any]) -> bool:
-    """A manifest record of something compiled now (Triton miss or nvcc JIT build)."""
-    event = record.get("event")
-    return event == "miss" or (event == "jit_build" and record.get("outcome") == "built")
-
-
-def _kernel_name(record: Mapping[str, Any]) -> str:
-    kernel = record.get("kernel")
-    if isinstance(kernel, dict):
-        return str(kernel.get("name") or kernel.get("qualname") or "?")
-    return str(record.get("module_name") or kernel or "?")
-
-
 def miss_total(mp_dir: str | None) -> float | None:
     """Compile misses summed over every process of a multiprocess directory; None when the
     directory holds no sglang-warmup compile metrics."""
@@ -392,7 +380,7 @@ class PassWindow:
         if records is not None:
             misses = [r for r in records if is_miss(r)]
             kernels = tuple(f"{r.get('shape_class') or r.get('phase') or '?'}: "
-                            f"{_kernel_name(r)} ({r.get('compiler') or '?'})" for r in misses)
+                            f"{kernel_name(r)} ({r.get('compiler') or '?'})" for r in misses)
             return PassCheck(True, len(misses), "manifest", kernels,
                              f"{len(records)} records of the pass in {self.state_dir}/manifest")
         if self.misses_after is not None:  # none before the pass: none had been counted yet
@@ -410,32 +398,8 @@ class PassWindow:
 def _attach_window(report: RunReport, records: Iterable[Mapping[str, Any]] | None) -> None:
     """Replace the report's compile counts by those of its own pass (the driver counts every
     record of the manifest: earlier passes and earlier server lifetimes included)."""
-    if records is None:
-        return
-    by_class = {c.shape_class: c for c in report.classes}
-    for c in report.classes:
-        c.compiles = c.jit_builds = c.disk_hits = 0
-        c.kernels = []
-    report.compiles_by_phase = {}
-    report.compiles_total = 0
-    for r in records:
-        c = by_class.get(r.get("shape_class") or "")
-        if not is_miss(r):
-            if r.get("event") == "hit" and c is not None:
-                c.disk_hits += 1
-            continue
-        ph = r.get("phase") or "init"
-        report.compiles_by_phase[ph] = report.compiles_by_phase.get(ph, 0) + 1
-        report.compiles_total += 1
-        if c is None or ph != "warmup":
-            continue
-        if r.get("event") == "jit_build":
-            c.jit_builds += 1
-        else:
-            c.compiles += 1
-        name = _kernel_name(r)
-        if name not in c.kernels:
-            c.kernels.append(name)
+    if records is not None:
+        report.count_compiles(records)
 
 
 # --- configuration ------------------------------------------------------------------------------

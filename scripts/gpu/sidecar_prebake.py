@@ -90,7 +90,7 @@ def long_prompt(url: str, n: int, seed: int, timeout: float) -> dict:
 def manifest_counts(state: Path) -> dict:
     """Compile events per phase from a state directory's compile manifest."""
     from warmup import events
-    from warmup.sidecar import is_miss
+    from warmup.events import is_miss
 
     out: dict[str, dict[str, int]] = {}
     try:

@@ -13,7 +13,7 @@ import pytest
 
 from warmup import facts as facts_mod
 from warmup import loader, phase
-from warmup.driver import Driver, RunReport
+from warmup.driver import ClassReport, Driver, RunReport
 from warmup.errors import DriverError
 from warmup.plan import expand
 from warmup.transport import InProcessTransport, sampling_params
@@ -378,3 +378,30 @@ def test_real_compiles_during_a_step_are_counted_for_its_class(fake_tokenizer_ma
     assert by_class["extends"].compiles == 0
     assert report.compiles_by_phase == {"warmup": 1} and report.compiles_total == 1
     assert "compiles by phase: warmup=1" in report.render()
+
+
+def test_count_compiles_from_manifest_records():
+    """The one counting rule the driver (whole manifest) and the sidecar (its own pass) share:
+    misses and nvcc builds per phase; per class only the warm-up's; counts are replaced."""
+    report = RunReport(plan="p", plan_sha256="", expansion_digest="", transport="t", started_at=0)
+    report.classes = [ClassReport("a", "ph", "extend"), ClassReport("b", "ph", "batch")]
+    report.classes[0].compiles = 7  # from an earlier count: replaced, not added to
+    records = [
+        {"event": "miss", "phase": "init", "kernel": {"name": "capture_k"}},
+        {"event": "miss", "phase": "warmup", "shape_class": "a", "kernel": {"name": "k1"}},
+        {"event": "miss", "phase": "warmup", "shape_class": "a", "kernel": {"name": "k1"}},
+        {"event": "hit", "phase": "warmup", "shape_class": "a", "kernel": {"name": "k2"}},
+        {"event": "jit_build", "outcome": "built", "phase": "warmup", "shape_class": "b",
+         "module_name": "sgl_kernel_jit_x"},
+        {"event": "jit_build", "outcome": "hit", "phase": "warmup", "shape_class": "b",
+         "module_name": "sgl_kernel_jit_y"},
+        {"event": "load", "phase": "warmup", "shape_class": "b"},
+        {"event": "miss", "phase": "serving", "shape_class": "b", "kernel": {"name": "late"}},
+        {"event": "miss", "phase": "warmup", "shape_class": "flush", "kernel": {"name": "f"}},
+    ]
+    report.count_compiles(records)
+    a, b = report.classes
+    assert (a.compiles, a.jit_builds, a.disk_hits, a.kernels) == (2, 0, 1, ["k1"])
+    assert (b.compiles, b.jit_builds, b.disk_hits, b.kernels) == (0, 1, 0, ["sgl_kernel_jit_x"])
+    assert report.compiles_by_phase == {"init": 1, "warmup": 4, "serving": 1}
+    assert report.compiles_total == 6
