@@ -1,14 +1,15 @@
 """The CacheError family: every error cache_tools raises on purpose carries a hint (the fix).
 
-cache_tools stays standard-library-only and independent of ``warmup``, so it has its own
-base class; the ``sglang-warmup`` CLI boundary prints ``error: message`` / ``hint: hint``
-for it exactly as for WarmupError and exits with ``exit_code``.
+cache_tools stays standard-library-only and independent of ``warmup``, so the common base of
+both families, ``HintedError``, lives here; ``warmup.errors.WarmupError`` derives from it.
+The ``sglang-warmup`` CLI boundary prints ``error: message`` / ``hint: hint`` for any
+``HintedError`` and exits with its ``exit_code``.
 """
 
 from __future__ import annotations
 
 
-class CacheError(Exception):
+class HintedError(Exception):
     """An expected failure with a one-line message and a hint that says how to fix it."""
 
     exit_code = 1
@@ -20,6 +21,10 @@ class CacheError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class CacheError(HintedError):
+    """A cache tool failed on purpose (bad input, unusable directory, unreachable store)."""
 
 
 class ArchiveError(CacheError):

@@ -12,13 +12,14 @@ is read off the installed SGLang's source files without importing it (see ``SGLa
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import importlib.util
 import os
 import pwd
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 from cache_tools.errors import CacheError
 
@@ -538,3 +539,22 @@ def exports(root: str | None = None, *, env: Mapping[str, str] | None = None,
                 value = str(loc.path.parent.parent)  # the base, not <base>/.cache/flashinfer
             pairs.append((var, value))
     return Exports(tuple(pairs), comments)
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set (or, for None, unset) environment variables; put them back on exit."""
+    saved = {k: os.environ.get(k) for k in values}
+
+    def apply(items: Iterable[tuple[str, str | None]]) -> None:
+        for key, value in items:
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    try:
+        apply(values.items())
+        yield
+    finally:
+        apply(saved.items())

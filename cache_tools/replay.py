@@ -368,25 +368,6 @@ def _installed_triton() -> str | None:
 # the worker side (imports Triton and the kernels)
 # --------------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _environment(values: dict[str, str | None]) -> Iterator[None]:
-    """Set (or, for None, unset) environment variables; put them back on exit."""
-    saved = {k: os.environ.get(k) for k in values}
-    try:
-        for key, value in values.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def _cache_environment(cache_dir: str) -> dict[str, str | None]:
     """The variables that make Triton's file cache manager write into ``cache_dir``."""
     values: dict[str, str | None] = {v: None for v in _MANAGER_VARS}
@@ -717,7 +698,7 @@ def replay_record(record: dict, *, cache_dir: str, dry_run: bool = False) -> dic
 
     # scope(): a cache dir set in code (knobs.cache.dir = ...) would beat the variable.
     scope = knobs.cache.scope() if hasattr(knobs.cache, "scope") else contextlib.nullcontext()
-    with _environment(env), scope, _ptxas_version_scope():
+    with locations.environment(env), scope, _ptxas_version_scope():
         knobs.cache.dir = cache_dir
         try:
             source_cls = ASTSource
@@ -892,7 +873,7 @@ def replay(manifests: Sequence[str | os.PathLike[str]], *,
                            seconds=float(outcome.get("seconds", 0.0))))
 
     if todo and workers == 1:
-        with _environment(_cache_environment(str(directory))):
+        with locations.environment(_cache_environment(str(directory))):
             for index in todo:
                 collect(index, _worker(items[index].record, str(directory), dry_run))
     elif todo:

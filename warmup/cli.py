@@ -1,5 +1,6 @@
 """The ``sglang-warmup`` command line: thin commands over library calls, and the one error
-boundary that turns a WarmupError into ``error: message`` + ``hint: fix`` and an exit code."""
+boundary that turns a WarmupError or CacheError (both HintedErrors) into ``error: message``
++ ``hint: fix`` and an exit code."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ import sys
 
 import typer
 
-from cache_tools.errors import CacheError
+from cache_tools.errors import HintedError
 from warmup import settings
-from warmup.errors import WarmupError
 
 app = typer.Typer(
     name="sglang-warmup",
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         # standalone_mode=False returns typer.Exit's code instead of exiting with it.
         if isinstance(rc, int) and rc:
             sys.exit(rc)
-    except (WarmupError, CacheError) as exc:
+    except HintedError as exc:
         if settings.DEBUG.get():
             raise
         print(f"error: {exc.message}", file=sys.stderr)

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import typer
 
+from cache_tools.locations import environment
+
 if TYPE_CHECKING:  # the probe kernel's globals; bound by _probe_kernel() in the child
     import triton.language as tl
 
@@ -368,25 +370,6 @@ def _has_attr(module: str, attr: str) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def _environ(overrides: dict[str, str | None]) -> Iterator[None]:
-    """Apply ``overrides`` to os.environ for the duration (spawn copies it into the child)."""
-    saved = {k: os.environ.get(k) for k in overrides}
-    try:
-        for k, v in overrides.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _run_child(root: Path, env: dict[str, str | None], state_dir: Path,
                timeout_s: float) -> dict:
     """Start the check process, drive the phase through it, return what it wrote."""
@@ -402,7 +385,7 @@ def _run_child(root: Path, env: dict[str, str | None], state_dir: Path,
     phase.set_phase("warmup", shape_class="doctor", request=0, state_dir=state_dir)
     process = ctx.Process(target=_child_main, args=(child_conn, str(result_path), str(log_path)),
                           name="sglang-warmup-doctor", daemon=True)
-    with _environ(env):
+    with environment(env):
         process.start()
     child_conn.close()
     problem = ""

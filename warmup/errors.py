@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
+from cache_tools.errors import HintedError
 
-class WarmupError(Exception):
+
+class WarmupError(HintedError):
     """An expected failure with a one-line message and a hint that says how to fix it.
 
     The CLI prints ``message`` and ``hint`` (never a traceback unless WARMUP_DEBUG=1) and exits
     with ``exit_code``.
     """
-
-    exit_code = 1
-
-    def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class PlanError(WarmupError):

@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from warmup.patches.source import (
-    MARK, FileView, LiveView, TargetMissing, rewrite_function, source_hash,
+    MARK, FileView, LiveView, TargetMissing, guarded_rewrite, source_hash,
 )
 from warmup.patches.status import Detection, Refused
 
@@ -72,11 +72,8 @@ def build(module: ModuleType, original: Any, ctx: Any) -> Any:
     if OLD not in LiveView(module).source(_METHOD):
         raise Refused(f"{CLASS}.{ATTR} has no pageable torch.tensor(lengths_cpu, ...) upload "
                       "to rewrite")
-    try:
-        return rewrite_function(original, old=OLD, new=NEW, inject={INJECTED: helper},
-                                fix=NUMBER)
-    except Exception as exc:  # RewriteRefused, or source that no longer compiles
-        raise Refused(f"guarded rewrite of {CLASS}.{ATTR} refused: {exc}") from None
+    return guarded_rewrite(original, what=f"{CLASS}.{ATTR}", old=OLD, new=NEW,
+                           inject={INJECTED: helper}, fix=NUMBER)
 
 
 def verify(module: ModuleType, installed: Any, original: Any) -> str:

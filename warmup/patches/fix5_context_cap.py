@@ -31,7 +31,7 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from warmup.patches.source import MARK, FileView, LiveView, rewrite_function, source_hash
+from warmup.patches.source import MARK, FileView, LiveView, guarded_rewrite, source_hash
 from warmup.patches.status import Detection, Refused
 
 NUMBER = 5
@@ -123,11 +123,8 @@ def build(module: ModuleType, original: Any, ctx: Any) -> Any:
                         "%s", reason)
         return not lift
 
-    try:
-        return rewrite_function(original, old=OLD, new=NEW, inject={INJECTED: keep_cap},
-                                fix=NUMBER)
-    except Exception as exc:  # RewriteRefused, or source that no longer compiles
-        raise Refused(f"guarded rewrite of {ATTR} refused: {exc}") from None
+    return guarded_rewrite(original, what=ATTR, old=OLD, new=NEW, inject={INJECTED: keep_cap},
+                           fix=NUMBER)
 
 
 def verify(module: ModuleType, installed: Any, original: Any) -> str:

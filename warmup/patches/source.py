@@ -20,6 +20,8 @@ from pathlib import Path
 from types import FunctionType, ModuleType
 from typing import Any, Callable, Mapping
 
+from warmup.patches.status import Refused
+
 #: Attribute set on every function this package installs; its value is the fix number.
 MARK = "__sglang_warmup_fix__"
 
@@ -216,6 +218,16 @@ View = LiveView | FileView
 
 class RewriteRefused(RuntimeError):
     """A guarded rewrite found the source not in the exact expected shape."""
+
+
+def guarded_rewrite(original: Any, *, what: str, old: str, new: str,
+                    inject: Mapping[str, Any], fix: int) -> FunctionType:
+    """``rewrite_function`` for a fix's ``build``: any refusal of its guards, or source that no
+    longer compiles, becomes ``Refused`` naming ``what`` (the patched attribute)."""
+    try:
+        return rewrite_function(original, old=old, new=new, inject=inject, fix=fix)
+    except Exception as exc:
+        raise Refused(f"guarded rewrite of {what} refused: {exc}") from None
 
 
 def rewrite_function(
