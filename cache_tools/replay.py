@@ -614,7 +614,7 @@ def choose_ptxas(record: dict, triton_dir: str) -> tuple[str | None, str | None,
     toolchain = record.get("toolchain") if isinstance(record.get("toolchain"), dict) else {}
     wanted, recorded = toolchain.get("ptxas_version"), toolchain.get("ptxas")
     target = record.get("target") or {}
-    if not wanted or target.get("backend") != "cuda":
+    if not isinstance(wanted, str) or not wanted or target.get("backend") != "cuda":
         return None, None, None
     try:
         blackwell = int(target.get("arch")) >= 100

@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
-from e2e_warmup import MODEL, Server, cache_env, log, setup  # noqa: E402
+from e2e_warmup import Server, cache_env, log, server_args, setup  # noqa: E402
 
 #: Steps per traffic kind: small samples, so four audits (two passes each) fit the budget.
 KINDS = {"chat": 8, "rag": 5, "agent": 6, "batch": 3}
@@ -38,12 +38,7 @@ PORTS = (31500, 31510)
 
 
 def sglang_args(port: int) -> list[str]:
-    return ["--model-path", str(MODEL), "--skip-tokenizer-init", "--attention-backend", "triton",
-            "--sampling-backend", "pytorch", "--grammar-backend", "none",
-            "--moe-runner-backend", "triton", "--mem-fraction-static", "0.30",
-            "--max-total-tokens", "131072", "--mm-feature-transport", "cpu",
-            "--host", "127.0.0.1", "--enable-metrics", "--disable-prefill-cuda-graph",
-            "--port", str(port)]
+    return server_args("0.30", eager_prefill=True) + ["--port", str(port)]
 
 
 def launch(name: str, plan: Path, workdir: Path, env: dict[str, str], port: int) -> Server:

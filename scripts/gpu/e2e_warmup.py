@@ -39,6 +39,21 @@ MODEL = Path("/tmp/tiny")
 INSTALLED_FROM = "already installed"
 
 
+def server_args(mem_fraction: str, *, eager_prefill: bool, metrics: bool = True) -> list[str]:
+    """The flags every GPU script serves the tiny model with (no port).  ``eager_prefill``:
+    --disable-prefill-cuda-graph, the state DeepSeek-V4 and MLA models serve in."""
+    args = ["--model-path", str(MODEL), "--skip-tokenizer-init", "--attention-backend", "triton",
+            "--sampling-backend", "pytorch", "--grammar-backend", "none",
+            "--moe-runner-backend", "triton", "--mem-fraction-static", mem_fraction,
+            "--max-total-tokens", "131072", "--mm-feature-transport", "cpu",
+            "--host", "127.0.0.1"]
+    if metrics:
+        args.append("--enable-metrics")
+    if eager_prefill:
+        args.append("--disable-prefill-cuda-graph")
+    return args
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -206,13 +221,9 @@ def main() -> None:
     run = Path("/tmp/e2e")
     shutil.rmtree(run, ignore_errors=True)
     frac = f"{min(0.25, 0.9 / len(launches)):.2f}"
-    base_args = ["--model-path", str(MODEL), "--skip-tokenizer-init", "--attention-backend", "triton",
-              "--sampling-backend", "pytorch", "--grammar-backend", "none", "--moe-runner-backend", "triton",
-              "--mem-fraction-static", frac, "--max-total-tokens", "131072", "--mm-feature-transport", "cpu",
-              "--host", "127.0.0.1", "--enable-metrics"]
     servers: list[Server] = []
     for i, (graph, name) in enumerate(launches):
-        common = base_args + (["--disable-prefill-cuda-graph"] if graph == "eager" else [])
+        common = server_args(frac, eager_prefill=graph == "eager")
         name = f"{graph}-{name}"
         wd = run / name
         wd.mkdir(parents=True)

@@ -43,7 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
-from e2e_warmup import MODEL  # noqa: E402  (the tiny model every GPU script serves)
+from e2e_warmup import server_args  # noqa: E402  (the flags every GPU script serves with)
 # The replayed cache lives at the same absolute path on both machines: Triton's group files
 # list their children by absolute path (`sglang-warmup cache pack/restore` rewrites them when
 # a cache moves; here nothing moves).
@@ -56,11 +56,7 @@ ENV_SITE, ENV_SITE_TF = ROOT / ".deps" / "replay-site", ROOT / ".deps" / "replay
 ENV_PACKAGES = ["torch==2.11.0", "torchvision==0.26.0", "numpy", "psutil", "requests",
                 "pillow", "pyyaml", "packaging", "huggingface_hub>=1.5,<2", "safetensors", "tqdm",
                 "regex", "einops", "aiohttp", "uvloop", "sentencepiece", "pygments", "httpx"]
-SERVER_ARGS = ["--model-path", str(MODEL), "--skip-tokenizer-init", "--attention-backend",
-               "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-               "--moe-runner-backend", "triton", "--mem-fraction-static", "0.5",
-               "--max-total-tokens", "131072", "--mm-feature-transport", "cpu",
-               "--host", "127.0.0.1"]
+SERVER_ARGS = server_args("0.5", eager_prefill=False, metrics=False)
 
 # Facts about the interpreter's Triton that decide cache keys (run with `python -c`).
 TOOLCHAIN = r"""

@@ -43,19 +43,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_warmup import MODEL, ROOT, Server, cache_env, log, setup  # noqa: E402
+from e2e_warmup import MODEL, ROOT, Server, cache_env, log, server_args, setup  # noqa: E402
 
 RUN = Path("/tmp/sidecar_prebake")
 PORTS = {"A": 32000, "B": 32010, "sidecar": 32015, "P": 32020, "C": 32030}
 
 
 def sglang_args(port: int) -> list[str]:
-    return ["--model-path", str(MODEL), "--skip-tokenizer-init", "--attention-backend", "triton",
-            "--sampling-backend", "pytorch", "--grammar-backend", "none",
-            "--moe-runner-backend", "triton", "--mem-fraction-static", "0.18",
-            "--max-total-tokens", "131072", "--mm-feature-transport", "cpu",
-            "--host", "127.0.0.1", "--enable-metrics", "--disable-prefill-cuda-graph",
-            "--port", str(port)]
+    return server_args("0.18", eager_prefill=True) + ["--port", str(port)]
 
 
 def http_json(url: str, timeout: float = 5.0):
