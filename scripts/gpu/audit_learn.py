@@ -134,7 +134,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = setup()
     log(f"setup done in {time.time() - start:.0f} s")
-    from warmup import traffic as traffic_mod
+    from warmup.coverage import traffic as traffic_mod
 
     run = Path("/tmp/audit_learn")
     shutil.rmtree(run, ignore_errors=True)

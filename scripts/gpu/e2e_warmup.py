@@ -154,7 +154,7 @@ class Server:
 def traffic_sample(max_prompt: int):
     """Chat-like lengths, shared prefixes, concurrent bursts, batched requests, long chunked
     prompts and several sampling settings (the same sample for every launch)."""
-    from warmup import traffic
+    from warmup.coverage import traffic
 
     steps = (traffic.synth("chat", seed=1, steps=14, max_prompt=max_prompt)
              + traffic.synth("rag", seed=1, steps=6, max_prompt=max_prompt)
@@ -164,7 +164,7 @@ def traffic_sample(max_prompt: int):
 
 
 async def replay(url: str, steps, salt: str) -> list[dict]:
-    from warmup.transport import HttpTransport
+    from warmup.serve.transport import HttpTransport
 
     t = HttpTransport(url, timeout_s=300, seed="e2e")
     t.tokens.salt = salt
@@ -259,7 +259,7 @@ def main() -> None:
             r["at_ready"] = count_artifacts(s.workdir / "cache")
             r["entries_at_ready"] = sorted(triton_entries(s.workdir / "cache"))
             if not s.name.endswith("-C"):  # no plan: mark the serving phase at ready, as a sidecar does
-                from warmup import phase
+                from warmup.observe import phase
 
                 phase.set_phase("serving", state_dir=str(s.workdir / "state"))
             log(f"{s.name} ready in {s.ready_s:.0f} s, artifacts {r['at_ready']}")
@@ -282,7 +282,7 @@ def main() -> None:
             r["after_pass2"] = count_artifacts(s.workdir / "cache")
             r["new_entries"] = sorted(triton_entries(s.workdir / "cache") - set(r["entries_at_ready"]))
             try:
-                from warmup import events
+                from warmup.observe import events
 
                 recs = events.read_manifest(str(s.workdir / "state"))
                 r["manifest_serving"] = [

@@ -199,7 +199,7 @@ def serve_and_send(name: str, cache_base: Path, triton_dir: Path | None, state: 
 
 
 def triton_records(state: Path) -> list[dict]:
-    from warmup import events
+    from warmup.observe import events
 
     return [r for r in events.read_manifest(str(state))
             if r.get("compiler") == "triton" and r.get("event") in ("miss", "hit")]

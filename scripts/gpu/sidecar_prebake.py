@@ -84,8 +84,8 @@ def long_prompt(url: str, n: int, seed: int, timeout: float) -> dict:
 
 def manifest_counts(state: Path) -> dict:
     """Compile events per phase from a state directory's compile manifest."""
-    from warmup import events
-    from warmup.events import is_miss
+    from warmup.observe import events
+    from warmup.observe.events import is_miss
 
     out: dict[str, dict[str, int]] = {}
     try:
@@ -147,8 +147,8 @@ def main() -> None:
 
     env = setup()
     try:
-        import warmup.prebake  # noqa: F401  (the wheel in .carry/wheel must be this checkout's)
-        import warmup.sidecar  # noqa: F401
+        import warmup.sidecar.prebake  # noqa: F401  (the wheel in .carry/wheel must be this checkout's)
+        import warmup.sidecar.service  # noqa: F401
     except ImportError as exc:
         sys.exit(f"sglang-warmup without the sidecar/prebake: {exc}; rebuild .carry/wheel "
                  "(pip wheel --no-deps -w .carry/wheel .) and remove /tmp/ours")
@@ -217,7 +217,7 @@ def main() -> None:
             for s in servers.values():
                 was = s.ready_s
                 if s.poll_ready() and was is None and s.name == "A":
-                    from warmup import phase
+                    from warmup.observe import phase
 
                     # no plan and no sidecar: serving starts at ready (as a sidecar would mark it)
                     phase.set_phase("serving", state_dir=str(RUN / "A" / "state"))

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cache_helpers import compile_into
-from cache_tools.cli import app
+from warmup.cli.cache import app
 from cache_tools.errors import CacheError
 
 runner = CliRunner()

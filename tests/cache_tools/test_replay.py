@@ -19,8 +19,8 @@ from triton.runtime.jit import MockTensor
 
 from cache_tools import replay
 from cache_tools.errors import CacheError
-from warmup import events, phase
-from warmup.doctor import compile_only_target
+from warmup.observe import events, phase
+from warmup.observe.doctor import compile_only_target
 
 REPO = Path(__file__).resolve().parents[2]
 TRITON = triton.__version__

@@ -22,7 +22,7 @@ import pytest
 import triton
 
 from cache_tools import replay
-from warmup import events
+from warmup.observe import events
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "c7sjgqkucgntvi4c7l4fatcxeoi5bycejlefszjayi3rew3kwsy6"
@@ -37,7 +37,7 @@ WORKER = """
 import sys
 from prometheus_client import CollectorRegistry
 from torch._inductor.runtime.compile_tasks import _reload_python_module, _worker_compile_triton
-from warmup import events
+from warmup.observe import events
 state, key, path, name, ptxas = sys.argv[1:6]
 events.install(registry=CollectorRegistry(), state_dir=state)
 extra_env = {"TRITON_PTXAS_PATH": ptxas} if ptxas else {}

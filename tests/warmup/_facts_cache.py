@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from warmup import facts as F
+from warmup.plan import facts as F
 
 DATA = Path(__file__).parent / "data"
 

@@ -12,7 +12,7 @@ def hooks_in_worker() -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from warmup import events
+    from warmup.observe import events
 
     @triton.jit
     def add_one(x_ptr, n, BLOCK: tl.constexpr):

@@ -10,7 +10,7 @@ specialization compiles once per process (Triton's in-memory cache), exactly as 
 
 ``StandIn`` serves ``/health_generate``, ``/server_info``, ``/generate`` (single or batched
 ``input_ids``), ``/flush_cache`` and ``/metrics`` (the registry passed in, e.g. the one
-``warmup.events`` counts into).  ``fail_generate`` makes ``/generate`` answer HTTP 500.
+``warmup.observe.events`` counts into).  ``fail_generate`` makes ``/generate`` answer HTTP 500.
 
 Imported lazily by the tests, never at collection time.
 """
@@ -91,7 +91,7 @@ class Forward:
 
     def run(self, prompts: list[list[int]], sampling: list[dict]) -> list[int]:
         """Compute ``prompts`` as one batch; returns the cached tokens of each."""
-        from warmup.doctor import compile_only_target
+        from warmup.observe.doctor import compile_only_target
 
         with self.lock, compile_only_target():
             hits = [self._hit(ids) for ids in prompts]
@@ -217,12 +217,12 @@ class Recording:
 
 @pytest.fixture
 def recording(tmp_path, monkeypatch):
-    """warmup.events installed with a fresh registry and a state directory in the serving
+    """warmup.observe.events installed with a fresh registry and a state directory in the serving
     phase; Triton's hook slots, the phase and the stand-in kernels' caches restored after."""
     from prometheus_client import CollectorRegistry
     from triton import knobs
 
-    from warmup import events, phase
+    from warmup.observe import events, phase
 
     for name in ("PROMETHEUS_MULTIPROC_DIR", "WARMUP_STATE_DIR", "WARMUP_SECOND_PASS"):
         monkeypatch.delenv(name, raising=False)

@@ -26,6 +26,8 @@ from typing import Any, Callable
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# The test packages below (plan/, serve/, ...) share the helper modules next to this file.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 TINY_VOCAB = 20000
 TINY_CONTEXT = 4096
@@ -139,7 +141,7 @@ class SeenItem:
     return_logprob: Any
     stream: bool
     batch_size: int  # items in the GenerateReqInput it came in (1: a single request)
-    phase: Any = None  # warmup.phase.current() when it arrived
+    phase: Any = None  # warmup.observe.phase.current() when it arrived
 
 
 class FakeTokenizerManager:
@@ -261,7 +263,7 @@ class FakeTokenizerManager:
         sp.verify(vocab)
         phase = None
         if self.state_dir is not None:
-            from warmup import phase as phase_mod
+            from warmup.observe import phase as phase_mod
 
             phase = phase_mod.current(state_dir=self.state_dir)
         item = SeenItem(rid=sub.rid, input_ids=ids, sampling=sp, sampling_dict=dict(sub.sampling_params),
@@ -311,7 +313,7 @@ def tiny_plan_path(tmp_path) -> Path:
 def warmup_isolated(tmp_path, monkeypatch) -> Path:
     """No WARMUP_* or SGLANG_PLUGINS variables, metrics off, a fresh state directory (returned)
     in WARMUP_STATE_DIR, and a reset phase."""
-    from warmup import phase
+    from warmup.observe import phase
 
     for name in list(os.environ):
         if name.startswith("WARMUP_") or name in ("SGLANG_PLUGINS", "PROMETHEUS_MULTIPROC_DIR"):

@@ -28,7 +28,7 @@ from warmup.patches import (
     fix4_hoisted_rows as fix4,
     fix5_context_cap as fix5,
 )
-from warmup.importer import finder
+from warmup.observe.importer import finder
 from warmup.patches.source import FileView, LiveView, TargetMissing, mark_of
 from warmup.patches.status import FixStatus, Refused
 

@@ -194,7 +194,7 @@ def _plugin_child(queue) -> None:
 
     result: dict = {}
     try:
-        from warmup import plugin
+        from warmup.serve import plugin
         from warmup.patches import status
 
         plugin.register()

@@ -8,7 +8,7 @@ was received.
 
 With ``--compile``, every /generate runs a real Triton compile on CPU for sm_90 (one kernel
 specialization per prompt-length class) with sglang-warmup's real compile-event hooks installed
-(``warmup.events.install``), exactly as the plugin does in SGLang's processes: records go to
+(``warmup.observe.events.install``), exactly as the plugin does in SGLang's processes: records go to
 ``$WARMUP_STATE_DIR/manifest`` stamped with the phase the sidecar writes, and counters to
 ``$PROMETHEUS_MULTIPROC_DIR``.  A second pass then finds every kernel in memory and compiles
 nothing; ``--drift-after-flush`` makes the classes shift after the first flush, so a second
@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def serve(args: argparse.Namespace, *, announce: bool = True) -> None:
     if args.compile:
-        from warmup import events
+        from warmup.observe import events
 
         report = events.install()  # the plugin's step, in this process
         if not report.installed:

@@ -36,7 +36,7 @@ class CompilingTransport:
     """Runs each warm-up step as the scheduler would: one kernel per prompt-length class."""
 
     def __init__(self) -> None:
-        from warmup.transport import TokenMaker
+        from warmup.serve.transport import TokenMaker
 
         self.tokens = TokenMaker(32000)
         self.kernels: dict[int, object] = {}
@@ -45,7 +45,7 @@ class CompilingTransport:
         import triton
         from triton.backends.compiler import GPUTarget
 
-        from warmup.transport import Outcome
+        from warmup.serve.transport import Outcome
 
         outs = []
         for r in list(step.requests) + list(step.background):
@@ -88,9 +88,11 @@ def main() -> None:
         print("fake sglang: failing on purpose before listening", flush=True)
         sys.exit(3)
 
-    from warmup import events, facts, loader
-    from warmup.driver import Driver
-    from warmup.plan import expand
+    from warmup.observe import events
+
+    from warmup.plan import facts, loader
+    from warmup.serve.driver import Driver
+    from warmup.plan.model import expand
 
     events.install()
     plan = loader.load(env["WARMUP_PLAN"])

@@ -1,0 +1,66 @@
+"""`sglang-warmup plan …` through the real CLI entry point (one error boundary, exit codes)."""
+
+from __future__ import annotations
+
+import json
+
+import _facts_cache
+import pytest
+
+from _cli import cli as run
+
+from warmup.plan import facts as F
+
+
+@pytest.fixture()
+def pr_facts_file(tmp_path):
+    p = tmp_path / "facts.json"
+    p.write_text(F.dump(_facts_cache.pr44627()))
+    return p
+
+
+def test_check_ok(capsys):
+    code, out, _ = run(capsys, "plan", "check", "plans/default.yaml", "plans/deepseek_v4_serving_shapes.yaml")
+    assert code == 0
+    assert out.splitlines() == [
+        "plans/default.yaml: ok (default: 6 phases, 11 shape classes)",
+        "plans/deepseek_v4_serving_shapes.yaml: ok (deepseek_v4_serving_shapes: 5 phases, 8 shape classes)"]
+
+
+def test_check_bad_plan_is_one_line_and_exit_2(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nname: b\nphases:\n  - name: p\n    shapes:\n      - class: c\n"
+                   "        kind: extend\n        lengths: [chunk]\n")
+    code, out, err = run(capsys, "plan", "check", str(bad))
+    assert code == 2 and out == ""
+    assert err.splitlines() == [
+        f"error: {bad}:8: phases[0].shapes[0].lengths[0]: `chunk`: unknown name 'chunk'",
+        "hint: `sglang-warmup plan facts` lists the server facts"]
+
+
+def test_show_table_lists_every_pr_class(capsys, pr_facts_file):
+    code, out, _ = run(capsys, "plan", "show", "plans/deepseek_v4_serving_shapes.yaml", "--facts", str(pr_facts_file))
+    assert code == 0
+    assert out.splitlines()[0] == "plan deepseek_v4_serving_shapes: 57 steps, 393 requests, 1,139,648 prompt tokens; then flush the cache"
+    for cls in ("extend_int_classes", "chunked_prompt", "prefix_hits", "concurrent_prefills", "batched_extends",
+                "eager_decode", "past_context_bucket", "mixed_batches"):
+        assert cls in out
+    assert "1, 219, 256, 4096, 5000, 8192" in out
+
+
+def test_show_json_is_the_expansion(capsys, pr_facts_file):
+    code, out, _ = run(capsys, "plan", "show", "plans/default.yaml", "--facts", str(pr_facts_file), "--format", "json")
+    d = json.loads(out)
+    assert code == 0 and d["plan"] == "default" and d["num_requests"] == sum(
+        len(s["requests"]) + len(s["background"]) for s in d["steps"])
+
+
+def test_show_needs_exactly_one_source(capsys):
+    code, _, err = run(capsys, "plan", "show", "plans/default.yaml")
+    assert code == 2
+    assert err.splitlines()[0] == "error: give exactly one of --server-args, --facts or --url"
+
+
+def test_schema_command(capsys):
+    code, out, _ = run(capsys, "plan", "schema")
+    assert code == 0 and json.loads(out)["title"] == "sglang-warmup shape plan"

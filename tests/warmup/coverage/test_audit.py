@@ -1,0 +1,261 @@
+"""warmup.coverage.audit and ``sglang-warmup audit``: a local HTTP stand-in of SGLang whose forwards
+really compile Triton kernels (CPU, sm_90), with warmup.observe.events recording them.
+
+What the sample in ``_sglang_standin.TRAFFIC`` compiles on a fresh stand-in (the extend kernel
+is specialized on the computed token count's class, next_power_of_2(bs) and has_prefix; the
+sampler on the batch size and the sampling family):
+
+* step 0, single 100 tokens: extend (other, bs 1, no prefix): 1 compile;
+* step 1, single 37 tokens: the same specialization: nothing;
+* step 2, burst 64 + 80, top-p: extend (div16, bs 1) and the top-p sampler (bs 1): 2 compiles;
+* step 3, batch 20 + 30 + 40: extend (other, pow2 4): 1 compile;
+* step 4, first prompt of prefix group "doc" (60 tokens, nothing cached): nothing new;
+* step 5, 70 tokens on the cached "doc" prefix (2 pages = 32 tokens hit, 38 computed):
+  extend with has_prefix: 1 compile.
+
+The second pass sends the same shapes with fresh tokens: every specialization is in the
+process already, so it compiles nothing.
+"""
+
+from __future__ import annotations
+
+import json
+
+from _cli import cli
+import pytest
+from _sglang_standin import TRAFFIC, Forward, StandIn, recording, write_traffic  # noqa: F401
+
+from warmup.coverage import audit
+
+from warmup.observe import events, phase
+from warmup.errors import WarmupError
+
+EXPECTED_MISSES = {0: 1, 2: 2, 3: 1, 5: 1}
+EXPECTED_KEYS = {
+    0: [("standin_extend", "*fp32:16,*fp32:16,i32; BS=1,HAS_PREFIX=0")],
+    2: [("standin_extend", "*fp32:16,*fp32:16,i32:16; BS=1,HAS_PREFIX=0"),
+        ("standin_sample", "*fp32:16,*fp32:16; bs=1,FAMILY=2")],
+    3: [("standin_extend", "*fp32:16,*fp32:16,i32; BS=4,HAS_PREFIX=0")],
+    5: [("standin_extend", "*fp32:16,*fp32:16,i32; BS=1,HAS_PREFIX=1")],
+}
+
+
+
+
+def test_every_compile_is_attributed_to_its_step(recording, tmp_path, capsys):
+    traffic = write_traffic(tmp_path / "traffic.jsonl")
+    Forward().run([[5] * 7, [6] * 9], [{"temperature": 0.0}] * 2)  # own traffic (bs 2), before
+    before = len(events.read_manifest(recording.state_dir))
+    assert before == 1
+    with StandIn(registry=recording.registry) as server:
+        code, out, err = cli(capsys, "audit", "--url", server.url, "--traffic", str(traffic),
+                             "--state-dir", str(recording.state_dir), "--json")
+        flushes = server.flushes
+    report = json.loads(out)
+    files = sorted(recording.state_dir.glob("audit-*.json"))
+    assert len(files) == 1
+    assert code == 3
+    assert err.splitlines()[-2:] == [
+        "error: 5 post-ready compile event(s) during the audit, above --max-misses 0",
+        f"hint: sglang-warmup learn --manifest {files[0]} --plan PLAN turns them into plan "
+        "classes"]
+    assert report["mode"] == "manifest"
+    assert (report["misses"], report["ok"], report["max_misses"]) == (5, False, 0)
+    assert report["steps_with_misses"] == [0, 2, 3, 5]
+    assert {s["index"]: s["pass1"]["misses"] for s in report["steps"] if s["pass1"]["misses"]} \
+        == EXPECTED_MISSES
+    assert [s["pass2"]["misses"] for s in report["steps"]] == [0] * 6
+    assert report["unattributed"] == [] and report["unseen_events"] == 0
+    assert flushes == 2  # between the passes, and after the second
+    by_step = {s["index"]: s for s in report["steps"]}
+    assert {i: [(k["name"], k["signature"]) for k in by_step[i]["pass1"]["keys"]]
+            for i in EXPECTED_MISSES} == EXPECTED_KEYS
+    keys = [k for i in EXPECTED_MISSES for k in by_step[i]["pass1"]["keys"]]
+    assert all((k["compiled"], k["processes"], k["module"]) == (1, 1, "_sglang_standin")
+               for k in keys)
+    assert len({k["hash"] for k in keys}) == 5  # five distinct specializations
+    assert [by_step[i]["prefix_cached"] for i in range(6)] == [False] * 5 + [True]
+    # A step that compiled took longer on its first pass (compiles take tens of ms or more).
+    assert all(by_step[i]["pass1"]["ms"] > by_step[i]["pass2"]["ms"] for i in EXPECTED_MISSES)
+    assert set(report["slow_first"]) <= set(range(6))
+    assert report["facts"]["page_size"] == 16
+    assert json.loads(files[0].read_text()) == report
+    # After the audit the phase file says plain serving: later compiles belong to no step.
+    now = phase.current(state_dir=recording.state_dir)
+    assert (now.phase, now.shape_class, now.request) == ("serving", None, None)
+    stamped = [(r["phase"], r["shape_class"], r["request"]) for r in
+               events.read_manifest(recording.state_dir)[before:]]
+    assert sorted(stamped) == sorted([("serving", "audit:fresh", 0), ("serving", "audit:burst", 2),
+                                      ("serving", "audit:burst", 2),
+                                      ("serving", "audit:batch_3", 3), ("serving", "audit:rag", 5)])
+
+
+def test_table_and_threshold(recording, tmp_path, capsys):
+    traffic = write_traffic(tmp_path / "traffic.jsonl")
+    with StandIn(registry=recording.registry) as server:
+        code, out, err = cli(capsys, "audit", "--url", server.url, "--traffic", str(traffic),
+                             "--state-dir", str(recording.state_dir), "--max-misses", "5",
+                             "--out", str(tmp_path / "a.json"))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"audit of {server.url}: 6 traffic steps from {traffic}, sent twice")
+    assert lines[2] == ("post-ready misses: 5 compile event(s) in 4 step(s); --max-misses 5: ok")
+    assert lines[3].split() == ["step", "label", "kind", "prompts", "pass", "1", "ms", "pass",
+                                "2", "ms", "x", "miss", "1", "miss", "2", "kernels"]
+    end = next(i for i, line in enumerate(lines) if line.endswith("first pass within 1.5x of "
+                                                                  "the second"))
+    rows = {int(line.split()[0]): line.split() for line in lines[5:end]}
+    # Steps that missed, and any other step whose first pass happened to be slow (noise).
+    assert {i for i, r in rows.items() if r[-3:-1] != ["0", "0"]} == {0, 2, 3, 5}
+    assert rows[2][:4] == ["2", "burst", "burst", "64+80"]
+    assert rows[2][-4:] == ["2", "0", "standin_extend,", "standin_sample"]
+    assert rows[5][:6] == ["5", "rag", "single", "70", "(prefix", "40)"]
+    assert lines[end] == (f"{6 - len(rows)} other step(s): no misses, first pass within 1.5x "
+                          "of the second")
+    miss = lines[end + 1]
+    assert miss.startswith("  miss: step 0 fresh pass 1: triton standin_extend [")
+    assert miss.endswith("] (*fp32:16,*fp32:16,i32; BS=1,HAS_PREFIX=0): compiled 1, "
+                         + miss.rsplit(", ", 1)[1])
+    assert miss.rsplit(", ", 1)[1].endswith(" s")
+    assert len([line for line in lines if line.startswith("  miss: ")]) == 5
+    assert lines[-1] == f"audit file: {tmp_path / 'a.json'}"
+    assert json.loads((tmp_path / "a.json").read_text())["ok"] is True
+    assert err.splitlines() == ["sglang-warmup audit: pass 1 of 2, 6 steps",
+                                "sglang-warmup audit: pass 2 of 2, 6 steps"]
+
+
+def test_without_a_state_dir_it_counts_metrics_deltas(recording, tmp_path, capsys):
+    traffic = write_traffic(tmp_path / "traffic.jsonl")
+    with StandIn(registry=recording.registry) as server:
+        code, out, _ = cli(capsys, "audit", "--url", server.url, "--traffic", str(traffic),
+                           "--json", "--max-misses", "100", "--out", str(tmp_path))
+    assert code == 0
+    report = json.loads(out)
+    assert report["mode"] == "metrics"
+    assert report["mode_note"].startswith(
+        '/metrics deltas of sglang_warmup_compile_events_total{phase="serving"} per step '
+        "(coarser: counts only, no kernel names;")
+    assert {s["index"]: s["pass1"]["misses"] for s in report["steps"] if s["pass1"]["misses"]} \
+        == EXPECTED_MISSES
+    assert all(s["pass1"]["keys"] == [] and s["pass2"]["misses"] == 0 for s in report["steps"])
+    assert report["misses"] == 5
+    assert [p.name for p in tmp_path.glob("audit-*.json")] == [report["file"].rsplit("/", 1)[1]]
+
+
+def test_a_state_dir_the_server_does_not_write_is_flagged(recording, tmp_path, capsys):
+    traffic = write_traffic(tmp_path / "traffic.jsonl")
+    elsewhere = tmp_path / "not-the-servers"
+    elsewhere.mkdir()
+    with StandIn(registry=recording.registry) as server:
+        code, out, _ = cli(capsys, "audit", "--url", server.url, "--traffic", str(traffic),
+                           "--state-dir", str(elsewhere), "--json")
+    report = json.loads(out)
+    assert code == 3
+    assert (report["misses"], report["unseen_events"], report["steps_with_misses"]) == (5, 5, [])
+    assert report["notes"] == [
+        f"/metrics counted 5 more serving compile event(s) than the manifest in {elsewhere} "
+        "recorded: the server may not write to this state directory (they count as misses)"]
+
+
+def test_a_server_error_fails_the_audit(recording, tmp_path, capsys):
+    traffic = write_traffic(tmp_path / "traffic.jsonl")
+    with StandIn(registry=recording.registry, fail_generate=True) as server:
+        code, out, err = cli(capsys, "audit", "--url", server.url, "--traffic", str(traffic),
+                             "--state-dir", str(recording.state_dir))
+        assert server.requests == 1
+    assert code == 1
+    assert out == ""
+    assert err.splitlines()[-2:] == [
+        "error: audit pass 1, step 0 (fresh: single 100): /generate answered HTTP 500: "
+        "Internal Server Error", "hint: see the server log"]
+    assert list(recording.state_dir.glob("audit-*.json")) == []
+    now = phase.current(state_dir=recording.state_dir)
+    assert (now.phase, now.shape_class, now.request) == ("serving", None, None)
+
+
+def test_a_server_that_is_not_ready_is_refused(recording, tmp_path, capsys):
+    traffic = write_traffic(tmp_path / "traffic.jsonl")
+    with StandIn(registry=recording.registry, healthy=False) as server:
+        code, _, err = cli(capsys, "audit", "--url", server.url, "--traffic", str(traffic))
+        assert server.requests == 0
+    assert code == 1
+    assert err.splitlines() == [
+        f"error: {server.url}/health_generate did not answer 200: the server is not ready",
+        "hint: wait until the server is ready, then audit"]
+
+
+def test_without_state_dir_or_metrics_it_says_what_to_do(recording, tmp_path, capsys):
+    traffic = write_traffic(tmp_path / "traffic.jsonl")
+    with StandIn(registry=recording.registry, metrics=False) as server:
+        code, _, err = cli(capsys, "audit", "--url", server.url, "--traffic", str(traffic))
+        assert server.requests == 0
+    assert code == 1
+    assert err.splitlines() == [
+        f"error: {server.url}/metrics: not found (HTTP 404)",
+        "hint: start SGLang with --enable-metrics, or pass --state-dir with the server's state "
+        "directory"]
+
+
+def test_metrics_without_our_counters_are_refused(tmp_path, capsys):
+    from prometheus_client import CollectorRegistry, Counter
+
+    registry = CollectorRegistry()
+    Counter("sglang_num_requests", "SGLang's own", registry=registry).inc()
+    traffic = write_traffic(tmp_path / "traffic.jsonl")
+    with StandIn(registry=registry) as server:
+        code, _, err = cli(capsys, "audit", "--url", server.url, "--traffic", str(traffic))
+    assert code == 1
+    assert err.splitlines() == [
+        f"error: {server.url}/metrics has no sglang_warmup_ metrics",
+        "hint: start the server with `sglang-warmup serve` (or WARMUP_ENABLE=1) so compile "
+        "events are counted, or pass --state-dir"]
+
+
+def test_a_prompt_above_the_servers_limit_is_refused_before_sending(recording, tmp_path, capsys):
+    traffic = write_traffic(tmp_path / "traffic.jsonl",
+                            TRAFFIC + [{"kind": "single", "prompts": [8100], "label": "long"}])
+    with StandIn(registry=recording.registry) as server:
+        code, _, err = cli(capsys, "audit", "--url", server.url, "--traffic", str(traffic),
+                           "--state-dir", str(recording.state_dir))
+        assert server.requests == 0
+    assert code == 1
+    assert err.splitlines() == [
+        "error: traffic step 6 (long): a 8100-token prompt is above the server's longest prompt "
+        "(8000)", "hint: regenerate the sample with a smaller --max-prompt"]
+
+
+def test_a_server_still_warming_up_is_refused(recording, tmp_path):
+    phase.set_phase("warmup", "extend_int_classes", 3, state_dir=recording.state_dir)
+    with StandIn(registry=recording.registry) as server:
+        with pytest.raises(WarmupError) as err:
+            audit.run(server.url, [audit.TrafficStep("single", (10,))],
+                      state_dir=recording.state_dir)
+    assert err.value.message == (f"the phase file in {recording.state_dir} says the server is "
+                                 "still warming up (extend_int_classes)")
+
+
+def test_a_missing_state_dir_is_an_error(tmp_path):
+    with StandIn() as server:
+        with pytest.raises(WarmupError) as err:
+            audit.run(server.url, [audit.TrafficStep("single", (10,))],
+                      state_dir=tmp_path / "nope")
+    assert err.value.message == f"--state-dir {tmp_path / 'nope'}: no such directory"
+
+
+def test_parse_metrics_sums_serving_events_only():
+    text = "\n".join([
+        "# HELP sglang_warmup_compile_events_total Kernel compile events",
+        "# TYPE sglang_warmup_compile_events_total counter",
+        'sglang_warmup_compile_events_total{compiler="triton",outcome="miss",phase="serving"} 3.0',
+        'sglang_warmup_compile_events_total{compiler="triton",outcome="hit",phase="serving"} 2.0',
+        'sglang_warmup_compile_events_total{compiler="sglang_jit",outcome="miss",phase="serving"} 1.0',
+        'sglang_warmup_compile_events_total{compiler="triton",outcome="miss",phase="warmup"} 40.0',
+        "# HELP sglang_warmup_kernel_loads_total loads",
+        "# TYPE sglang_warmup_kernel_loads_total counter",
+        'sglang_warmup_kernel_loads_total{phase="serving"} 4.0',
+        'sglang_warmup_kernel_loads_total{phase="init"} 9.0', ""])
+    assert audit.parse_metrics(text) == audit.ServingCounts(6.0, 4.0)
+    assert audit.parse_metrics("# HELP sglang_x x\n# TYPE sglang_x counter\nsglang_x 1.0\n") is None
+    with pytest.raises(WarmupError) as err:
+        audit.parse_metrics("sglang_warmup_compile_events_total{phase=serving 1\n")
+    assert err.value.message.startswith("/metrics is not Prometheus text: ")

@@ -1,0 +1,74 @@
+"""Plan expressions: a safe evaluator (no eval), with undefined facts and bounded values."""
+
+from __future__ import annotations
+
+import pytest
+
+from warmup.plan import expr as E
+
+NAMES = {"a", "b", "none"}
+
+
+def ev(text: str, **env):
+    return E.parse(text, NAMES).evaluate({"a": 10, "b": 16, "none": None, **env})
+
+
+@pytest.mark.parametrize("text,value", [
+    ("a + b * 2", 42), ("b // 3", 5), ("b % 5", 1), ("2 ** 10", 1024), ("-a", -10),
+    ("a if a > b else b", 16), ("a < b and b > 0", True), ("not a", False), ("a in [1, 10]", True),
+    ("min(a, b, 3)", 3), ("max([a, b])", 16), ("len([1, 2, 3])", 3), ("ceil_div(a, 3)", 4),
+    ("align_up(a, 16)", 16), ("align_down(b + 5, 16)", 16), ("next_pow2(a)", 16), ("next_pow2(1)", 1),
+    ("odd(b)", 17), ("odd(a)", 10), ("odd(0)", 2), ("default(none, 7)", 7), ("default(a, 7)", 10),
+    ("1 < a < b", True),
+])
+def test_values(text, value):
+    assert ev(text) == value
+
+
+def test_undefined_fact_names_itself():
+    with pytest.raises(E.Undefined) as info:
+        ev("none + 1")
+    assert info.value.name == "none"
+
+
+def test_short_circuit_skips_undefined():
+    assert ev("a > 100 and none > 1") is False
+
+
+@pytest.mark.parametrize("text,message", [
+    ("a // (b - 16)", "division by zero in 'a // (b - 16)'"),
+    ("ceil_div(a, b - 16)", "division by zero in 'ceil_div(a, b - 16)'"),
+    ("2 ** 100", "exponent 100 is above 64"),
+    ("b ** 12", "value 281474976710656 is beyond ±2^40"),
+    ("max([])", "max() of an empty list"),
+])
+def test_eval_errors(text, message):
+    with pytest.raises(E.ExprEvalError) as info:
+        ev(text)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("text,message", [
+    ("open('x')", "only the functions abs, align_down, align_up, ceil_div, default, len, max, min, "
+                  "next_pow2, odd may be called"),
+    ("c + 1", "unknown name 'c'"),
+    ("a.real", "'Attribute' is not allowed in plan expressions"),
+    ("[x for x in [1]]", "'ListComp' is not allowed in plan expressions"),
+    ("lambda: 1", "'Lambda' is not allowed in plan expressions"),
+    ("'text'", "only integers and booleans are allowed, not 'text'"),
+    ("1.5", "only integers and booleans are allowed, not 1.5"),
+    ("a[0]", "'Subscript' is not allowed in plan expressions"),
+    ("min(a, key=b)", "keyword arguments are not allowed"),
+    ("ceil_div(a)", "ceil_div() takes 2 argument(s), got 1"),
+    ("a // 0", "division by zero"),
+    ("a +", "not a valid expression: invalid syntax"),
+    ("x" * 300, "expression is 300 characters long (limit 256)"),
+])
+def test_syntax_errors(text, message):
+    with pytest.raises(E.ExprSyntaxError) as info:
+        E.parse(text, NAMES)
+    assert str(info.value) == message
+
+
+def test_names_are_recorded():
+    assert E.parse("min(a, b) + default(none, 1)", NAMES).names == {"a", "b", "none"}

@@ -1,0 +1,123 @@
+"""Server facts from SGLang's own parser and resolution (real 0.5.22), /server_info, files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import _facts_cache
+import pytest
+
+from warmup.plan import facts as F
+from warmup.errors import FactsError
+
+DATA = Path(__file__).parents[1] / "data"
+
+
+@pytest.fixture(scope="module")
+def pr_facts() -> F.ServerFacts:
+    return _facts_cache.pr44627()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir() -> Path:
+    return _facts_cache.tiny_model_dir()
+
+
+def test_pr_launch_command_resolves_like_sglang(pr_facts):
+    f = pr_facts
+    assert f.source == "launch_flags"
+    assert (f.chunked_prefill_size, f.page_size, f.max_running_requests) == (8192, 256, 16)
+    assert f.prefill_graph_backend == "breakable" and f.prefill_graph
+    assert f.prefill_graph_buckets == (128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192)
+    assert f.prefill_graph_context == 262144
+    assert (f.decode_graph, f.decode_graph_max_bs, f.decode_graph_bs) == (True, 8, (1, 2, 3, 4, 5, 6, 7, 8))
+    assert f.model_type == "deepseek_v41"
+    assert f.speculative_algorithm == "DSPARK"
+    assert (f.enable_mixed_chunk, f.disable_radix_cache, f.disaggregation) == (False, False, False)
+    assert f.max_total_tokens is None
+    assert any(a.startswith("model config: the shipped stand-in for deepseek-ai/DeepSeek-V4.1-Flash")
+               for a in f.assumed)
+    assert any(a.startswith("device=cuda") for a in f.assumed)
+    assert any(a.startswith("max_total_tokens=unknown") for a in f.assumed)
+
+
+def test_small_model_defaults(tiny_dir):
+    f = F.from_launch_flags(["--model-path", str(tiny_dir)])
+    assert f.page_size == 1 and f.context_length == 8192 and f.max_input_len == 8191
+    assert f.chunked_prefill_size and f.chunked_prefill_size > 0
+    assert f.vocab_size == 32000 and f.model_type == "qwen3_moe"
+    assert f.decode_graph and f.decode_graph_max_bs
+    assert "max_running_requests=unknown: derived from GPU memory at startup" in f.assumed
+
+
+def test_flags_options_change_facts(tiny_dir):
+    f = F.from_launch_flags(["--model-path", str(tiny_dir), "--disable-radix-cache", "--enable-mixed-chunk",
+                             "--chunked-prefill-size", "2048", "--disable-cuda-graph"])
+    assert (f.disable_radix_cache, f.enable_mixed_chunk, f.chunked_prefill_size) == (True, True, 2048)
+    assert not f.decode_graph and not f.prefill_graph and f.decode_graph_max_bs is None
+
+
+def test_hub_model_without_stand_in_is_refused():
+    with pytest.raises(FactsError) as info:
+        F.from_launch_flags("--model-path some-org/unknown-model")
+    assert info.value.message == ("--model-path some-org/unknown-model is not a local model directory; "
+                                  "offline expansion cannot download its config")
+
+
+def test_bad_flags_are_sglangs_error(tiny_dir):
+    with pytest.raises(FactsError) as info:
+        F.from_launch_flags(["--model-path", str(tiny_dir), "--no-such-flag"])
+    assert info.value.message == "SGLang rejected the launch flags (argparse exit 2)"
+
+
+def test_server_info_round_trip(pr_facts):
+    info = dict(chunked_prefill_size=8192, page_size=256, context_length=None, max_running_requests=None,
+                cuda_graph_config={"decode": {"backend": "full", "max_bs": 8, "bs": [1, 2, 4, 8]},
+                                   "prefill": {"backend": "disabled", "bs": [4, 8]}},
+                enable_mixed_chunk=True, disable_radix_cache=False, disaggregation_mode="null",
+                tp_size=1, dp_size=1, max_total_num_tokens=131072, max_req_input_len=40955,
+                internal_states=[{"effective_max_running_requests_per_dp": 48}], version="0.5.17")
+    f = F.from_server_info(info)
+    assert (f.max_running_requests, f.max_total_tokens, f.max_req_input_len) == (48, 131072, 40955)
+    assert f.enable_mixed_chunk and not f.prefill_graph and f.prefill_graph_buckets == ()
+    assert f.sglang_version == "0.5.17" and f.source == "server_info"
+
+
+def test_server_info_that_is_not_sglang():
+    with pytest.raises(FactsError) as info:
+        F.from_server_info({"hello": "world"})
+    assert info.value.message == "the /server_info answer has no server settings"
+
+
+def test_facts_file_round_trip(pr_facts, tmp_path):
+    p = tmp_path / "facts.json"
+    p.write_text(F.dump(pr_facts))
+    assert F.from_file(p) == pr_facts.__class__(**{**pr_facts.__dict__, "source": "file"})
+
+
+def test_facts_file_errors(tmp_path):
+    bad = tmp_path / "f.yaml"
+    bad.write_text("prefill_graph_backend: disabled\nbogus: 1\n")
+    with pytest.raises(FactsError) as info:
+        F.from_file(bad)
+    assert info.value.message == f"{bad}: unknown fact(s): bogus"
+    bad.write_text("- 1\n")
+    with pytest.raises(FactsError) as info:
+        F.from_file(bad)
+    assert info.value.message == f"{bad}: a facts file must be a mapping"
+
+
+def test_flat_settings_file(tmp_path):
+    p = tmp_path / "f.yaml"
+    p.write_text("chunked_prefill_size: 4096\npage_size: 16\ncontext_length: 32768\nmax_running_requests: 64\n")
+    f = F.from_file(p)
+    assert (f.chunked_prefill_size, f.page_size, f.context_length, f.max_running_requests) == (4096, 16, 32768, 64)
+    assert f.prefill_graph_backend == "disabled"
+    assert any(a.startswith("vocab_size=32000") for a in f.assumed)
+
+
+def test_env_exposes_every_fact_name(pr_facts):
+    env = pr_facts.env()
+    assert set(env) == set(F.FACT_NAMES)
+    json.dumps(env)  # plain values only

@@ -1,0 +1,180 @@
+"""Expansion: pure, deterministic, within the server's limits; golden against real SGLang facts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import _facts_cache
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from warmup.plan import loader
+from warmup.errors import PlanError
+from warmup.plan.facts import ServerFacts, from_settings
+from warmup.plan.model import expand
+
+GOLDEN = Path(__file__).parents[1] / "golden"
+PLANS = {"default": "plans/default.yaml", "dsv4": "plans/deepseek_v4_serving_shapes.yaml"}
+
+
+def summary(exp) -> dict:
+    """The golden form of an expansion: every step and skip, without the facts."""
+    return {"steps": [[s.index, s.phase, s.shape_class, s.mode, [r.input_len for r in s.requests],
+                       [r.input_len for r in s.background], [r.sampling_name for r in s.requests],
+                       s.note] for s in exp.steps],
+            "skipped": [[k.phase, k.shape_class, k.item, k.reason] for k in exp.skipped],
+            "requests": exp.num_requests}
+
+
+@pytest.mark.parametrize("plan", sorted(PLANS))
+@pytest.mark.parametrize("facts", ["pr44627", "small_model"])
+def test_golden_expansion(plan, facts):
+    exp = expand(loader.load(PLANS[plan]), getattr(_facts_cache, facts)())
+    path = GOLDEN / f"{plan}__{facts}.json"
+    got = summary(exp)
+    if os.environ.get("WARMUP_UPDATE_GOLDEN") == "1":  # regenerate after a deliberate change
+        lines = ["{", f'"requests": {got["requests"]},', '"steps": [']
+        lines += [json.dumps(x) + "," for x in got["steps"]]
+        lines[-1] = lines[-1].rstrip(",")
+        lines += ["],", '"skipped": [']
+        lines += [json.dumps(x) + "," for x in got["skipped"]]
+        if got["skipped"]:
+            lines[-1] = lines[-1].rstrip(",")
+        lines += ["]", "}"]
+        path.write_text("\n".join(lines) + "\n")
+    assert got == json.loads(path.read_text())
+
+
+def test_dsv4_plan_reproduces_pr44627_classes():
+    """sglang.md §D.3's example: the class table of PR #44627's warm-up with its launch flags."""
+    exp = expand(loader.load(PLANS["dsv4"]), _facts_cache.pr44627())
+    by = {}
+    for s in exp.steps:
+        by.setdefault(s.shape_class, []).append(s)
+    lens = lambda cls: [r.input_len for s in by[cls] for r in s.requests]  # noqa: E731
+    assert lens("extend_int_classes") == [1, 219, 256, 4096, 5000, 8192]           # class 1
+    assert lens("chunked_prompt") == [8192 + 219]                                   # class 2
+    assert lens("prefix_hits") == [4096, 4097, 4096 + 37, 4096 + 4096 + 37]         # class 3
+    assert [len(s.requests) for s in by["concurrent_prefills"]] == [2, 4]           # class 4
+    assert sorted({len(s.requests) for s in by["batched_extends"]}) == list(range(1, 17))  # class 5
+    totals = [sum(r.input_len for r in s.requests) % 16 == 0 for s in by["batched_extends"]]
+    assert totals.count(True) == totals.count(False) == 16                          # both token classes
+    assert [len(s.requests) for s in by["eager_decode"]] == list(range(9, 17))       # class 7
+    assert lens("past_context_bucket")[0] == 262144 + 219                            # class 8
+    assert "33 chunks" in by["past_context_bucket"][0].note
+    assert len(by["past_context_bucket"]) == 4
+    assert [k.shape_class for k in exp.skipped] == ["mixed_batches"]                # class 6 (off)
+    assert exp.skipped[0].reason == "mixed chunk is off (--enable-mixed-chunk, needs chunked prefill)"
+    names = [r.sampling_name for s in exp.steps for r in (*s.background, *s.requests)]
+    assert names[:4] == ["greedy", "default", "greedy", "default"]
+    assert exp.flush
+
+
+def test_mixed_chunk_class_appears_when_on():
+    f = dataclasses.replace(_facts_cache.pr44627(), enable_mixed_chunk=True)
+    exp = expand(loader.load(PLANS["dsv4"]), f)
+    mixed = [s for s in exp.steps if s.shape_class == "mixed_batches"]
+    assert [len(s.background) for s in mixed] == [1, 3, 15]
+    assert all(s.mode == "mixed" and s.requests[0].input_len == 8192 + 219 for s in mixed)
+    assert all(r.ignore_eos and r.max_new_tokens == 48 for s in mixed for r in s.background)
+
+
+@pytest.mark.parametrize("change,cls,reason", [
+    ({"disable_radix_cache": True}, "prefix_hits", "the radix cache is disabled (--disable-radix-cache)"),
+    ({"prefill_graph_backend": "disabled", "prefill_graph_buckets": (), "prefill_graph_context": None},
+     "past_context_bucket", "the prefill CUDA graph is disabled"),
+    ({"chunked_prefill_size": None}, "chunked_prompt",
+     "chunked prefill is off (--chunked-prefill-size unset or <= 0)"),
+    ({"max_running_requests": 8}, "eager_decode",
+     "condition `max_running_requests > decode_graph_max_bs` is false on this server"),
+])
+def test_features_off_skip_with_reason(change, cls, reason):
+    f = dataclasses.replace(_facts_cache.pr44627(), **change)
+    exp = expand(loader.load(PLANS["dsv4"]), f)
+    assert cls not in exp.classes
+    assert [k.reason for k in exp.skipped if k.shape_class == cls and not k.item] == [reason]
+
+
+def test_expansion_is_deterministic_and_pure():
+    plan, f = loader.load(PLANS["default"]), _facts_cache.small_model()
+    a, b = expand(plan, f), expand(plan, f)
+    assert a == b and a.digest() == b.digest()
+
+
+def test_expansion_limit_is_a_plan_error(tmp_path):
+    p = tmp_path / "big.yaml"
+    p.write_text("version: 1\nname: big\nlimits: {max_requests: 10}\nphases:\n  - name: p\n    shapes:\n"
+                 "      - class: b\n        kind: decode\n        batch_sizes: [8, 9]\n")
+    with pytest.raises(PlanError) as info:
+        expand(loader.load(p), _facts_cache.pr44627())
+    assert info.value.message == f"{p}: expansion yields 17 requests, above the limit of 10"
+    assert info.value.hint == "shrink the plan's sizes, or raise limits.max_requests in the plan"
+
+
+def test_division_by_zero_at_expansion_names_the_line(tmp_path):
+    p = tmp_path / "z.yaml"
+    p.write_text("version: 1\nname: z\nphases:\n  - name: p\n    shapes:\n      - class: c\n"
+                 "        kind: extend\n        lengths: ['page_size // (tp_size - 4)']\n")
+    with pytest.raises(PlanError) as info:
+        expand(loader.load(p), _facts_cache.pr44627())
+    assert info.value.message == (f"{p}:8: phases[0].shapes[0].lengths[0]: "
+                                  "division by zero in 'page_size // (tp_size - 4)'")
+
+
+def test_undefined_fact_skips_only_that_item(tmp_path):
+    p = tmp_path / "u.yaml"
+    p.write_text("version: 1\nname: u\nphases:\n  - name: p\n    shapes:\n      - class: c\n"
+                 "        kind: extend\n        lengths: [7, max_total_tokens]\n")
+    exp = expand(loader.load(p), _facts_cache.pr44627())
+    assert [s.requests[0].input_len for s in exp.steps] == [7]
+    assert exp.skipped[0].item == "max_total_tokens"
+    assert exp.skipped[0].reason == ("phases[0].shapes[0].lengths[1] needs max_total_tokens, which is "
+                                     "not set on this server")
+
+
+# --- properties -------------------------------------------------------------------------------
+@st.composite
+def server(draw) -> ServerFacts:
+    ctx = draw(st.sampled_from([2048, 4096, 8192, 32768, 131072, 1048576]))
+    chunk = draw(st.one_of(st.none(), st.sampled_from([512, 2048, 4096, 8192, 16384])))
+    page = draw(st.sampled_from([1, 16, 64, 256]))
+    mrr = draw(st.one_of(st.none(), st.integers(1, 64)))
+    bd = draw(st.one_of(st.none(), st.integers(1, 64)))
+    graph = draw(st.booleans())
+    settings_ = {
+        "chunked_prefill_size": chunk, "page_size": page,
+        "enable_mixed_chunk": draw(st.booleans()), "disable_radix_cache": draw(st.booleans()),
+        "cuda_graph_config": {"decode": {"backend": "full" if bd else "disabled", "max_bs": bd},
+                              "prefill": {"backend": "breakable" if graph else "disabled",
+                                          "bs": [128, 256, 512, 1024],
+                                          "max_seq_len": draw(st.sampled_from([1024, 16384]))}},
+    }
+    cap = draw(st.one_of(st.none(), st.integers(4096, 1 << 20)))
+    return from_settings(settings_, source="file", context_length=ctx, max_running_requests=mrr,
+                         max_total_tokens=cap, vocab_size=32000)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(f=server(), plan=st.sampled_from(sorted(PLANS)))
+def test_expansion_never_exceeds_the_server(f, plan):
+    p = loader.load(PLANS[plan])
+    exp = expand(p, f)
+    assert exp == expand(p, f)  # deterministic
+    assert exp.num_requests <= p.max_requests
+    for s in exp.steps:
+        for r in (*s.requests, *s.background):
+            assert 1 <= r.input_len <= f.max_input_len
+            assert r.input_len + r.max_new_tokens <= f.context_length
+            assert "logprob" not in json.dumps(r.sampling)
+        if f.max_running_requests is not None:
+            assert s.num_requests <= f.max_running_requests
+        if f.max_total_tokens is not None:
+            assert sum(r.input_len + r.max_new_tokens for r in (*s.requests, *s.background)) <= f.max_total_tokens
+        if s.mode == "batch" and f.chunked_prefill_size:
+            assert s.tokens <= f.chunked_prefill_size
+    for k in exp.skipped:
+        assert k.reason

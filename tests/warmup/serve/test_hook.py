@@ -1,0 +1,285 @@
+"""warmup.serve.hook: plans registered into SGLang 0.5.22's real ``--warmups`` registry and run by its
+real ``execute_warmups`` (through our guard), against the TokenizerManager stand-in."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import multiprocessing
+import sys
+
+import pytest
+
+from warmup.serve import hook
+
+from warmup.observe import phase
+from warmup.errors import DriverError, PlanError, RegistrationError
+
+pytestmark = pytest.mark.usefixtures("warmup_isolated")
+
+SGLANG_BUILTINS = "prefill_shapes, voice_chat, whisper_autodetect"
+
+
+@pytest.fixture
+def sglang_warmups():
+    """SGLang's warmup module, with its registry, ``execute_warmups`` and our module state
+    restored afterwards."""
+    from sglang.srt.entrypoints import warmup as w
+
+    registry = dict(w._warmup_registry)
+    execute = w.execute_warmups
+    http = sys.modules.get("sglang.srt.entrypoints.http_server")
+    http_execute = getattr(http, "execute_warmups", None)
+    registered, failed = dict(hook._registered), list(hook._failed)
+    hook._registered.clear()
+    hook._failed.clear()
+    yield w
+    w._warmup_registry.clear()
+    w._warmup_registry.update(registry)
+    w.execute_warmups = execute
+    if http is not None:
+        http.execute_warmups = http_execute
+    hook._registered.clear()
+    hook._registered.update(registered)
+    hook._failed[:] = failed
+
+
+# --- registration ----------------------------------------------------------------------------------
+def test_registering_a_plan_adds_it_to_sglangs_registry(sglang_warmups, tiny_plan_path):
+    w = sglang_warmups
+    original = w.execute_warmups
+    assert hook.register(tiny_plan_path) == "tiny_plan"
+    fn = w._warmup_registry["tiny_plan"]
+    assert fn.__sglang_warmup__ is True and fn.__qualname__ == "sglang_warmup[tiny_plan]"
+    assert hook.registered() == {"tiny_plan": str(tiny_plan_path)}
+    # SGLang's built-ins stay; the guard now wraps SGLang's execute_warmups, once
+    assert {"prefill_shapes", "voice_chat", "whisper_autodetect"} < set(w._warmup_registry)
+    assert w.execute_warmups.__sglang_warmup_guard__ is True
+    assert w.execute_warmups.__wrapped__ is original
+    hook.guard_execute_warmups()
+    assert w.execute_warmups.__wrapped__ is original
+
+
+def test_registering_under_another_name(sglang_warmups, tiny_plan_path):
+    assert hook.register(tiny_plan_path, name="prod_shapes") == "prod_shapes"
+    assert "prod_shapes" in sglang_warmups._warmup_registry
+    assert "tiny_plan" not in sglang_warmups._warmup_registry
+    # registering again (e.g. a second plugin call) replaces our own entry
+    assert hook.register(tiny_plan_path, name="prod_shapes") == "prod_shapes"
+
+
+def test_a_name_taken_by_sglang_is_refused(sglang_warmups, tiny_plan_path):
+    builtin = sglang_warmups._warmup_registry["prefill_shapes"]
+    with pytest.raises(RegistrationError) as err:
+        hook.register(tiny_plan_path, name="prefill_shapes")
+    assert err.value.message == ("--warmups name 'prefill_shapes' is already taken by SGLang's "
+                                 "sglang.srt.entrypoints.warmup.prefill_shapes")
+    assert err.value.hint == "rename the plan (its `name:`) or set WARMUP_NAME"
+    assert sglang_warmups._warmup_registry["prefill_shapes"] is builtin
+
+
+def test_a_bad_plan_path_fails_with_the_plan_error(sglang_warmups, tmp_path):
+    before = dict(sglang_warmups._warmup_registry)
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(PlanError) as err:
+        hook.register(missing)
+    assert (err.value.message, err.value.hint) == (f"{missing}: cannot read plan: No such file or directory",
+                                                   "check the path")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nname: bad\nphases: []\nbogus: 1\n")
+    with pytest.raises(PlanError) as err:
+        hook.register(bad)
+    assert err.value.message.startswith(f"{bad}:")
+    assert sglang_warmups._warmup_registry == before and hook.registered() == {}
+
+
+# --- the guard around SGLang's execute_warmups ----------------------------------------------------------
+def test_the_guard_raises_for_an_unknown_name(sglang_warmups, fake_tokenizer_manager):
+    hook.guard_execute_warmups()
+    tm = fake_tokenizer_manager()
+    with pytest.raises(RegistrationError) as err:
+        asyncio.run(sglang_warmups.execute_warmups("null", ["nope"], tm))
+    assert err.value.message == f"--warmups lists nope, which no plugin registered (known: {SGLANG_BUILTINS})"
+    assert err.value.hint == "set WARMUP_ENABLE=1 and WARMUP_PLAN, or launch with `sglang-warmup serve`"
+    assert tm.objs == []
+
+
+def test_the_guard_raises_for_a_registered_plan_missing_from_warmups(sglang_warmups, tiny_plan_path,
+                                                                     fake_tokenizer_manager):
+    hook.register(tiny_plan_path)
+    tm = fake_tokenizer_manager()
+    with pytest.raises(RegistrationError) as err:
+        asyncio.run(sglang_warmups.execute_warmups("null", [""], tm))
+    assert err.value.message == ("plan(s) tiny_plan registered but not listed in --warmups; the server "
+                                 "would start cold")
+    assert err.value.hint == "add --warmups tiny_plan"
+    assert tm.objs == []
+
+
+def test_sglang_runs_the_registered_plan(sglang_warmups, tiny_plan_path, fake_tokenizer_manager,
+                                         warmup_isolated, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("WARMUP_REPORT", str(tmp_path / "reports" / "run.json"))
+    hook.register(tiny_plan_path)
+    tm = fake_tokenizer_manager(state_dir=str(warmup_isolated))
+    with caplog.at_level(logging.INFO):
+        # exactly what SGLang's lifespan does: "--warmups tiny_plan" split on commas
+        asyncio.run(sglang_warmups.execute_warmups("null", " tiny_plan".split(","), tm))
+    messages = [r.getMessage() for r in caplog.records]
+    assert "Running warmup tiny_plan" in messages  # SGLang's own log line
+    assert "sglang-warmup: tiny_plan: 18 steps, 28 requests (0 items skipped by the expansion)" in messages
+    report = json.loads((tmp_path / "reports" / "run.json").read_text())
+    assert report["ok"] is True and report["requests"] == 28 == len(tm.items)
+    assert report["flush"] == "flushed on 1 rank(s)"
+    assert report["facts"]["max_total_tokens"] == 20000
+    assert json.loads((warmup_isolated / "report.json").read_text()) == report
+    assert phase.current(state_dir=str(warmup_isolated)).phase == "serving"
+
+
+def test_sglang_runs_the_plan_with_the_environment_settings(sglang_warmups, tiny_plan_path,
+                                                            fake_tokenizer_manager, monkeypatch):
+    monkeypatch.setenv("WARMUP_FLUSH_TIMEOUT_S", "7.5")
+    monkeypatch.setenv("WARMUP_SEED", "s1")
+    hook.register(tiny_plan_path)
+    first = fake_tokenizer_manager()
+    asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], first))
+    second = fake_tokenizer_manager()
+    asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], second))
+    assert [r.timeout_s for r in first.flush_requests] == [7.5]
+    assert [i.input_ids for i in first.items if not i.stream] == [i.input_ids for i in second.items
+                                                                  if not i.stream]
+    monkeypatch.setenv("WARMUP_SEED", "s2")
+    third = fake_tokenizer_manager()
+    asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], third))
+    assert third.items[0].input_ids != first.items[0].input_ids
+
+
+def test_a_failed_warmup_fails_sglangs_startup(sglang_warmups, tiny_plan_path, fake_tokenizer_manager,
+                                               warmup_isolated):
+    hook.register(tiny_plan_path)
+    tm = fake_tokenizer_manager()
+    tm.faults[37] = "abort"
+    with pytest.raises(DriverError) as err:
+        asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
+    assert err.value.message.startswith("warm-up request failed: class extends, step 2 ")
+    report = json.loads((warmup_isolated / "report.json").read_text())
+    assert report["ok"] is False and len(report["failures"]) == 1
+
+
+def test_lenient_from_the_environment(sglang_warmups, tiny_plan_path, fake_tokenizer_manager,
+                                      warmup_isolated, monkeypatch):
+    monkeypatch.setenv("WARMUP_LENIENT", "1")
+    hook.register(tiny_plan_path)
+    tm = fake_tokenizer_manager()
+    tm.faults[37] = "abort"
+    asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
+    report = json.loads((warmup_isolated / "report.json").read_text())
+    assert report["ok"] is False and report["requests"] == 28
+
+
+def test_pd_disaggregation_from_sglang_skips_the_plan(sglang_warmups, tiny_plan_path, fake_tokenizer_manager,
+                                                      warmup_isolated):
+    hook.register(tiny_plan_path)
+    tm = fake_tokenizer_manager()
+    asyncio.run(sglang_warmups.execute_warmups("decode", ["tiny_plan"], tm))
+    report = json.loads((warmup_isolated / "report.json").read_text())
+    assert report["skipped_reason"] == "PD disaggregation (decode): warm-up requests would need a bootstrap peer"
+    assert tm.objs == [] and tm.flush_requests == []
+
+
+# --- from the environment (the plugin's step) --------------------------------------------------------
+def test_register_from_env_registers_and_lists_the_plan(sglang_warmups, tiny_plan_path, monkeypatch):
+    monkeypatch.setenv("WARMUP_PLAN", str(tiny_plan_path))
+    monkeypatch.setattr(sys, "argv", ["sglang.launch_server", "--model-path", "/models/m"])
+    assert hook.register_from_env() == "tiny_plan"
+    assert sys.argv == ["sglang.launch_server", "--model-path", "/models/m", "--warmups", "tiny_plan"]
+    assert "tiny_plan" in sglang_warmups._warmup_registry
+
+
+def test_register_from_env_does_nothing_without_a_plan(sglang_warmups, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["sglang.launch_server", "--model-path", "/models/m"])
+    assert hook.register_from_env() is None
+    assert sys.argv == ["sglang.launch_server", "--model-path", "/models/m"]
+
+
+def test_register_from_env_with_a_bad_plan_fails_startup(sglang_warmups, tmp_path, monkeypatch,
+                                                         fake_tokenizer_manager):
+    missing = tmp_path / "missing.yaml"
+    monkeypatch.setenv("WARMUP_PLAN", str(missing))
+    monkeypatch.setattr(sys, "argv", ["sglang.launch_server", "--model-path", "/models/m"])
+    with pytest.raises(PlanError):
+        hook.register_from_env()
+    # a name is listed anyway, so SGLang calls execute_warmups and the guard stops the startup
+    assert sys.argv[-2:] == ["--warmups", "sglang_warmup"]
+    with pytest.raises(RegistrationError) as err:
+        asyncio.run(sglang_warmups.execute_warmups("null", ["sglang_warmup"], fake_tokenizer_manager()))
+    assert err.value.message == (f"sglang-warmup could not register its plan: {missing}: cannot read plan: "
+                                 "No such file or directory (check the path)")
+    assert err.value.hint == "fix the plan (`sglang-warmup plan check`), then restart"
+
+
+def _child_register_from_env(out) -> None:
+    """Runs in a spawned child (like SGLang's schedulers): WARMUP_PLAN is inherited."""
+    import os
+    import sys as child_sys
+
+    from warmup.serve import hook as child_hook
+
+    before = list(child_sys.argv)
+    result = child_hook.register_from_env()
+    out.put({"result": result, "argv_changed": child_sys.argv != before,
+             "plan": os.environ.get("WARMUP_PLAN"), "registered": child_hook.registered(),
+             "sglang_imported": "sglang.srt.entrypoints.warmup" in child_sys.modules})
+
+
+def test_register_from_env_does_nothing_in_a_spawned_child(tiny_plan_path, monkeypatch):
+    monkeypatch.setenv("WARMUP_PLAN", str(tiny_plan_path))
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_register_from_env, args=(out,))
+    child.start()
+    got = out.get(timeout=60)
+    child.join(30)
+    assert child.exitcode == 0
+    assert got == {"result": None, "argv_changed": False, "plan": str(tiny_plan_path), "registered": {},
+                   "sglang_imported": False}
+
+
+# --- ensure_listed ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, changed, expected", [
+    (["--model-path", "m"], True, ["--model-path", "m", "--warmups", "p"]),
+    (["--model-path", "m", "--warmups", "a"], True, ["--model-path", "m", "--warmups", "a,p"]),
+    (["--model-path=m", "--warmups=a,b"], True, ["--model-path=m", "--warmups=a,b,p"]),
+    (["--model", "m", "--warmups", "p,a"], False, ["--model", "m", "--warmups", "p,a"]),
+    (["--model-path", "m", "--warmups=a,p"], False, ["--model-path", "m", "--warmups=a,p"]),
+    (["--model-path", "m", "--warmups", "a,,"], True, ["--model-path", "m", "--warmups", "a,p"]),
+    (["-m", "pytest", "tests"], False, ["-m", "pytest", "tests"]),
+    ([], False, []),
+])
+def test_ensure_listed(argv, changed, expected):
+    argv = list(argv)
+    assert hook.ensure_listed("p", argv) is changed
+    assert argv == expected
+
+
+def test_ensure_listed_keeps_the_warmups_of_a_config_file(tmp_path):
+    """SGLang's --config YAML: a --warmups flag on the command line replaces the file's list, so
+    the file's names are carried over; checked with SGLang's own parser."""
+    from sglang.srt.server_args import prepare_server_args
+
+    cfg = tmp_path / "server.yaml"
+    cfg.write_text("model-path: /models/m\nwarmups: prefill_shapes\n")
+    argv = ["--config", str(cfg)]
+    assert hook.ensure_listed("p", argv) is True
+    assert argv == ["--config", str(cfg), "--warmups", "prefill_shapes,p"]
+    assert prepare_server_args(argv).warmups == "prefill_shapes,p"
+
+    cfg.write_text("model-path: /models/m\nwarmups: p,prefill_shapes\n")
+    argv = ["--config", str(cfg)]
+    assert hook.ensure_listed("p", argv) is False and argv == ["--config", str(cfg)]
+    assert prepare_server_args(argv).warmups == "p,prefill_shapes"
+
+    cfg.write_text("model-path: /models/m\n")
+    argv = ["--config", str(cfg)]
+    assert hook.ensure_listed("p", argv) is True
+    assert prepare_server_args(argv).warmups == "p"

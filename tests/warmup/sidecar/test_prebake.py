@@ -1,0 +1,302 @@
+"""warmup.sidecar.prebake: the orchestration on CPU with a fake ``sglang.launch_server`` (it serves the
+stand-in API and compiles real Triton kernels for sm_90 into TRITON_CACHE_DIR while it runs the
+plan), so that the archive produced is real and restorable: restored into a fresh directory,
+the same kernels are disk-cache hits."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sidecar_support"))
+
+from harness import FAKE_SGLANG, PLAN, REPO, free_port  # noqa: E402
+
+from cache_tools import archive  # noqa: E402
+from warmup.sidecar import prebake  # noqa: E402
+from warmup.errors import SidecarError  # noqa: E402
+
+PY = sys.executable
+KINDS = ["triton", "inductor", "sglang_jit", "tvm_ffi", "flashinfer", "deep_gemm", "tilelang",
+         "cuda_ptx", "cute_aot", "cute_dsl", "flash_attn_4"]
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """The environment of a prebake: the fake SGLang first on PYTHONPATH, caches that point
+    elsewhere (prebake must override them), no WARMUP_* variables."""
+    e = {k: v for k, v in os.environ.items()
+         if not k.startswith("WARMUP_") and k != "PROMETHEUS_MULTIPROC_DIR"}
+    e["PYTHONPATH"] = str(FAKE_SGLANG)
+    e["TRITON_CACHE_DIR"] = str(tmp_path / "elsewhere" / "triton")
+    e["SGL_JIT_CACHE_DIR"] = str(tmp_path / "elsewhere" / "legacy")  # SGLang's legacy spelling
+    e["HOME"] = str(tmp_path / "home")
+    return e
+
+
+def run_prebake(env, *args, sglang=("--model-path", "/models/stand-in", "--host", "127.0.0.1"),
+                timeout=120):
+    return subprocess.run([PY, "-m", "warmup", "prebake", "--plan", str(PLAN), *args, "--",
+                           *sglang], env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=str(REPO))
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie not yet reaped by init is gone for our purposes
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def compile_hits(cache_dir: Path) -> list[bool]:
+    """Compile the stand-in's three kernels with TRITON_CACHE_DIR=cache_dir; cache_hit of each."""
+    import standin
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    hits: list[bool] = []
+    prev_listener, prev_dir = triton.knobs.compilation.listener, os.environ.get("TRITON_CACHE_DIR")
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit):
+        hits.append(cache_hit)
+
+    os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
+    triton.knobs.compilation.listener = listener
+    try:
+        for block in (16, 64, 256):
+            triton.compile(triton.compiler.ASTSource(fn=standin._kernel(), signature={
+                "x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32"},
+                constexprs={"BLOCK": block}), target=GPUTarget("cuda", 90, 32))
+    finally:
+        triton.knobs.compilation.listener = prev_listener
+        if prev_dir is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = prev_dir
+    return hits
+
+
+# --- the whole flow ---------------------------------------------------------------------------
+def test_prebake_bakes_an_archive_that_restores_into_disk_cache_hits(env, tmp_path):
+    out = tmp_path / "out" / "sglang-cache.tar"
+    work = tmp_path / "work"
+    port = free_port()
+    r = run_prebake(env, "--out", str(out), "--port", str(port), "--work-dir", str(work),
+                    "--format", "json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    kinds = {k["kind"]: k for k in result["kinds"]}
+    assert list(kinds) == KINDS
+    assert kinds["triton"]["entries"] == 3 and kinds["triton"]["path"] == str(work / "cache" / "triton")
+    assert all(kinds[k]["entries"] == 0 for k in KINDS[1:])
+    assert result["entries"] == 3 and result["stopped_with"] == "SIGTERM"
+    assert result["warmup"]["plan"] == "sidecar_test" and result["warmup"]["ok"] is True
+    assert result["warmup"]["requests"] == 7
+    assert result["warnings"] == [] and result["work_dir"] == str(work)
+    # the fake server's environment came from serve and from `cache env --root`
+    assert not (tmp_path / "elsewhere").exists()
+    # the server and the child in its process group are gone
+    child = int((work / "state" / "child.pid").read_text())
+    assert gone(child)
+    assert "sglang-warmup prebake: server stopped (SIGTERM)" in r.stderr
+
+    # the archive is real: it verifies, and restored into a fresh root the kernels are hits
+    report = archive.verify(out)
+    assert [e.kind for e in report.manifest.entries] == ["triton"] * 3
+    dest = tmp_path / "restored"
+    plan = archive.plan_restore(out, dest=dest)
+    assert len(plan.to_write) == 3
+    plan.execute()
+    assert compile_hits(dest / "triton") == [True, True, True]
+    assert compile_hits(tmp_path / "cold") == [False, False, False]  # the control
+
+
+def test_the_table_names_every_kind_and_the_temporary_work_dir_is_removed(env, tmp_path):
+    out = tmp_path / "a.tar"
+    r = run_prebake(env, "--out", str(out), "--port", str(free_port()))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["kind", "entries", "files", "size"]
+    assert [line.split()[0] for line in lines[2:2 + len(KINDS)]] == KINDS
+    assert re.fullmatch(r"triton\s+3\s+\d+\s+[\d.]+ KiB", lines[2])
+    assert re.fullmatch(r"total\s+3\s+\d+\s+[\d.]+ KiB", lines[2 + len(KINDS)])
+    assert lines[-1] == f"restore with: sglang-warmup cache restore {out}"
+    work = re.search(r"log: (\S+)/server\.log", r.stderr).group(1)
+    assert not Path(work).exists()
+
+
+def test_a_server_ignoring_sigterm_is_killed_with_its_group(env, tmp_path):
+    env["FAKE_SGLANG_MODE"] = "ignore-term"
+    work = tmp_path / "work"
+    t0 = time.monotonic()
+    r = run_prebake(env, "--out", str(tmp_path / "a.tar"), "--port", str(free_port()),
+                    "--stop-timeout", "1", "--work-dir", str(work), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["stopped_with"] == "SIGKILL"
+    assert time.monotonic() - t0 < 60
+    assert gone(int((work / "state" / "child.pid").read_text()))
+
+
+def test_a_server_exiting_before_ready_fails_with_its_log(env, tmp_path):
+    env["FAKE_SGLANG_MODE"] = "exit"
+    work = tmp_path / "work"
+    r = run_prebake(env, "--out", str(tmp_path / "a.tar"), "--port", str(free_port()),
+                    "--work-dir", str(work))
+    assert r.returncode == 1
+    assert r.stderr.splitlines()[-2:] == [
+        f"error: SGLang exited with code 3 before it was ready; log: {work}/server.log",
+        "hint: the last log lines are above (a failing plan stops SGLang's startup on purpose: "
+        "`sglang-warmup plan check`)"]
+    assert "  | fake sglang: failing on purpose before listening" in r.stderr
+    assert not (tmp_path / "a.tar").exists()
+    assert gone(int((work / "state" / "child.pid").read_text()))
+
+
+def test_a_server_never_ready_is_stopped_at_the_deadline(env, tmp_path):
+    env["FAKE_SGLANG_MODE"] = "never-ready"
+    work = tmp_path / "work"
+    t0 = time.monotonic()
+    r = run_prebake(env, "--out", str(tmp_path / "a.tar"), "--port", str(free_port()),
+                    "--deadline", "3", "--work-dir", str(work))
+    assert r.returncode == 1
+    assert time.monotonic() - t0 < 40
+    assert re.fullmatch(r"error: SGLang was not ready within 3 s \(\d+ probes of "
+                        r"/health_generate; last: [^)]+\); log: \S+/server\.log",
+                        r.stderr.splitlines()[-2]), r.stderr
+    assert "sglang-warmup prebake: server stopped (SIGTERM)" in r.stderr
+    assert gone(int((work / "state" / "child.pid").read_text()))
+
+
+def test_a_server_that_did_not_run_the_plan_is_refused(env, tmp_path):
+    env["FAKE_SGLANG_MODE"] = "no-report"
+    work = tmp_path / "work"
+    r = run_prebake(env, "--out", str(tmp_path / "a.tar"), "--port", str(free_port()),
+                    "--work-dir", str(work))
+    assert r.returncode == 1
+    assert r.stderr.splitlines()[-2:] == [
+        f"error: the server became ready but the plan did not run in it (no run report at "
+        f"{work}/report.json)",
+        "hint: install sglang-warmup in the environment that runs SGLang (pip install, so its "
+        "plugin entry point loads)"]
+    assert not (tmp_path / "a.tar").exists()
+
+
+def test_dry_run_prints_the_plan_and_creates_nothing(env, tmp_path):
+    r = run_prebake(env, "--out", str(tmp_path / "a.tar"), "--port", "31999", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    work = re.search(r"^work directory: (\S+) \(temporary\)$", text, re.M).group(1)
+    assert not Path(work).exists()
+    for k in KINDS:
+        assert re.search(rf"^  {k}\s+{re.escape(work)}/cache/", text, re.M), k
+    assert f"  TRITON_CACHE_DIR={work}/cache/triton" in text
+    assert f"  SGLANG_JIT_CACHE_DIR={work}/cache/jit" in text
+    assert "  WARMUP_ENABLE=1" in text and "  WARMUP_NAME=sidecar_test" in text
+    assert re.search(r"^command: \S+ -m sglang\.launch_server --model-path /models/stand-in "
+                     r"--host 127\.0\.0\.1 --port 31999 --warmups sidecar_test$", text, re.M), text
+    assert "ready: http://127.0.0.1:31999/health_generate within 1800 s" in text
+    assert not (tmp_path / "a.tar").exists()
+
+
+# --- validation (exact messages) ------------------------------------------------------------------
+def test_an_existing_archive_needs_yes(tmp_path):
+    out = tmp_path / "a.tar"
+    out.write_bytes(b"x")
+    with pytest.raises(SidecarError) as info:
+        prebake.prepare(PLAN, out, ["--model-path", "m"])
+    assert (info.value.message, info.value.hint) == (
+        f"--out {out} exists", "pass -y to overwrite it, or choose another --out")
+
+
+def test_a_conflicting_port_is_refused(tmp_path):
+    with pytest.raises(SidecarError) as info:
+        prebake.prepare(PLAN, tmp_path / "a.tar", ["--model-path", "m", "--port", "30001"],
+                        port=30002)
+    assert info.value.message == "--port 30002 conflicts with SGLang's --port 30001"
+
+
+def test_sglang_arguments_are_required(tmp_path):
+    with pytest.raises(SidecarError) as info:
+        prebake.prepare(PLAN, tmp_path / "a.tar", ["--"])
+    assert info.value.message == "no SGLang launch arguments after `--`"
+
+
+def test_a_non_empty_work_dir_is_refused(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "old").write_text("x")
+    with pytest.raises(SidecarError) as info:
+        prebake.prepare(PLAN, tmp_path / "a.tar", ["--model-path", "m"], work_dir=tmp_path / "work")
+    assert info.value.message == f"--work-dir {tmp_path / 'work'} is not empty"
+
+
+def test_a_busy_port_is_refused_before_launching(env, tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_prebake(env, "--out", str(tmp_path / "a.tar"), "--port", str(port))
+    assert r.returncode == 1
+    assert r.stderr.splitlines()[-2:] == [
+        f"error: something already listens on 127.0.0.1:{port}",
+        "hint: stop it, or give SGLang another port (--port N)"]
+
+
+def test_the_environment_pins_every_cache_under_the_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGL_DG_CACHE_DIR", "/legacy/deep_gemm")
+    spec = prebake.prepare(PLAN, tmp_path / "a.tar", ["--model-path", "m"], port=31234)
+    try:
+        env = spec.launch.env
+        root = spec.cache_root
+        assert env["SGLANG_CACHE_DIR"] == str(root)
+        assert env["TRITON_CACHE_DIR"] == str(root / "triton")
+        assert env["SGLANG_DG_CACHE_DIR"] == str(root / "deep_gemm")
+        assert "SGL_DG_CACHE_DIR" not in env  # the legacy spelling would win inside SGLang
+        assert {loc.kind.name for loc in spec.locations} == set(KINDS)
+        assert spec.url == "http://127.0.0.1:31234"
+        assert spec.launch.argv[-4:] == ["--port", "31234", "--warmups", "sidecar_test"]
+    finally:
+        spec.discard()
+    assert not spec.work_dir.exists()
+
+
+# --- stopping a process group -----------------------------------------------------------------------
+def _group(script: str) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    child = int(proc.stdout.readline())
+    return proc, child
+
+
+def test_stop_process_group_terminates_the_whole_group():
+    proc, child = _group("sleep 300 & echo $!; wait")
+    assert prebake.stop_process_group(proc, 5.0) == "SIGTERM"
+    assert proc.poll() is not None and gone(child)
+
+
+def test_stop_process_group_escalates_to_sigkill():
+    proc, child = _group("trap '' TERM; sh -c \"trap '' TERM; sleep 300\" & echo $!; wait")
+    t0 = time.monotonic()
+    assert prebake.stop_process_group(proc, 0.5) == "SIGKILL"
+    assert time.monotonic() - t0 < 5
+    assert proc.poll() == -signal.SIGKILL and gone(child)
+
+
+def test_stop_process_group_of_an_exited_process():
+    proc = subprocess.Popen(["true"], start_new_session=True)
+    proc.wait()
+    assert prebake.stop_process_group(proc, 1.0) == "exited"

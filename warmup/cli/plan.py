@@ -1,0 +1,137 @@
+"""``sglang-warmup plan``: check plans, show their expansion against a server's facts."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from warmup.plan import facts as facts_mod
+from warmup.plan import loader
+from warmup.errors import FactsError
+from warmup.plan.model import Expansion, expand
+from warmup.render import table
+
+app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+
+@app.command("check")
+def check(plans: list[Path] = typer.Argument(..., help="plan files")) -> None:
+    """Validate plan files (syntax, keys, expressions); nothing is sent anywhere."""
+    for path in plans:
+        p = loader.load(path)
+        typer.echo(f"{path}: ok ({p.name}: {len(p.phases)} phases, {len(p.shapes)} shape classes)")
+
+
+def get_facts(server_args: Optional[str], facts_file: Optional[Path], url: Optional[str],
+              model_config: Optional[str]) -> facts_mod.ServerFacts:
+    """One of the three fact sources, exactly one given."""
+    given = [x for x in (server_args, facts_file, url) if x]
+    if len(given) != 1:
+        raise FactsError("give exactly one of --server-args, --facts or --url",
+                         hint='e.g. --server-args "--model-path /models/llama --chunked-prefill-size 8192"')
+    if server_args:
+        return facts_mod.from_launch_flags(server_args, model_config=model_config)
+    if facts_file:
+        return facts_mod.from_file(facts_file)
+    from warmup.serve.transport import HttpTransport
+
+    return HttpTransport(url).facts_sync()
+
+
+_SERVER_ARGS = typer.Option(None, "--server-args", help="SGLang launch flags, resolved offline by SGLang")
+_FACTS = typer.Option(None, "--facts", help="a facts file (YAML/JSON)")
+_URL = typer.Option(None, "--url", help="a running SGLang server (reads /server_info)")
+_MODEL_CONFIG = typer.Option(None, "--model-config",
+                             help="directory with the model's config.json, for offline resolution")
+
+
+@app.command("show")
+def show(
+    plan: Path = typer.Argument(..., help="plan file"),
+    server_args: Optional[str] = _SERVER_ARGS,
+    facts_file: Optional[Path] = _FACTS,
+    url: Optional[str] = _URL,
+    model_config: Optional[str] = _MODEL_CONFIG,
+    fmt: str = typer.Option("table", "--format", help="table | json"),
+    steps: bool = typer.Option(False, "--steps", help="list every step, not only the classes"),
+) -> None:
+    """Expand a plan against a server's facts: requests grouped by class, with token counts."""
+    if fmt not in ("table", "json"):
+        raise typer.BadParameter("--format is table or json")
+    p = loader.load(plan)
+    f = get_facts(server_args, facts_file, url, model_config)
+    exp = expand(p, f)
+    if fmt == "json":
+        typer.echo(json.dumps(exp.to_dict(), indent=2))
+        return
+    typer.echo(render_expansion(exp, steps=steps))
+
+
+@app.command("facts")
+def show_facts(
+    server_args: Optional[str] = _SERVER_ARGS,
+    facts_file: Optional[Path] = _FACTS,
+    url: Optional[str] = _URL,
+    model_config: Optional[str] = _MODEL_CONFIG,
+) -> None:
+    """Print the server facts a plan can read (JSON; usable as a --facts file)."""
+    f = get_facts(server_args, facts_file, url, model_config)
+    typer.echo(facts_mod.dump(f))
+
+
+@app.command("schema")
+def schema() -> None:
+    """Print the JSON Schema of plan files (plans/schema.json)."""
+    typer.echo(loader.schema_text(), nl=False)
+
+
+def render_expansion(exp: Expansion, *, steps: bool = False) -> str:
+    f = exp.facts
+    out = [f"plan {exp.plan}: {len(exp.steps)} steps, {exp.num_requests} requests, "
+           f"{sum(s.tokens for s in exp.steps):,} prompt tokens"
+           + ("; then flush the cache" if exp.flush else "")]
+    out.append(f"facts ({f.source}): chunk={f.chunked_prefill_size} page={f.page_size} "
+               f"context={f.context_length} max_running={f.max_running_requests} "
+               f"decode_graph_max_bs={f.decode_graph_max_bs} prefill_graph={f.prefill_graph_backend} "
+               f"buckets={_short(f.prefill_graph_buckets)} context_bucket={f.prefill_graph_context} "
+               f"mixed_chunk={f.enable_mixed_chunk} radix={not f.disable_radix_cache}")
+    for a in f.assumed:
+        out.append(f"  assumed: {a}")
+    groups: "OrderedDict[tuple[str, str], list]" = OrderedDict()
+    for s in exp.steps:
+        groups.setdefault((s.phase, s.shape_class), []).append(s)
+    rows = []
+    for (phase, cls), ss in groups.items():
+        lens = sorted({r.input_len for s in ss for r in s.requests})
+        sizes = sorted({len(s.requests) + len(s.background) for s in ss})
+        rows.append([phase, cls, ss[0].kind, len(ss), sum(s.num_requests for s in ss),
+                     _short(lens), _short(sizes), sum(s.tokens for s in ss)])
+    out.append("")
+    out.append(table(["phase", "class", "kind", "steps", "requests", "prompt tokens",
+                      "requests/step", "total tokens"], rows))
+    if exp.skipped:
+        out.append("")
+        out.append(table(["phase", "class", "item", "skipped because"],
+                         [[k.phase, k.shape_class, k.item or "(whole class)", k.reason]
+                          for k in exp.skipped]))
+    if steps:
+        out.append("")
+        out.append(table(["#", "class", "mode", "lengths", "sampling", "note"],
+                         [[s.index, s.shape_class, s.mode, _short([r.input_len for r in s.requests]),
+                           _short(sorted({r.sampling_name for r in s.requests})), s.note]
+                          for s in exp.steps]))
+    return "\n".join(out)
+
+
+def _short(values, limit: int = 8) -> str:
+    vals = list(values)
+    if not vals:
+        return "-"
+    if len(vals) > limit:
+        return ", ".join(map(str, vals[:limit // 2])) + f", … ({len(vals)}), " + \
+            ", ".join(map(str, vals[-2:]))
+    return ", ".join(map(str, vals))

@@ -1,0 +1,44 @@
+"""``sglang-warmup serve``: the launcher command (see warmup.serve.launch)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from warmup.serve import launch
+
+
+def serve(
+    ctx: typer.Context,
+    plan: Path = typer.Option(..., "--plan", help="the plan to warm before the port opens"),
+    report: Optional[Path] = typer.Option(None, "--report", help="write the run report (JSON) here"),
+    lenient: bool = typer.Option(False, "--lenient", help="warn and go on when a warm-up request fails"),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir",
+                                             help="phase file, compile manifest and metrics (default: a new temp dir)"),
+    name: Optional[str] = typer.Option(None, "--name", help="--warmups entry name (default: the plan's name)"),
+    second_pass: bool = typer.Option(False, "--second-pass",
+                                     help="replay the plan once more and report whether it is closed"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the command and environment, do not start"),
+) -> None:
+    """Run ``python -m sglang.launch_server`` with the plan registered in ``--warmups``."""
+    args = [a for a in ctx.args if a != "--"]
+    spec = launch.build(str(plan), args, report=str(report) if report else None, lenient=lenient,
+                        state_dir=str(state_dir) if state_dir else None, name=name,
+                        second_pass=second_pass)
+    shown = {k: v for k, v in spec.env.items() if k.startswith("WARMUP_") or k == "PROMETHEUS_MULTIPROC_DIR"}
+    typer.echo("sglang-warmup: " + " ".join(f"{k}={_shown_value(k, v)}" for k, v in sorted(shown.items())),
+               err=True)
+    typer.echo("sglang-warmup: exec " + shlex.join(spec.argv), err=True)
+    if dry_run:
+        return
+    launch.exec_launch(spec)
+
+
+def _shown_value(name: str, value: str) -> str:
+    """A variable's value for the log line; secrets (e.g. WARMUP_API_KEY) are not printed."""
+    if any(word in name for word in ("KEY", "TOKEN", "SECRET", "PASSWORD")):
+        return "<redacted>"
+    return shlex.quote(value)

@@ -1,0 +1,144 @@
+"""``sglang-warmup sidecar`` and ``sglang-warmup prebake``: thin commands over
+:mod:`warmup.sidecar.service` and :mod:`warmup.sidecar.prebake`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from warmup import settings
+from warmup.sidecar.service import DEFAULT_PORT
+
+
+def _configure_logging() -> None:
+    """Our log lines on stderr with a timestamp (SGLang's managed sidecar process and a bare
+    container have no logging configured)."""
+    root = logging.getLogger("sglang_warmup")
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
+                                               "%Y-%m-%d %H:%M:%S"))
+        root.addHandler(handler)
+        root.propagate = False
+    root.setLevel(logging.DEBUG if settings.DEBUG.get() else logging.INFO)
+
+
+def sidecar_command(
+    plan: Path = typer.Option(..., "--plan", help="the plan to warm"),
+    url: str = typer.Option(..., "--url", help="the SGLang server, e.g. http://127.0.0.1:30000"),
+    port: int = typer.Option(DEFAULT_PORT, "--port", help="port of /ready /live /metrics /report"),
+    bind: str = typer.Option("0.0.0.0", "--bind", help="address to listen on"),
+    deadline: float = typer.Option(1800.0, "--deadline",
+                                   help="seconds to wait for the server's /health_generate"),
+    second_pass: bool = typer.Option(False, "--second-pass",
+                                     help="ready only once a second pass of the plan compiles "
+                                          "nothing (needs a state directory shared with SGLang)"),
+    exit_on_failure: bool = typer.Option(False, "--exit-on-failure/--stay",
+                                         help="after a failed warm-up: exit with status 1, or "
+                                              "stay with /ready at 503 (default)"),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir",
+                                             help="the WARMUP_STATE_DIR SGLang writes to "
+                                                  "(default: WARMUP_STATE_DIR)"),
+    startup_budget: Optional[float] = typer.Option(None, "--startup-budget",
+                                                   help="seconds the orchestrator allows for the "
+                                                        "start; the projected finish is logged "
+                                                        "against it"),
+    request_timeout: Optional[float] = typer.Option(None, "--request-timeout",
+                                                    help="seconds one warm-up request may take "
+                                                         "(default: WARMUP_REQUEST_TIMEOUT_S)"),
+    flush_timeout: Optional[float] = typer.Option(None, "--flush-timeout",
+                                                  help="seconds SGLang may wait for idle before "
+                                                       "the flush (default: WARMUP_FLUSH_TIMEOUT_S)"),
+    watch_interval: float = typer.Option(10.0, "--watch-interval",
+                                         help="seconds between /health probes once ready "
+                                              "(0: do not watch)"),
+) -> None:
+    """Warm a server started by someone else over HTTP; serve /ready /live /metrics /report."""
+    from warmup.sidecar.service import Sidecar, SidecarConfig
+
+    _configure_logging()
+    sdir = str(state_dir) if state_dir else (settings.STATE_DIR.get() or None)
+    mp_dir = settings.PROMETHEUS_MULTIPROC_DIR.get() or (
+        str(Path(sdir) / "prometheus") if sdir else None)
+    config = SidecarConfig(
+        plan=str(plan), url=url, port=port, bind=bind, deadline_s=deadline,
+        second_pass=second_pass, exit_on_failure=exit_on_failure, state_dir=sdir, mp_dir=mp_dir,
+        startup_budget_s=startup_budget,
+        request_timeout_s=request_timeout if request_timeout is not None
+        else settings.REQUEST_TIMEOUT_S.get(),
+        flush_timeout_s=flush_timeout if flush_timeout is not None
+        else settings.FLUSH_TIMEOUT_S.get(),
+        watch_interval_s=watch_interval, seed=settings.SEED.get(),
+        api_key=settings.API_KEY.get() or None)
+    sidecar = Sidecar(config)
+    code = sidecar.run()
+    if sidecar.busy:
+        # A request is still in flight (bounded by --request-timeout); do not wait for it.
+        logging.getLogger("sglang_warmup.sidecar").info(
+            "sglang-warmup sidecar: a request was still in flight; exiting without it")
+        if code:
+            status = sidecar.status()
+            print(f"error: the warm-up failed and --exit-on-failure is set: "
+                  f"{status['reason'] or 'see the log'}", file=sys.stderr)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        from warmup.errors import SidecarError
+
+        status = sidecar.status()
+        raise SidecarError(f"the warm-up failed and --exit-on-failure is set: "
+                           f"{status['reason'] or 'see the log'}",
+                           hint=status["hint"] or "see the log above; --stay keeps the sidecar "
+                                                  "up with /ready at 503 instead")
+
+
+def prebake_command(
+    ctx: typer.Context,
+    plan: Path = typer.Option(..., "--plan", help="the plan SGLang runs before it listens"),
+    out: Path = typer.Option(..., "--out", help="the archive to write (.tar, or .tar.zst with --zstd)"),
+    port: Optional[int] = typer.Option(None, "--port", help="SGLang's port (default: its --port, "
+                                       "else 30000)"),
+    deadline: float = typer.Option(1800.0, "--deadline",
+                                   help="seconds for SGLang to load, warm and answer "
+                                        "/health_generate"),
+    stop_timeout: float = typer.Option(60.0, "--stop-timeout",
+                                       help="seconds between SIGTERM and SIGKILL"),
+    work_dir: Optional[Path] = typer.Option(None, "--work-dir",
+                                            help="empty directory for cache/, state/ and the "
+                                                 "server log (default: a temporary one)"),
+    keep: bool = typer.Option(False, "--keep", help="keep the temporary work directory"),
+    zstd: bool = typer.Option(False, "--zstd", help="compress the archive with zstd"),
+    fmt: str = typer.Option("table", "--format", help="table | json"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (directories, "
+                                 "environment, command) and stop"),
+    yes: bool = typer.Option(False, "-y", "--yes", help="overwrite an existing --out"),
+) -> None:
+    """Run SGLang once with a plan against empty caches and pack what it compiled:
+    prebake --plan P --out A -- <sglang launch_server args>."""
+    from cache_tools.progress import Progress
+    from warmup.sidecar import prebake
+    from warmup.errors import WarmupError
+
+    if fmt not in ("table", "json"):
+        raise WarmupError(f"--format {fmt!r}: expected one of table, json",
+                          hint="for example --format json")
+    _configure_logging()
+    spec = prebake.prepare(plan, out, list(ctx.args), port=port, deadline_s=deadline,
+                           stop_timeout_s=stop_timeout, work_dir=work_dir, zstd=zstd, keep=keep,
+                           overwrite=yes)
+    if dry_run:
+        try:
+            typer.echo(json.dumps(spec.to_dict(), indent=2) if fmt == "json" else spec.describe())
+        finally:
+            spec.discard()
+        return
+    result = spec.execute(progress=Progress(), echo=lambda line: typer.echo(line, err=True))
+    typer.echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else result.render())

@@ -1,0 +1,1 @@
+"""Coverage: plan classes against compile keys, the second-pass check, audit, learn, traffic."""

@@ -1,0 +1,506 @@
+"""Audit: replay a traffic sample against a ready server and attribute every compile it causes
+after ready to the traffic step that caused it.
+
+The sample is sent twice (fresh token ids each time, the radix cache flushed between), so each
+step has a first-hit latency and a steady-state latency.  Attribution has two modes:
+
+* ``manifest`` (the server shares its state directory with us): before each step the phase
+  file says ``serving`` with ``shape_class = audit:<step label>`` and ``request = <sequence>``
+  (pass 1: 0..N-1, pass 2: N..2N-1), so the server's compile manifest names, for each compile,
+  disk-cache load, device load and JIT build, the step that caused it, with kernel and hash.
+  Only manifest bytes written during this audit are read (offsets, not clocks).
+* ``metrics`` (no shared state directory): the server's ``/metrics`` is read before and after
+  every step, and the delta of ``sglang_warmup_compile_events_total{phase="serving"}`` is the
+  step's count.  No kernel names; anything else the server does meanwhile is counted too.
+
+The result is written to ``audit-<time>.json`` (steps with their shapes, latencies and misses),
+which ``sglang-warmup learn`` turns into plan classes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from warmup.observe import phase as phase_mod
+from warmup.coverage.classes import KeyEvents, ManifestCursor, aggregate, is_compile_event
+from warmup.errors import TransportError, WarmupError
+from warmup.render import table
+from warmup.coverage.traffic import TrafficStep
+
+logger = logging.getLogger("sglang_warmup.audit")
+
+FORMAT = "sglang-warmup-audit"
+VERSION = 1
+CLASS_PREFIX = "audit:"
+#: A first pass this much slower than the second (and by more than SLOW_MIN_MS) is a cold step.
+SLOW_RATIO = 1.5
+SLOW_MIN_MS = 5.0
+COMPILE_METRIC = "sglang_warmup_compile_events"
+LOAD_METRIC = "sglang_warmup_kernel_loads"
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """One step in one pass: wall time of the step (ms), compile events attributed to it
+    (``misses``), device loads, and the compile keys (manifest mode only)."""
+
+    ms: float
+    misses: int = 0
+    device_loads: int = 0
+    keys: tuple[KeyEvents, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ms": round(self.ms, 2), "misses": self.misses, "device_loads": self.device_loads,
+                "keys": [k.to_json() for k in self.keys]}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "PassResult":
+        return cls(ms=float(d.get("ms") or 0.0), misses=int(d.get("misses") or 0),
+                   device_loads=int(d.get("device_loads") or 0),
+                   keys=tuple(KeyEvents.from_json(k) for k in d.get("keys") or ()))
+
+
+@dataclass(frozen=True)
+class StepAudit:
+    """One traffic step: its shape, whether its prefix group was already cached in that pass
+    (an earlier step of the same pass used the group), and both passes."""
+
+    index: int
+    step: TrafficStep
+    prefix_cached: bool
+    first: PassResult
+    second: PassResult
+
+    @property
+    def misses(self) -> int:
+        return self.first.misses + self.second.misses
+
+    @property
+    def slow_first(self) -> bool:
+        return (self.first.ms > SLOW_RATIO * self.second.ms
+                and self.first.ms - self.second.ms > SLOW_MIN_MS)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, **self.step.to_json(), "prefix_cached": self.prefix_cached,
+                "pass1": self.first.to_json(), "pass2": self.second.to_json(),
+                "misses": self.misses, "slow_first": self.slow_first}
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """The outcome of one audit (JSON via :meth:`to_json`, text via :meth:`render`).
+
+    ``unattributed``: compile keys recorded during the audit that carry no audit step (other
+    traffic, or a server process that does not read our phase file).  ``unseen_events``:
+    serving compile events that ``/metrics`` counted during the audit but the manifest did not
+    record (manifest mode; nonzero means the state directory is not the server's).
+    """
+
+    url: str
+    traffic: str
+    mode: str
+    mode_note: str
+    facts: Mapping[str, Any]
+    steps: tuple[StepAudit, ...]
+    max_misses: int
+    created_at: float
+    unattributed: tuple[KeyEvents, ...] = ()
+    unseen_events: int = 0
+    flushes: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    file: str | None = None
+
+    @property
+    def misses(self) -> int:
+        """Compile events during the audit: attributed, unattributed and unseen."""
+        return (sum(s.misses for s in self.steps) + sum(k.events for k in self.unattributed)
+                + self.unseen_events)
+
+    @property
+    def ok(self) -> bool:
+        return self.misses <= self.max_misses
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "created_at": self.created_at,
+                "url": self.url, "traffic": self.traffic, "mode": self.mode,
+                "mode_note": self.mode_note, "max_misses": self.max_misses,
+                "misses": self.misses, "ok": self.ok,
+                "steps_with_misses": [s.index for s in self.steps if s.misses],
+                "slow_first": [s.index for s in self.steps if s.slow_first],
+                "pass1_ms": round(sum(s.first.ms for s in self.steps), 1),
+                "pass2_ms": round(sum(s.second.ms for s in self.steps), 1),
+                "steps": [s.to_json() for s in self.steps],
+                "unattributed": [k.to_json() for k in self.unattributed],
+                "unseen_events": self.unseen_events, "flushes": list(self.flushes),
+                "notes": list(self.notes), "file": self.file, "facts": dict(self.facts)}
+
+    def render(self) -> str:
+        n = len(self.steps)
+        missed = [s for s in self.steps if s.misses]
+        head = [f"audit of {self.url}: {n} traffic steps from {self.traffic}, sent twice "
+                f"(pass 1 {sum(s.first.ms for s in self.steps):,.0f} ms, pass 2 "
+                f"{sum(s.second.ms for s in self.steps):,.0f} ms)",
+                f"attribution: {self.mode_note}",
+                f"post-ready misses: {self.misses} compile event(s)"
+                + (f" in {len(missed)} step(s)" if missed else "")
+                + f"; --max-misses {self.max_misses}: {'ok' if self.ok else 'FAILED'}"]
+        shown = [s for s in self.steps if s.misses or s.slow_first]
+        if shown:
+            rows = []
+            for s in shown:
+                keys = ", ".join(dict.fromkeys(k.name for k in s.first.keys + s.second.keys))
+                rows.append([s.index, s.step.label or s.step.kind, s.step.kind,
+                             _prompts(s.step), round(s.first.ms, 1), round(s.second.ms, 1),
+                             round(s.first.ms / s.second.ms, 1) if s.second.ms > 0 else None,
+                             s.first.misses, s.second.misses, keys or "-"])
+            head.append(table(["step", "label", "kind", "prompts", "pass 1 ms", "pass 2 ms",
+                               "x", "miss 1", "miss 2", "kernels"], rows,
+                              align="rllrrrrrrl"))
+        quiet = n - len(shown)
+        if quiet:
+            head.append(f"{quiet} other step(s): no misses, first pass within "
+                        f"{SLOW_RATIO:g}x of the second")
+        for s in missed:
+            for number, p in ((1, s.first), (2, s.second)):
+                for k in p.keys:
+                    head.append(f"  miss: step {s.index} {s.step.label or s.step.kind} pass "
+                                f"{number}: {k.compiler} {k.label}: {k.what()}"
+                                + (f" in {k.processes} processes" if k.processes > 1 else "")
+                                + (f", {k.seconds:.2f} s" if k.seconds else ""))
+        for k in self.unattributed:
+            head.append(f"  unattributed: {k.compiler} {k.label}: {k.what()}")
+        if self.unseen_events:
+            head.append(f"  /metrics counted {self.unseen_events} serving compile event(s) the "
+                        "manifest did not record")
+        for note in self.notes:
+            head.append(f"note: {note}")
+        if self.file:
+            head.append(f"audit file: {self.file}")
+        return "\n".join(head)
+
+
+def _prompts(step: TrafficStep, limit: int = 5) -> str:
+    p = [str(n) for n in step.prompts]
+    text = "+".join(p[:limit]) + ("+…" if len(p) > limit else "")
+    if step.prefix_group:
+        text += f" (prefix {step.prefix_len})"
+    return text
+
+
+# --------------------------------------------------------------------------------------------
+# /metrics
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ServingCounts:
+    """Serving-phase totals read from ``/metrics``: compile events and device loads."""
+
+    compile_events: float
+    kernel_loads: float
+
+
+def parse_metrics(text: str) -> ServingCounts | None:
+    """Serving compile events and kernel loads from Prometheus text; None when the text has no
+    ``sglang_warmup_`` metric at all (the server does not run our hooks)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = False
+    events = loads = 0.0
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as exc:
+        raise WarmupError(f"/metrics is not Prometheus text: {exc}",
+                          hint="is --url an SGLang server started with --enable-metrics?") from None
+    for fam in families:
+        if not fam.name.startswith("sglang_warmup_"):
+            continue
+        found = True
+        for s in fam.samples:
+            if s.labels.get("phase") != "serving":
+                continue
+            if fam.name == COMPILE_METRIC and s.name == COMPILE_METRIC + "_total":
+                events += s.value
+            elif fam.name == LOAD_METRIC and s.name == LOAD_METRIC + "_total":
+                loads += s.value
+    return ServingCounts(events, loads) if found else None
+
+
+def _read_metrics(transport: Any) -> tuple[int, str]:
+    status, payload = transport._call("GET", "/metrics", retry=True, timeout=30)
+    return status, payload.decode(errors="replace")
+
+
+def serving_counts(transport: Any) -> ServingCounts:
+    """The server's serving-phase totals; errors say how to make them available."""
+    status, text = _read_metrics(transport)
+    if status == 404:
+        raise WarmupError(f"{transport.url}/metrics: not found (HTTP 404)",
+                          hint="start SGLang with --enable-metrics, or pass --state-dir with the "
+                               "server's state directory")
+    if status != 200:
+        raise TransportError(f"{transport.url}/metrics answered HTTP {status}: {text[:200]}",
+                             hint="see the server log")
+    counts = parse_metrics(text)
+    if counts is None:
+        raise WarmupError(f"{transport.url}/metrics has no sglang_warmup_ metrics",
+                          hint="start the server with `sglang-warmup serve` (or WARMUP_ENABLE=1) "
+                               "so compile events are counted, or pass --state-dir")
+    return counts
+
+
+# --------------------------------------------------------------------------------------------
+# the audit
+# --------------------------------------------------------------------------------------------
+
+def check_fits(steps: Sequence[TrafficStep], facts: Any) -> None:
+    """Refuse a sample the server would reject (a prompt longer than it accepts)."""
+    limit = facts.max_input_len
+    ctx = facts.context_length
+    for i, s in enumerate(steps):
+        for n in s.prompts:
+            if limit is not None and n > limit:
+                raise WarmupError(f"traffic step {i} ({s.label or s.kind}): a {n}-token prompt is "
+                                  f"above the server's longest prompt ({limit})",
+                                  hint="regenerate the sample with a smaller --max-prompt")
+            if ctx is not None and n + s.max_new_tokens > ctx:
+                raise WarmupError(f"traffic step {i} ({s.label or s.kind}): {n}+{s.max_new_tokens} "
+                                  f"tokens is above the context length ({ctx})",
+                                  hint="regenerate the sample with a smaller --max-prompt")
+
+
+def run(url: str, steps: Sequence[TrafficStep], *, state_dir: str | os.PathLike[str] | None = None,
+        max_misses: int = 0, traffic_name: str = "", timeout_s: float = 600.0,
+        flush_timeout_s: float = 60.0, api_key: str | None = None, seed: str = "audit",
+        progress: Callable[[str], None] | None = None, transport: Any = None) -> AuditReport:
+    """Audit ``steps`` against the ready server at ``url`` (see the module docstring)."""
+    return asyncio.run(_Audit(url, list(steps), state_dir=state_dir, max_misses=max_misses,
+                              traffic_name=traffic_name, timeout_s=timeout_s,
+                              flush_timeout_s=flush_timeout_s, api_key=api_key, seed=seed,
+                              progress=progress, transport=transport).run())
+
+
+class _Audit:
+    def __init__(self, url: str, steps: list[TrafficStep], *, state_dir: Any, max_misses: int,
+                 traffic_name: str, timeout_s: float, flush_timeout_s: float,
+                 api_key: str | None, seed: str, progress: Callable[[str], None] | None,
+                 transport: Any) -> None:
+        from warmup.serve.transport import HttpTransport
+
+        if not steps:
+            raise WarmupError("the traffic sample has no steps",
+                              hint="`sglang-warmup traffic synth` writes a sample")
+        if max_misses < 0:
+            raise WarmupError(f"--max-misses must be >= 0, got {max_misses}", hint="")
+        self.transport = transport or HttpTransport(url, timeout_s=timeout_s, api_key=api_key,
+                                                    seed=seed)
+        self.url = self.transport.url
+        self.steps = steps
+        self.state_dir = Path(state_dir) if state_dir else None
+        self.max_misses = max_misses
+        self.traffic_name = traffic_name
+        self.flush_timeout_s = flush_timeout_s
+        self.progress = progress or (lambda line: logger.info("%s", line))
+        self.notes: list[str] = []
+
+    async def run(self) -> AuditReport:
+        t = self.transport
+        if not await asyncio.to_thread(t.health):
+            raise TransportError(f"{self.url}/health_generate did not answer 200: the server is "
+                                 "not ready", hint="wait until the server is ready, then audit")
+        facts = await asyncio.to_thread(t.facts_sync)
+        check_fits(self.steps, facts)
+        cursor = mark = None
+        before: ServingCounts | None = None
+        if self.state_dir is not None:
+            if not self.state_dir.is_dir():
+                raise WarmupError(f"--state-dir {self.state_dir}: no such directory",
+                                  hint="pass the server's WARMUP_STATE_DIR (`sglang-warmup serve "
+                                       "--state-dir`), or leave it out to count from /metrics")
+            now = phase_mod.current(state_dir=self.state_dir)
+            if now.phase == "warmup":
+                raise WarmupError(f"the phase file in {self.state_dir} says the server is still "
+                                  f"warming up ({now.shape_class})",
+                                  hint="wait until the server is ready, then audit")
+            mode = "manifest"
+            mode_note = (f"compile manifest in {self.state_dir} (each compile, load and JIT build "
+                         "names its step, kernel and hash)")
+            cursor = ManifestCursor(self.state_dir)
+            mark = cursor.mark()
+            try:  # a cross-check, when the server also exports metrics
+                before = await asyncio.to_thread(serving_counts, t)
+            except WarmupError:
+                before = None
+        else:
+            mode = "metrics"
+            mode_note = ("/metrics deltas of sglang_warmup_compile_events_total{phase=\"serving\"} "
+                         "per step (coarser: counts only, no kernel names; anything else the "
+                         "server does meanwhile is counted; pass --state-dir for exact attribution)")
+            before = await asyncio.to_thread(serving_counts, t)
+
+        n = len(self.steps)
+        times: dict[int, float] = {}
+        counted: dict[int, tuple[int, int]] = {}
+        cached: dict[int, bool] = {}
+        flushes: list[str] = []
+        base_salt = f"{int(time.time() * 1000)}"
+        created = time.time()
+        try:
+            for number in (1, 2):
+                t.tokens.salt = f"audit-{base_salt}-{number}"
+                seen: set[str] = set()
+                self.progress(f"sglang-warmup audit: pass {number} of 2, {n} steps")
+                for i, step in enumerate(self.steps):
+                    seq = (number - 1) * n + i
+                    if number == 1:
+                        cached[i] = bool(step.prefix_group and step.prefix_group in seen)
+                    if step.prefix_group:
+                        seen.add(step.prefix_group)
+                    prev = None
+                    if mode == "manifest":
+                        phase_mod.set_phase("serving", CLASS_PREFIX + (step.label or step.kind), seq,
+                                            state_dir=self.state_dir)
+                    else:
+                        prev = await asyncio.to_thread(serving_counts, t)
+                    t0 = time.perf_counter()
+                    try:
+                        await t.send(step.to_step(i))
+                    except TransportError as exc:
+                        raise TransportError(f"audit pass {number}, step {i} "
+                                             f"({step.label or step.kind}: {step.kind} "
+                                             f"{_prompts(step)}): {exc.message}",
+                                             hint=exc.hint) from None
+                    times[seq] = (time.perf_counter() - t0) * 1000
+                    if prev is not None:
+                        after = await asyncio.to_thread(serving_counts, t)
+                        counted[seq] = (int(round(after.compile_events - prev.compile_events)),
+                                        int(round(after.kernel_loads - prev.kernel_loads)))
+                if mode == "manifest":
+                    phase_mod.set_phase("serving", state_dir=self.state_dir)
+                flushes.append(await t.flush(self.flush_timeout_s))
+        finally:
+            if mode == "manifest":
+                try:  # the server is ready: later compiles belong to no audit step
+                    phase_mod.set_phase("serving", state_dir=self.state_dir)
+                except Exception as exc:
+                    logger.warning("sglang-warmup: could not reset the phase file: %s", exc)
+
+        unattributed: tuple[KeyEvents, ...] = ()
+        unseen = 0
+        passes: dict[int, PassResult]
+        if mode == "manifest":
+            assert cursor is not None and mark is not None
+            records = cursor.read(mark)
+            by_seq: dict[int, list[dict]] = {}
+            other: list[dict] = []
+            for r in records:
+                seq = r.get("request")
+                cls = r.get("shape_class")
+                if (r.get("phase") == "serving" and isinstance(cls, str)
+                        and cls.startswith(CLASS_PREFIX) and isinstance(seq, int)
+                        and 0 <= seq < 2 * n and cls == CLASS_PREFIX + (self.steps[seq % n].label
+                                                                        or self.steps[seq % n].kind)):
+                    by_seq.setdefault(seq, []).append(r)
+                else:
+                    other.append(r)
+            passes = {}
+            for seq in range(2 * n):
+                rs = by_seq.get(seq, [])
+                passes[seq] = PassResult(ms=times[seq], misses=sum(1 for r in rs if is_compile_event(r)),
+                                         device_loads=sum(1 for r in rs if r.get("event") == "load"),
+                                         keys=tuple(aggregate(rs)))
+            unattributed = tuple(aggregate(other))
+            if before is not None:
+                try:
+                    after = await asyncio.to_thread(serving_counts, t)
+                    metric_events = int(round(after.compile_events - before.compile_events))
+                    manifest_events = sum(1 for r in records
+                                          if r.get("phase") == "serving" and is_compile_event(r)
+                                          and not (r.get("event") == "jit_build"
+                                                   and r.get("outcome") == "failed"))
+                    unseen = max(0, metric_events - manifest_events)
+                except WarmupError:
+                    pass
+            if unseen:
+                self.notes.append(f"/metrics counted {unseen} more serving compile event(s) than "
+                                  f"the manifest in {self.state_dir} recorded: the server may not "
+                                  "write to this state directory (they count as misses)")
+        else:
+            passes = {seq: PassResult(ms=times[seq], misses=max(0, counted[seq][0]),
+                                      device_loads=max(0, counted[seq][1]))
+                      for seq in range(2 * n)}
+        results = tuple(StepAudit(index=i, step=s, prefix_cached=cached[i], first=passes[i],
+                                  second=passes[n + i]) for i, s in enumerate(self.steps))
+        return AuditReport(url=self.url, traffic=self.traffic_name, mode=mode, mode_note=mode_note,
+                           facts=facts.to_dict(), steps=results, max_misses=self.max_misses,
+                           created_at=created, unattributed=unattributed, unseen_events=unseen,
+                           flushes=tuple(flushes), notes=tuple(self.notes))
+
+
+# --------------------------------------------------------------------------------------------
+# the audit file
+# --------------------------------------------------------------------------------------------
+
+def write(report: AuditReport, out: str | os.PathLike[str] | None = None) -> AuditReport:
+    """Write ``audit-<time>.json`` into ``out`` (a directory, or a ``.json`` file path);
+    returns the report with ``file`` set.  The write is atomic."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(report.created_at))
+    stamp += f"-{int(report.created_at * 1000) % 1000:03d}"
+    target = Path(out) if out is not None else Path.cwd()
+    if target.suffix == ".json" and not target.is_dir():
+        path = target
+    else:
+        path = target / f"audit-{stamp}.json"
+    from dataclasses import replace
+
+    done = replace(report, file=str(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(done.to_json(), indent=1) + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        raise WarmupError(f"cannot write the audit file {path}: {exc.strerror or exc}",
+                          hint="pass a writable --out directory") from None
+    return done
+
+
+@dataclass(frozen=True)
+class AuditFile:
+    """An audit file read back: its path and JSON."""
+
+    path: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> list[Mapping[str, Any]]:
+        return list(self.data.get("steps") or [])
+
+
+def read(path: str | os.PathLike[str]) -> AuditFile:
+    """One audit file; errors name the file and what is wrong."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WarmupError(f"{p}: cannot read audit file: {exc}",
+                          hint="pass an audit-*.json written by `sglang-warmup audit`") from None
+    except ValueError as exc:
+        raise WarmupError(f"{p}: not JSON: {exc}",
+                          hint="pass an audit-*.json written by `sglang-warmup audit`") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise WarmupError(f"{p}: not an audit file (no \"format\": \"{FORMAT}\")",
+                          hint="pass an audit-*.json written by `sglang-warmup audit`")
+    if data.get("version") != VERSION:
+        raise WarmupError(f"{p}: audit file version {data.get('version')!r} is not supported",
+                          hint=f"this sglang-warmup reads version {VERSION}")
+    if not isinstance(data.get("steps"), list) or not isinstance(data.get("facts"), dict):
+        raise WarmupError(f"{p}: audit file without steps or facts",
+                          hint="re-run `sglang-warmup audit`")
+    return AuditFile(str(p), data)

@@ -1,0 +1,477 @@
+"""Coverage: which compile keys each plan class triggered, and whether a second replay of the
+plan in the same server triggers any ("plan closed").
+
+A *compile key* is one kernel specialization: a Triton kernel name with its cache hash (the
+hash covers signature, constexprs, alignment attributes, options and target), or one SGLang JIT
+module.  The compile manifest (``warmup.observe.events``) holds one record per compile, disk-cache
+load, device load or JIT build, stamped with the phase and the shape class in flight.
+
+:func:`compute` turns the manifest records of two replays into a :class:`Coverage`;
+:func:`run` is what the registered warm-up (or a sidecar) calls instead of ``Driver.run`` to
+get the second replay.  Records are split between the replays by byte offsets in the manifest
+files (a :class:`ManifestCursor`), so no clock is compared across processes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from warmup.render import table
+
+logger = logging.getLogger("sglang_warmup.coverage")
+
+#: Manifest events that are compile events (what ``sglang_warmup_compile_events_total`` counts,
+#: plus failed JIT builds): a Triton compile (``miss``), a Triton disk-cache load (``hit``) and
+#: SGLang's nvcc JIT (``jit_build``: built, cache hit, failed).  ``load`` (a kernel's device load
+#: at its first launch) accompanies them and is reported, not counted.
+COMPILE_EVENTS = ("miss", "hit", "jit_build")
+
+
+# --------------------------------------------------------------------------------------------
+# compile keys
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KeyEvents:
+    """One compile key and what happened to it in one group of records.
+
+    ``compiler``: triton, sglang_jit or tvm_ffi.  ``name``: the Triton kernel name or the JIT
+    module name.  ``module``: the Python module of a Triton kernel.  ``hash``: Triton's cache
+    hash (None for JIT modules).  ``signature``: argument types and constexpr values, as text
+    (empty when no record of the key carried them, e.g. a device load alone).  ``compiled``:
+    Triton compiles and JIT builds; ``disk_hits``: loads from the Triton or JIT disk cache;
+    ``device_loads``: first launches; ``failed``: failed JIT builds.  ``processes``: how many
+    distinct processes (TP ranks) recorded the key.  ``seconds``: compile/build time summed.
+    """
+
+    compiler: str
+    name: str
+    module: str | None
+    hash: str | None
+    signature: str
+    compiled: int = 0
+    disk_hits: int = 0
+    device_loads: int = 0
+    failed: int = 0
+    processes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ident(self) -> tuple[str, str, str | None]:
+        return (self.compiler, self.name, self.hash if self.compiler == "triton" else None)
+
+    @property
+    def events(self) -> int:
+        """Compile events (everything but device loads)."""
+        return self.compiled + self.disk_hits + self.failed
+
+    @property
+    def label(self) -> str:
+        short = f" [{self.hash[:10]}]" if self.hash else ""
+        sig = f" ({self.signature})" if self.signature else ""
+        return f"{self.name}{short}{sig}"
+
+    def what(self) -> str:
+        """``compiled 2, disk 1, loads 2`` for tables."""
+        parts = [(self.compiled, "compiled"), (self.disk_hits, "disk"), (self.failed, "failed"),
+                 (self.device_loads, "loads")]
+        return ", ".join(f"{label} {n}" for n, label in parts if n) or "-"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"compiler": self.compiler, "name": self.name, "module": self.module,
+                "hash": self.hash, "signature": self.signature, "compiled": self.compiled,
+                "disk_hits": self.disk_hits, "device_loads": self.device_loads,
+                "failed": self.failed, "processes": self.processes,
+                "seconds": round(self.seconds, 4)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "KeyEvents":
+        return cls(compiler=str(d.get("compiler") or "triton"), name=str(d.get("name") or "?"),
+                   module=d.get("module"), hash=d.get("hash"),
+                   signature=str(d.get("signature") or ""),
+                   compiled=int(d.get("compiled") or 0), disk_hits=int(d.get("disk_hits") or 0),
+                   device_loads=int(d.get("device_loads") or 0), failed=int(d.get("failed") or 0),
+                   processes=int(d.get("processes") or 0), seconds=float(d.get("seconds") or 0.0))
+
+
+def is_compile_event(record: Mapping[str, Any]) -> bool:
+    return record.get("event") in COMPILE_EVENTS
+
+
+def signature_text(record: Mapping[str, Any]) -> str:
+    """Argument types and constexprs of a Triton record, ``:16`` marking an argument
+    specialized as divisible by 16: ``*fp32:16,*fp32:16,i32; BLOCK=128``."""
+    sig = record.get("signature")
+    divisible = set()
+    for a in record.get("attrs") or ():
+        if isinstance(a, Mapping) and any(isinstance(x, (list, tuple)) and len(x) == 2
+                                          and x[0] == "tt.divisibility" and x[1] == 16
+                                          for x in a.get("attrs") or ()):
+            divisible.add(a.get("name"))
+    types = []
+    if isinstance(sig, Mapping):
+        types = [str(v) + (":16" if k in divisible else "") for k, v in sig.items()
+                 if v != "constexpr"]
+    consts = []
+    for c in record.get("constexprs") or ():
+        if not isinstance(c, Mapping):
+            continue
+        value = c.get("value")
+        if isinstance(value, Mapping) and "constexpr" in value:
+            value = value["constexpr"]
+        consts.append(f"{c.get('name') or c.get('path')}={value}")
+    parts = [",".join(types)] if types else []
+    if consts:
+        parts.append(",".join(consts))
+    return "; ".join(parts)
+
+
+def _key_ident(record: Mapping[str, Any]) -> tuple[str, str, str | None, str | None]:
+    """(compiler, name, hash, module) of a record."""
+    compiler = str(record.get("compiler") or "triton")
+    if record.get("event") == "jit_build":
+        name = record.get("module_name") or Path(str(record.get("path") or "?")).name
+        return compiler, str(name), None, None
+    kernel = record.get("kernel")
+    if isinstance(kernel, Mapping):
+        name, module = kernel.get("name"), kernel.get("module")
+    else:
+        name, module = kernel, None
+    h = record.get("hash")
+    return compiler, str(name or "?"), (str(h) if h is not None else None), module
+
+
+def aggregate(records: Iterable[Mapping[str, Any]]) -> list[KeyEvents]:
+    """Group records by compile key, in order of first appearance."""
+    acc: dict[tuple, dict[str, Any]] = {}
+    for r in records:
+        compiler, name, h, module = _key_ident(r)
+        ident = (compiler, name, h if compiler == "triton" else None)
+        a = acc.get(ident)
+        if a is None:
+            a = acc[ident] = {"compiler": compiler, "name": name, "module": module, "hash": h,
+                              "signature": "", "compiled": 0, "disk_hits": 0,
+                              "device_loads": 0, "failed": 0, "pids": set(), "seconds": 0.0}
+        if module and not a["module"]:
+            a["module"] = module
+        if not a["signature"] and r.get("event") in ("miss", "hit"):
+            a["signature"] = signature_text(r)
+        event = r.get("event")
+        if event == "miss":
+            a["compiled"] += 1
+        elif event == "hit":
+            a["disk_hits"] += 1
+        elif event == "load":
+            a["device_loads"] += 1
+        elif event == "jit_build":
+            outcome = r.get("outcome")
+            if outcome == "hit":
+                a["disk_hits"] += 1
+            elif outcome == "failed":
+                a["failed"] += 1
+            else:
+                a["compiled"] += 1
+        if event in ("miss", "jit_build") and isinstance(r.get("duration_s"), (int, float)):
+            a["seconds"] += float(r["duration_s"])
+        if r.get("pid") is not None:
+            a["pids"].add(r.get("pid"))
+    out = []
+    for a in acc.values():
+        pids = a.pop("pids")
+        out.append(KeyEvents(processes=len(pids), **a))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# reading the manifest in slices
+# --------------------------------------------------------------------------------------------
+
+class ManifestCursor:
+    """Byte offsets into every manifest file of a state directory: records written after
+    :meth:`mark` are exactly the new bytes (the files are append-only, one ``write`` per line),
+    whatever the processes' clocks say."""
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.state_dir = Path(state_dir)
+
+    def mark(self) -> dict[str, int]:
+        """The current size of every manifest file."""
+        from warmup.observe.events import manifest_files
+
+        out = {}
+        for path in manifest_files(self.state_dir):
+            try:
+                out[str(path)] = path.stat().st_size
+            except OSError:
+                continue
+        return out
+
+    def read(self, start: Mapping[str, int], end: Mapping[str, int] | None = None) -> list[dict]:
+        """Records written between two marks (``end`` None: up to now), ordered by time."""
+        from warmup.observe.events import manifest_files
+
+        records: list[dict] = []
+        for path in manifest_files(self.state_dir):
+            lo = start.get(str(path), 0)
+            hi = None if end is None else end.get(str(path), 0)
+            if hi is not None and hi <= lo:
+                continue
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(lo)
+                    data = fh.read() if hi is None else fh.read(hi - lo)
+            except OSError as exc:
+                logger.warning("sglang-warmup: cannot read %s: %s", path, exc)
+                continue
+            for line in data.splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:  # a line being written right now, or a killed writer's
+                    continue
+                if isinstance(record, dict):
+                    records.append(record)
+        records.sort(key=lambda r: r.get("time") or 0.0)
+        return records
+
+
+# --------------------------------------------------------------------------------------------
+# coverage of a plan
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ClassCoverage:
+    """One plan class: the keys its requests triggered on the first replay (``first``) and on
+    the second (``second``; empty when the class is closed)."""
+
+    shape_class: str
+    first: tuple[KeyEvents, ...]
+    second: tuple[KeyEvents, ...]
+
+    @property
+    def closed(self) -> bool:
+        return not self.second
+
+    def to_json(self) -> dict[str, Any]:
+        return {"class": self.shape_class, "closed": self.closed,
+                "first": [k.to_json() for k in self.first],
+                "second": [k.to_json() for k in self.second]}
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """The compile keys of every plan class over two replays of the plan in one server.
+
+    ``classes``: in plan order.  ``outside_first`` / ``outside_second``: keys recorded during a
+    replay that no plan class was stamped on (another phase, the final flush, or another
+    process's traffic).  ``second_pass_failures``: requests of the second replay that failed.
+    """
+
+    plan: str
+    classes: tuple[ClassCoverage, ...]
+    outside_first: tuple[KeyEvents, ...] = ()
+    outside_second: tuple[KeyEvents, ...] = ()
+    second_pass_failures: tuple[str, ...] = ()
+    note: str = ""
+
+    @property
+    def closed(self) -> bool:
+        """True when the second replay triggered no compile, load or JIT build at all."""
+        return all(c.closed for c in self.classes) and not self.outside_second
+
+    @property
+    def open_classes(self) -> tuple[str, ...]:
+        return tuple(c.shape_class for c in self.classes if not c.closed)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plan": self.plan, "closed": self.closed, "open_classes": list(self.open_classes),
+                "classes": [c.to_json() for c in self.classes],
+                "outside_first": [k.to_json() for k in self.outside_first],
+                "outside_second": [k.to_json() for k in self.outside_second],
+                "second_pass_failures": list(self.second_pass_failures),
+                "note": self.note}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Coverage":
+        def keys(items: Any) -> tuple[KeyEvents, ...]:
+            return tuple(KeyEvents.from_json(k) for k in items or ())
+
+        return cls(plan=str(d.get("plan") or ""),
+                   classes=tuple(ClassCoverage(str(c.get("class")), keys(c.get("first")),
+                                               keys(c.get("second")))
+                                 for c in d.get("classes") or ()),
+                   outside_first=keys(d.get("outside_first")),
+                   outside_second=keys(d.get("outside_second")),
+                   second_pass_failures=tuple(d.get("second_pass_failures") or ()),
+                   note=str(d.get("note") or ""))
+
+    def summary(self) -> str:
+        if self.closed:
+            return (f"plan {self.plan} closed: a second replay in the same server compiled and "
+                    "loaded nothing")
+        n = sum(len(c.second) for c in self.classes) + len(self.outside_second)
+        where = ", ".join(self.open_classes) or "outside the plan's classes"
+        return (f"plan {self.plan} NOT closed: {n} compile key(s) still triggered on a second "
+                f"replay ({where})")
+
+    def render(self) -> str:
+        rows = []
+        for c in self.classes:
+            rows.append([c.shape_class, len(c.first), sum(k.compiled for k in c.first),
+                         sum(k.disk_hits for k in c.first), sum(k.device_loads for k in c.first),
+                         len(c.second), "closed" if c.closed else "OPEN"])
+        out = [self.summary(), table(["class", "keys", "compiled", "disk", "loads",
+                                      "2nd replay", "state"], rows, align="lrrrrrl")]
+        for c in self.classes:
+            for k in c.second:
+                out.append(f"  still triggered by {c.shape_class}: {k.label} ({k.what()})")
+        for k in self.outside_second:
+            out.append(f"  still triggered outside the plan's classes: {k.label} ({k.what()})")
+        if self.outside_first:
+            out.append(f"{len(self.outside_first)} key(s) on the first replay were not stamped "
+                       "with a plan class (flush, another phase or other traffic)")
+        for f in self.second_pass_failures:
+            out.append(f"second replay failure: {f}")
+        if self.note:
+            out.append(f"note: {self.note}")
+        return "\n".join(out)
+
+
+def compute(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]], *,
+            classes: Sequence[str], plan: str = "", phase: str = "warmup") -> Coverage:
+    """Coverage from the manifest records of two replays of a plan.
+
+    A record counts for a class when it was stamped with that class in ``phase``; the rest of
+    a replay's records are reported as outside the plan's classes.
+    """
+    wanted = list(dict.fromkeys(classes))
+
+    def split(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, list], list]:
+        by: dict[str, list] = {c: [] for c in wanted}
+        other: list = []
+        for r in records:
+            cls = r.get("shape_class")
+            if r.get("phase") == phase and cls in by:
+                by[cls].append(r)
+            else:
+                other.append(r)
+        return by, other
+
+    by1, other1 = split(first)
+    by2, other2 = split(second)
+    return Coverage(plan=plan,
+                    classes=tuple(ClassCoverage(c, tuple(aggregate(by1[c])), tuple(aggregate(by2[c])))
+                                  for c in wanted),
+                    outside_first=tuple(aggregate(other1)), outside_second=tuple(aggregate(other2)))
+
+
+async def run(driver: Any, exp: Any, *, second_pass: bool | None = None,
+              state_dir: str | os.PathLike[str] | None = None) -> Any:
+    """Run the expansion with ``driver``; with ``second_pass`` (default: WARMUP_SECOND_PASS),
+    replay it once more through the same transport and attach the :class:`Coverage` to the
+    returned first-replay ``RunReport`` (``report.coverage``, also written as
+    ``<state_dir>/coverage.json``).
+
+    The second replay sends fresh token ids (the transport's token salt changes), records no
+    plan metrics, and ends with the plan's flush as the first did.  Its failures never fail
+    the warm-up: they are listed in the coverage.  Without a state directory there is no
+    manifest to read; the second replay is skipped and the coverage says so.
+    """
+    from warmup import settings
+
+    if second_pass is None:
+        second_pass = settings.SECOND_PASS.get()
+    if not second_pass:
+        return await driver.run(exp)
+    sdir = state_dir if state_dir is not None else getattr(driver, "state_dir", None)
+    if not sdir:
+        sdir = settings.STATE_DIR.get() or None
+    if not sdir:
+        report = await driver.run(exp)
+        cov = Coverage(plan=exp.plan, classes=(), note="no state directory: the compile "
+                       "manifest that coverage reads is not written; second replay skipped")
+        _attach(report, cov, None)
+        return report
+    cursor = ManifestCursor(sdir)
+    m0 = cursor.mark()
+    report = await driver.run(exp)
+    if getattr(report, "skipped_reason", None):
+        return report
+    m1 = cursor.mark()
+    second = type(driver)(driver.transport, lenient=True, flush_timeout_s=driver.flush_timeout_s,
+                          state_dir=driver.state_dir, metrics=None, progress=driver.progress)
+    tokens = getattr(driver.transport, "tokens", None)
+    old_salt = getattr(tokens, "salt", None)
+    if tokens is not None:
+        tokens.salt = f"{old_salt or ''}second-pass"
+    driver.progress("sglang-warmup: second replay of the plan (coverage)")
+    try:
+        report2 = await second.run(exp)
+        failures = tuple(report2.failures)
+    except Exception as exc:  # lenient: only an unexpected error lands here
+        failures = (f"{type(exc).__name__}: {exc}",)
+    finally:
+        if tokens is not None:
+            tokens.salt = old_salt
+    m2 = cursor.mark()
+    cov = compute(cursor.read(m0, m1), cursor.read(m1, m2), classes=[s.shape_class for s in exp.steps],
+                  plan=exp.plan)
+    cov = replace(cov, second_pass_failures=failures)
+    _attach(report, cov, sdir)
+    metrics = getattr(driver, "metrics", None)
+    if metrics is not None:
+        try:
+            metrics.ready(time.time())  # ready is after the second replay
+        except Exception:
+            pass
+    for line in cov.render().splitlines():
+        driver.progress(line)
+    return report
+
+
+def _attach(report: Any, cov: Coverage, state_dir: Any) -> None:
+    try:
+        report.coverage = cov.to_json()
+    except Exception as exc:  # a report type without the field
+        logger.debug("sglang-warmup: coverage not attached to the report: %s", exc)
+    if state_dir:
+        path = Path(state_dir) / "coverage.json"
+        try:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(cov.to_json(), indent=2) + "\n")
+            tmp.replace(path)
+        except OSError as exc:
+            logger.warning("sglang-warmup: cannot write %s: %s", path, exc)
+
+
+def load(path: str | os.PathLike[str]) -> Coverage:
+    """A coverage from ``coverage.json``, a run report with a ``coverage`` field, or a state
+    directory holding ``coverage.json``."""
+    from warmup.errors import WarmupError
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "coverage.json"
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise WarmupError(f"{p}: no coverage recorded",
+                          hint="run the warm-up with WARMUP_SECOND_PASS=1 (a second replay "
+                               "measures coverage)") from None
+    except (OSError, ValueError) as exc:
+        raise WarmupError(f"{p}: cannot read coverage: {exc}", hint="pass coverage.json or a "
+                          "run report") from None
+    if isinstance(data, dict) and isinstance(data.get("coverage"), dict):
+        data = data["coverage"]
+    if not isinstance(data, dict) or "classes" not in data:
+        raise WarmupError(f"{p}: not a coverage record",
+                          hint="pass coverage.json, a run report written with "
+                               "WARMUP_SECOND_PASS=1, or the state directory")
+    return Coverage.from_json(data)

@@ -1,0 +1,1 @@
+"""Observing compiles: compile events by source, phase, metrics, the post-import finder, doctor."""

@@ -1,0 +1,1 @@
+"""Plans: expressions, the loader, the plan model with its pure expansion, server facts."""

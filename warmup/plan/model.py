@@ -1,0 +1,632 @@
+"""Plans: frozen Plan / Phase / Shape, and the pure ``expand()`` that turns a plan and the
+server's facts into the exact ordered list of warm-up steps.
+
+A *shape* names one class of kernel specializations (``class``) and how to produce it
+(``kind``).  Expansion evaluates the shape's sizes against :class:`~warmup.plan.facts.ServerFacts`,
+drops what the server would reject (longer than the context, a batch above the request cap,
+a KV footprint above capacity) with a stated reason, and skips whole shapes whose feature is
+off.  Same plan and facts, same steps: nothing here reads the clock, the environment or a
+random source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from warmup.errors import PlanError
+from warmup.plan.expr import Expr, ExprEvalError, Undefined
+from warmup.plan.facts import ServerFacts
+
+DEFAULT_MAX_REQUESTS = 5000
+
+#: Built-in sampling variants.  ``default`` is the model's own defaults (generation config).
+SAMPLING_VARIANTS: dict[str, dict[str, Any]] = {
+    "greedy": {"temperature": 0.0},
+    "default": {},
+    "temperature": {"temperature": 0.7},
+    "top_p": {"temperature": 0.8, "top_p": 0.9},
+    "top_k": {"temperature": 0.8, "top_k": 40},
+    "min_p": {"temperature": 0.8, "min_p": 0.05},
+    "penalties": {"temperature": 0.8, "frequency_penalty": 0.5, "presence_penalty": 0.5,
+                  "repetition_penalty": 1.1},
+}
+#: Sampling parameters a plan may set in its own variants (SGLang's SamplingParams names).
+SAMPLING_KEYS = frozenset({"temperature", "top_p", "top_k", "min_p", "frequency_penalty",
+                           "presence_penalty", "repetition_penalty", "sampling_seed"})
+
+#: Features a shape may require, each with the fact that tells and the skip reason.
+FEATURES: dict[str, tuple[str, str]] = {
+    "chunked_prefill": ("chunked_prefill_size", "chunked prefill is off (--chunked-prefill-size unset or <= 0)"),
+    "radix_cache": ("radix_cache", "the radix cache is disabled (--disable-radix-cache)"),
+    "mixed_chunk": ("enable_mixed_chunk", "mixed chunk is off (--enable-mixed-chunk, needs chunked prefill)"),
+    "prefill_graph": ("prefill_graph", "the prefill CUDA graph is disabled"),
+    "decode_graph": ("decode_graph", "decode CUDA graphs are disabled"),
+    "prefill_graph_context": ("prefill_graph_context", "the prefill graph has no context bucket"),
+}
+
+#: Shape kinds and what each sends.
+KINDS = ("extend", "chunked", "prefix", "concurrent", "batch", "mixed", "decode", "long_context",
+         "sampling")
+
+
+# --- the plan (what the YAML says) ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Located:
+    """Where a value came from in the plan file: for errors found at expansion."""
+
+    file: str
+    line: int
+    path: str
+
+    def error(self, what: str, hint: str = "") -> PlanError:
+        return PlanError(f"{self.file}:{self.line}: {self.path}: {what}", hint=hint)
+
+
+@dataclass(frozen=True)
+class Size:
+    """An integer-valued expression with its location."""
+
+    expr: Expr
+    where: Located
+
+    def __str__(self) -> str:
+        return self.expr.text
+
+
+@dataclass(frozen=True)
+class SizeRange:
+    """``{from: lo, to: hi}``: every integer from lo to hi inclusive."""
+
+    lo: Size
+    hi: Size
+
+    def __str__(self) -> str:
+        return f"{self.lo}..{self.hi}"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One shape class of the plan: which specializations it warms and how."""
+
+    name: str  # the class name, unique in the plan
+    kind: str
+    why: str
+    where: Located
+    when: Size | None = None
+    requires: tuple[str, ...] = ()
+    sampling: str | None = None  # None: the plan default
+    max_new_tokens: Size | None = None
+    # kind-specific sizes; lists keep YAML order
+    lengths: tuple[Size, ...] = ()  # extend, chunked
+    base: Size | None = None  # prefix
+    extends: tuple[Size, ...] = ()  # prefix, long_context
+    prompt: Size | None = None  # mixed, long_context, sampling
+    groups: tuple[tuple[Size, ...], ...] = ()  # concurrent
+    batch_sizes: tuple[Size, ...] | SizeRange = ()  # batch, decode
+    tokens_per_request: Size | None = None  # batch
+    token_classes: tuple[str, ...] = ("aligned", "odd")  # batch
+    running: tuple[Size, ...] = ()  # mixed
+    decode_tokens: Size | None = None  # mixed, decode, sampling
+    variants: tuple[str, ...] = ()  # sampling
+    concurrency: tuple[Size, ...] = ()  # sampling
+
+
+@dataclass(frozen=True)
+class Phase:
+    """An ordered group of shapes; the driver reports progress per phase."""
+
+    name: str
+    shapes: tuple[Shape, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A loaded, validated plan (``version: 1``)."""
+
+    name: str
+    description: str
+    file: str
+    phases: tuple[Phase, ...]
+    let: tuple[tuple[str, Size], ...] = ()
+    sampling: str = "alternate"
+    max_new_tokens: int = 1
+    max_requests: int = DEFAULT_MAX_REQUESTS
+    flush: bool = True
+    sampling_variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    source_sha256: str = ""
+
+    @property
+    def shapes(self) -> tuple[Shape, ...]:
+        return tuple(s for p in self.phases for s in p.shapes)
+
+
+# --- the expansion (what the driver sends) -------------------------------------------------------
+@dataclass(frozen=True)
+class WarmupRequest:
+    """One generate request.  Prompt tokens are ``prefix_len`` tokens of the shared prefix
+    ``prefix_key`` (identical across requests with the same key, so the radix cache hits),
+    then fresh tokens up to ``input_len``."""
+
+    input_len: int
+    max_new_tokens: int
+    sampling_name: str
+    sampling_params: tuple[tuple[str, Any], ...]
+    prefix_key: str | None = None
+    prefix_len: int = 0
+    ignore_eos: bool = False
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        return dict(self.sampling_params)
+
+
+@dataclass(frozen=True)
+class WarmupStep:
+    """Requests sent together.  ``mode``: ``single`` (one request), ``concurrent`` (separate
+    requests issued at once), ``batch`` (one request carrying a list of prompts: one batched
+    extend), ``mixed`` (``background`` decoders start first, then ``requests`` arrive while
+    they decode)."""
+
+    index: int
+    phase: str
+    shape_class: str
+    kind: str
+    mode: str
+    requests: tuple[WarmupRequest, ...]
+    note: str = ""
+    background: tuple[WarmupRequest, ...] = ()
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.requests) + len(self.background)
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.input_len for r in self.requests) + sum(r.input_len for r in self.background)
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A shape (or one of its sizes) that expansion left out, and why."""
+
+    phase: str
+    shape_class: str
+    reason: str
+    item: str = ""  # empty: the whole shape
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """The ordered steps of one plan against one set of facts."""
+
+    plan: str
+    steps: tuple[WarmupStep, ...]
+    skipped: tuple[Skip, ...]
+    flush: bool
+    facts: ServerFacts
+    plan_sha256: str = ""
+
+    @property
+    def num_requests(self) -> int:
+        return sum(s.num_requests for s in self.steps)
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for s in self.steps:
+            seen.setdefault(s.shape_class, None)
+        return tuple(seen)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan,
+            "plan_sha256": self.plan_sha256,
+            "flush": self.flush,
+            "num_steps": len(self.steps),
+            "num_requests": self.num_requests,
+            "steps": [
+                {"index": s.index, "phase": s.phase, "class": s.shape_class, "kind": s.kind,
+                 "mode": s.mode, "note": s.note,
+                 "requests": [_req_dict(r) for r in s.requests],
+                 "background": [_req_dict(r) for r in s.background]}
+                for s in self.steps
+            ],
+            "skipped": [{"phase": k.phase, "class": k.shape_class, "item": k.item,
+                         "reason": k.reason} for k in self.skipped],
+            "facts": self.facts.to_dict(),
+        }
+
+    def digest(self) -> str:
+        """A stable hash of the steps (for tests and for the run report)."""
+        body = json.dumps(self.to_dict()["steps"], sort_keys=True).encode()
+        return hashlib.sha256(body).hexdigest()[:16]
+
+
+def _req_dict(r: WarmupRequest) -> dict[str, Any]:
+    d: dict[str, Any] = {"input_len": r.input_len, "max_new_tokens": r.max_new_tokens,
+                         "sampling": r.sampling_name}
+    if r.prefix_key:
+        d["prefix"] = {"key": r.prefix_key, "len": r.prefix_len}
+    if r.ignore_eos:
+        d["ignore_eos"] = True
+    return d
+
+
+class _SkipShape(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Expander:
+    """Expansion state: the environment, the step list and the sampling alternation."""
+
+    def __init__(self, plan: Plan, facts: ServerFacts) -> None:
+        self.plan = plan
+        self.facts = facts
+        self.env: dict[str, Any] = facts.env()
+        self.steps: list[WarmupStep] = []
+        self.skipped: list[Skip] = []
+        for name, size in plan.let:
+            try:
+                self.env[name] = size.expr.evaluate(self.env)
+            except Undefined:
+                self.env[name] = None  # an undefined let is itself "not set"
+            except ExprEvalError as exc:
+                raise size.where.error(str(exc), hint="fix the expression") from None
+
+    # -- evaluation helpers
+    def value(self, size: Size, extra: Mapping[str, Any] | None = None) -> int:
+        env = self.env if not extra else {**self.env, **extra}
+        try:
+            v = size.expr.evaluate(env)
+        except Undefined as u:
+            raise _SkipShape(f"{size.where.path} needs {u.name}, which is not set on this server") from None
+        except ExprEvalError as exc:
+            raise size.where.error(str(exc), hint="fix the expression") from None
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise size.where.error(f"`{size.expr.text}` gives {v!r}, expected an integer",
+                                   hint="sizes are integer expressions")
+        return v
+
+    def truth(self, size: Size) -> bool:
+        try:
+            return bool(size.expr.evaluate(self.env))
+        except Undefined as u:
+            raise _SkipShape(f"condition `{size.expr.text}` needs {u.name}, which is not set on this server") from None
+        except ExprEvalError as exc:
+            raise size.where.error(str(exc), hint="fix the expression") from None
+
+    def sampling_for(self, name: str) -> tuple[tuple[str, Any], ...]:
+        if name == "default":
+            params = dict(self.facts.default_sampling_params)
+        else:
+            params = dict(self.plan.sampling_variants.get(name) or SAMPLING_VARIANTS[name])
+        return tuple(sorted(params.items()))
+
+    def request(self, shape: Shape, input_len: int, *, new_tokens: int | None = None,
+                prefix: tuple[str, int] | None = None, variant: str | None = None,
+                ignore_eos: bool | None = None) -> WarmupRequest:
+        mnt = new_tokens if new_tokens is not None else (
+            self.value(shape.max_new_tokens) if shape.max_new_tokens else self.plan.max_new_tokens)
+        # "alternate" is resolved once all steps exist (see _alternate), so skipped sizes
+        # do not shift the greedy/default alternation.
+        name = variant or shape.sampling or self.plan.sampling
+        params = () if name == "alternate" else self.sampling_for(name)
+        return WarmupRequest(input_len=input_len, max_new_tokens=mnt, sampling_name=name,
+                             sampling_params=params,
+                             prefix_key=prefix[0] if prefix else None,
+                             prefix_len=prefix[1] if prefix else 0,
+                             ignore_eos=bool(ignore_eos if ignore_eos is not None else mnt > 1))
+
+    # -- limits the server would enforce
+    def fits(self, input_len: int, new_tokens: int) -> str | None:
+        """None if the server accepts a prompt of this length, else why not."""
+        if input_len < 1:
+            return f"{input_len} tokens: a prompt needs at least 1 token"
+        limit = self.facts.max_input_len
+        if limit is not None and input_len > limit:
+            return f"{input_len} tokens is above the longest accepted prompt ({limit})"
+        ctx = self.facts.context_length
+        if ctx is not None and input_len + new_tokens > ctx:
+            return f"{input_len}+{new_tokens} tokens is above the context length ({ctx})"
+        return None
+
+    def kv_fits(self, tokens: int) -> str | None:
+        cap = self.facts.max_total_tokens
+        if cap is not None and tokens > cap:
+            return f"{tokens} tokens in flight is above the KV capacity ({cap})"
+        return None
+
+    def running_fits(self, n: int) -> str | None:
+        cap = self.facts.max_running_requests
+        if cap is not None and n > cap:
+            return f"{n} requests at once is above max_running_requests ({cap})"
+        return None
+
+    def add(self, phase: str, shape: Shape, mode: str, requests: Iterable[WarmupRequest],
+            note: str = "", background: Iterable[WarmupRequest] = ()) -> None:
+        self.steps.append(WarmupStep(index=len(self.steps), phase=phase, shape_class=shape.name,
+                                     kind=shape.kind, mode=mode, requests=tuple(requests),
+                                     note=note, background=tuple(background)))
+
+    def skip(self, phase: str, shape: Shape, reason: str, item: str = "") -> None:
+        self.skipped.append(Skip(phase=phase, shape_class=shape.name, reason=reason, item=item))
+
+
+def expand(plan: Plan, facts: ServerFacts, *, max_requests: int | None = None) -> Expansion:
+    """Expand ``plan`` against ``facts`` into ordered steps.  Pure and deterministic."""
+    x = _Expander(plan, facts)
+    for phase in plan.phases:
+        for shape in phase.shapes:
+            mark = (len(x.steps), len(x.skipped))
+            try:
+                for feature in shape.requires:
+                    fact, reason = FEATURES[feature]
+                    if not x.env.get(fact):
+                        raise _SkipShape(reason)
+                if shape.when is not None and not x.truth(shape.when):
+                    raise _SkipShape(f"condition `{shape.when.expr.text}` is false on this server")
+                _GENERATORS[shape.kind](x, phase.name, shape)
+            except _SkipShape as s:
+                del x.steps[mark[0]:]
+                del x.skipped[mark[1]:]
+                x.skip(phase.name, shape, s.reason)
+    limit = max_requests if max_requests is not None else plan.max_requests
+    exp = Expansion(plan=plan.name, steps=_alternate(x), skipped=tuple(x.skipped),
+                    flush=plan.flush, facts=facts, plan_sha256=plan.source_sha256)
+    if exp.num_requests > limit:
+        raise PlanError(f"{plan.file}: expansion yields {exp.num_requests} requests, above the "
+                        f"limit of {limit}",
+                        hint="shrink the plan's sizes, or raise limits.max_requests in the plan")
+    return exp
+
+
+def _alternate(x: _Expander) -> tuple[WarmupStep, ...]:
+    """Resolve ``alternate`` sampling: greedy, default, greedy, … over requests in send order
+    (background decoders first, as the driver sends them)."""
+    from dataclasses import replace
+
+    counter = 0
+    greedy, default = x.sampling_for("greedy"), x.sampling_for("default")
+
+    def fix(r: WarmupRequest) -> WarmupRequest:
+        nonlocal counter
+        if r.sampling_name != "alternate":
+            return r
+        pick = counter % 2
+        counter += 1
+        return replace(r, sampling_name=("greedy", "default")[pick], sampling_params=(greedy, default)[pick])
+
+    out = []
+    for s in x.steps:
+        bg = tuple(fix(r) for r in s.background)
+        out.append(replace(s, background=bg, requests=tuple(fix(r) for r in s.requests)))
+    return tuple(out)
+
+
+# --- generators, one per kind ------------------------------------------------------------------
+def _sizes(x: _Expander, phase: str, shape: Shape, sizes: Iterable[Size] | SizeRange,
+           extra: Mapping[str, Any] | None = None) -> list[int]:
+    """Evaluate a list of sizes; an undefined item is skipped alone; duplicates are dropped."""
+    if isinstance(sizes, SizeRange):
+        lo, hi = x.value(sizes.lo, extra), x.value(sizes.hi, extra)
+        if hi - lo >= x.plan.max_requests:
+            raise sizes.hi.where.error(f"range {lo}..{hi} has more than {x.plan.max_requests} values",
+                                       hint="narrow the range")
+        return list(range(lo, hi + 1))
+    out: list[int] = []
+    for size in sizes:
+        try:
+            v = x.value(size, extra)
+        except _SkipShape as s:
+            x.skip(phase, shape, s.reason, item=size.expr.text)
+            continue
+        if v in out:
+            continue
+        out.append(v)
+    return out
+
+
+def _gen_extend(x: _Expander, phase: str, shape: Shape) -> None:
+    chunk = x.facts.chunked_prefill_size
+    for n in _sizes(x, phase, shape, shape.lengths):
+        req = x.request(shape, n)
+        why = x.fits(n, req.max_new_tokens) or x.kv_fits(n + req.max_new_tokens)
+        if shape.kind == "extend" and chunk is not None and n > chunk and why is None:
+            why = f"{n} tokens is above chunked_prefill_size ({chunk}): it would be a chunked prompt"
+        if why:
+            x.skip(phase, shape, why, item=str(n))
+            continue
+        if shape.kind == "chunked" and chunk is not None:
+            note = f"{n} tokens = {-(-n // chunk)} chunks of <= {chunk}"
+        else:
+            note = f"{n} tokens ({_int_class(n)})"
+        x.add(phase, shape, "single", [req], note=note)
+
+
+def _gen_prefix(x: _Expander, phase: str, shape: Shape, *, base_size: Size | None = None,
+                align: bool = True) -> None:
+    """A base prompt, then prompts that extend it.  Radix hits are page-granular and never
+    cover a prompt's last token, so with ``align`` the base is rounded up to whole pages and
+    each extend of d tokens computes exactly d; without it (a prompt past the context bucket)
+    the hit is the base's whole pages and the rest of the base is recomputed with the extend."""
+    base_expr = base_size or shape.base
+    assert base_expr is not None
+    base = x.value(base_expr)
+    page = x.facts.page_size
+    if align and base % page:
+        base = -(-base // page) * page
+    hit = (base // page) * page if base % page else base
+    key = f"{shape.name}/base{base}"
+    first = x.request(shape, base, prefix=(key, base))
+    why = x.fits(base, first.max_new_tokens) or x.kv_fits(base + first.max_new_tokens)
+    if why:
+        raise _SkipShape(f"base prompt: {why}")
+    chunk = x.facts.chunked_prefill_size
+    chunks = f", {-(-base // chunk)} chunks" if chunk and base > chunk else ""
+    steps = [(base, first, f"prefix base {base} tokens ({_int_class(base)}{chunks})")]
+    for d in _sizes(x, phase, shape, shape.extends):
+        if d < 1:
+            x.skip(phase, shape, f"extend of {d} tokens: a prefix hit needs at least 1 new token", item=str(d))
+            continue
+        req = x.request(shape, base + d, prefix=(key, base))
+        why = x.fits(base + d, req.max_new_tokens) or x.kv_fits(base + d + req.max_new_tokens)
+        if why:
+            x.skip(phase, shape, why, item=f"+{d}")
+            continue
+        new = base + d - hit
+        steps.append((base + d, req, f"hit on {hit} + extend {new} ({_int_class(new)})"))
+    if len(steps) == 1:
+        raise _SkipShape("no extend fits on the prefix")
+    for _, req, note in steps:
+        x.add(phase, shape, "single", [req], note=note)
+
+
+def _gen_long_context(x: _Expander, phase: str, shape: Shape) -> None:
+    _gen_prefix(x, phase, shape, base_size=shape.prompt, align=False)
+
+
+def _gen_concurrent(x: _Expander, phase: str, shape: Shape) -> None:
+    for gi, group in enumerate(shape.groups):
+        lens = []
+        for size in group:
+            try:
+                lens.append(x.value(size))
+            except _SkipShape as s:
+                x.skip(phase, shape, s.reason, item=f"groups[{gi}]")
+                lens = []
+                break
+        if not lens:
+            continue
+        reqs = [x.request(shape, n) for n in lens]
+        why = (next((w for w in (x.fits(r.input_len, r.max_new_tokens) for r in reqs) if w), None)
+               or x.running_fits(len(reqs))
+               or x.kv_fits(sum(r.input_len + r.max_new_tokens for r in reqs)))
+        if why:
+            x.skip(phase, shape, why, item=f"groups[{gi}]")
+            continue
+        x.add(phase, shape, "concurrent", reqs,
+              note=f"{len(reqs)} at once: {'+'.join(map(str, lens))} = {sum(lens)} tokens")
+
+
+def _gen_batch(x: _Expander, phase: str, shape: Shape) -> None:
+    limits = [v for v in (x.facts.chunked_prefill_size, x.facts.prefill_graph_max_bucket,
+                          x.facts.max_prefill_tokens) if v]
+    budget = min(limits) if limits else None
+    for bs in _sizes(x, phase, shape, shape.batch_sizes):
+        if bs < 1:
+            x.skip(phase, shape, f"batch size {bs} is below 1", item=f"bs={bs}")
+            continue
+        why = x.running_fits(bs)
+        if why:
+            x.skip(phase, shape, why, item=f"bs={bs}")
+            continue
+        per = x.value(shape.tokens_per_request, {"bs": bs}) if shape.tokens_per_request else 64
+        for cls in shape.token_classes:
+            lens = _batch_lengths(bs, per, cls)
+            total = sum(lens)
+            if budget is not None and total > budget:
+                x.skip(phase, shape, f"bs={bs} total {total} tokens is above the one-forward "
+                       f"budget ({budget})", item=f"bs={bs} {cls}")
+                continue
+            reqs = [x.request(shape, n) for n in lens]
+            why = next((w for w in (x.fits(n, r.max_new_tokens) for n, r in zip(lens, reqs)) if w), None)
+            if why:
+                x.skip(phase, shape, why, item=f"bs={bs} {cls}")
+                continue
+            x.add(phase, shape, "batch", reqs,
+                  note=f"bs={bs} (pow2 {1 << (bs - 1).bit_length()}), total {total} ({_int_class(total)})")
+
+
+def _batch_lengths(bs: int, per: int, cls: str) -> list[int]:
+    """Prompt lengths of one batch whose total is in token class ``cls`` (aligned: divisible by
+    16; odd: not)."""
+    per = max(per, 2)
+    lens = [per] * bs
+    total = per * bs
+    if cls == "aligned":
+        if total % 16:
+            lens[-1] += 16 - total % 16
+    elif total % 16 == 0:
+        lens[-1] += 1
+    return lens
+
+
+def _gen_mixed(x: _Expander, phase: str, shape: Shape) -> None:
+    assert shape.prompt is not None
+    prompt = x.value(shape.prompt)
+    steps = x.value(shape.decode_tokens) if shape.decode_tokens else 48
+    for k in _sizes(x, phase, shape, shape.running):
+        why = x.running_fits(k + 1)
+        if why:
+            x.skip(phase, shape, why, item=f"running={k}")
+            continue
+        background = [x.request(shape, 32, new_tokens=steps, ignore_eos=True) for _ in range(k)]
+        req = x.request(shape, prompt)
+        why = x.fits(prompt, req.max_new_tokens) or x.kv_fits(prompt + k * (32 + steps))
+        if why:
+            x.skip(phase, shape, why, item=f"running={k}")
+            continue
+        chunk = x.facts.chunked_prefill_size or prompt
+        x.add(phase, shape, "mixed", [req], background=background,
+              note=f"{k} decoding + a {prompt}-token prompt (prefill part {chunk - k}, "
+                   f"{_int_class(chunk - k)})")
+
+
+def _gen_decode(x: _Expander, phase: str, shape: Shape) -> None:
+    steps = x.value(shape.decode_tokens) if shape.decode_tokens else 8
+    for bs in _sizes(x, phase, shape, shape.batch_sizes):
+        why = x.running_fits(bs)
+        if why:
+            x.skip(phase, shape, why, item=f"bs={bs}")
+            continue
+        reqs = [x.request(shape, 16 + i, new_tokens=steps, ignore_eos=True) for i in range(bs)]
+        why = x.kv_fits(sum(r.input_len + steps for r in reqs))
+        if why:
+            x.skip(phase, shape, why, item=f"bs={bs}")
+            continue
+        bd = x.facts.decode_graph_max_bs
+        where = "eager" if bd is not None and bs > bd else "graph"
+        x.add(phase, shape, "concurrent", reqs, note=f"{bs} decoding together ({where}), {steps} steps")
+
+
+def _gen_sampling(x: _Expander, phase: str, shape: Shape) -> None:
+    assert shape.prompt is not None
+    prompt = x.value(shape.prompt)
+    steps = x.value(shape.decode_tokens) if shape.decode_tokens else 16
+    conc = _sizes(x, phase, shape, shape.concurrency) if shape.concurrency else [1]
+    for variant in shape.variants:
+        for c in conc:
+            why = x.running_fits(c) or x.fits(prompt, steps)
+            if why:
+                x.skip(phase, shape, why, item=f"{variant} x{c}")
+                continue
+            reqs = [x.request(shape, prompt + i, new_tokens=steps, variant=variant, ignore_eos=True)
+                    for i in range(c)]
+            x.add(phase, shape, "concurrent" if c > 1 else "single", reqs,
+                  note=f"{variant} x{c}, {steps} decode steps")
+
+
+_GENERATORS = {
+    "extend": _gen_extend,
+    "chunked": _gen_extend,
+    "prefix": _gen_prefix,
+    "concurrent": _gen_concurrent,
+    "batch": _gen_batch,
+    "mixed": _gen_mixed,
+    "decode": _gen_decode,
+    "long_context": _gen_long_context,
+    "sampling": _gen_sampling,
+}
+assert set(_GENERATORS) == set(KINDS)
+
+
+def _int_class(n: int) -> str:
+    """Triton's integer specialization class of ``n``."""
+    if n == 1:
+        return "1"
+    return "div16" if n % 16 == 0 else "other"

@@ -1,0 +1,1 @@
+"""Serving the plan: transports, the driver, the --warmups hook, the plugin, the launcher."""

@@ -1,0 +1,233 @@
+"""Registers plans into SGLang's ``--warmups`` registry, so they run inside the server's main
+process before the HTTP port opens, and makes sure they really run.
+
+SGLang only logs a warning for an unknown ``--warmups`` name and starts cold.  We refuse to:
+``guard_execute_warmups`` wraps SGLang's ``execute_warmups`` so that an unknown name, or a
+configured plan missing from ``--warmups``, raises inside the lifespan and startup fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from warmup.plan import loader
+
+from warmup import settings
+from warmup.errors import RegistrationError, WarmupError
+
+logger = logging.getLogger("sglang_warmup.hook")
+
+_GUARD_MARK = "__sglang_warmup_guard__"
+_registered: dict[str, str] = {}  # name -> plan file
+_failed: list[str] = []  # registrations that failed in this process, with the reason
+
+
+def register(plan_path: str | os.PathLike[str], *, name: str | None = None,
+             report_path: str | None = None, lenient: bool | None = None) -> str:
+    """Load ``plan_path`` (it is validated now, not at warm-up time) and register it as a
+    ``--warmups`` entry; return the name.  Verifies that SGLang's registry holds it."""
+    plan = loader.load(plan_path)
+    entry = name or plan.name
+    from sglang.srt.entrypoints import warmup as sglang_warmup
+
+    async def run_plan(disaggregation_mode: str, tokenizer_manager: Any) -> None:
+        await _run(plan, entry, disaggregation_mode, tokenizer_manager,
+                   report_path=report_path if report_path is not None else settings.REPORT.get(),
+                   lenient=lenient if lenient is not None else settings.LENIENT.get())
+
+    run_plan.__qualname__ = f"sglang_warmup[{entry}]"
+    registry = getattr(sglang_warmup, "_warmup_registry", None)
+    decorator = getattr(sglang_warmup, "warmup", None)
+    if registry is None or decorator is None:
+        raise RegistrationError("this SGLang has no --warmups registry",
+                                hint="use SGLang 0.5.13 or later, or the sidecar (HTTP) instead")
+    if entry in registry and not getattr(registry[entry], "__sglang_warmup__", False):
+        raise RegistrationError(f"--warmups name '{entry}' is already taken by SGLang's "
+                                f"{registry[entry].__module__}.{registry[entry].__name__}",
+                                hint="rename the plan (its `name:`) or set WARMUP_NAME")
+    run_plan.__sglang_warmup__ = True  # type: ignore[attr-defined]
+    decorator(entry)(run_plan)
+    if registry.get(entry) is not run_plan:
+        raise RegistrationError(f"registering '{entry}' into SGLang's --warmups registry did not "
+                                "take effect", hint="report this with your SGLang version")
+    _registered[entry] = str(plan_path)
+    guard_execute_warmups()
+    logger.info("sglang-warmup: plan %s registered as --warmups %s (%d phases, %d classes)",
+                plan_path, entry, len(plan.phases), len(plan.shapes))
+    return entry
+
+
+def register_from_env() -> str | None:
+    """The plugin's step: register WARMUP_PLAN in SGLang's main process (not in its spawned
+    workers), and make sure the launch command lists it in ``--warmups``."""
+    plan_path = settings.PLAN.get()
+    if not plan_path or multiprocessing.parent_process() is not None:
+        return None
+    # Guard first: if the plan cannot be registered, SGLang must not start cold silently
+    # (SGLang's plugin loader only logs exceptions raised here).
+    guard_execute_warmups()
+    try:
+        name = register(plan_path, name=settings.WARMUP_NAME.get() or None)
+    except WarmupError as exc:
+        _failed.append(f"{exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
+        logger.error("sglang-warmup: %s", exc.message)
+        # List a name anyway, so SGLang calls execute_warmups and the guard fails the startup.
+        ensure_listed(settings.WARMUP_NAME.get() or "sglang_warmup", sys.argv)
+        raise
+    ensure_listed(name, sys.argv)
+    return name
+
+
+def ensure_listed(name: str, argv: list[str]) -> bool:
+    """If ``argv`` is an SGLang launch command, make its ``--warmups`` list include ``name``
+    (SGLang parses ``sys.argv`` after the plugins ran).  Returns True if argv was changed."""
+    if not any(a in ("--model-path", "--model", "--config") or a.startswith(("--model-path=", "--model="))
+               for a in argv):
+        return False
+    for i, a in enumerate(argv):
+        if a == "--warmups" and i + 1 < len(argv):
+            names = [n for n in argv[i + 1].split(",") if n]
+            if name in names:
+                return False
+            argv[i + 1] = ",".join(names + [name])
+            break
+        if a.startswith("--warmups="):
+            names = [n for n in a.split("=", 1)[1].split(",") if n]
+            if name in names:
+                return False
+            argv[i] = "--warmups=" + ",".join(names + [name])
+            break
+    else:
+        # A --warmups flag replaces the list of a --config file (SGLang: command line over
+        # config), so the config's own names are carried over.
+        names = _config_warmups(argv)
+        if name in names:
+            return False
+        argv.extend(["--warmups", ",".join(names + [name])])
+    logger.info("sglang-warmup: added %s to --warmups (WARMUP_PLAN is set)", name)
+    return True
+
+
+def _config_warmups(argv: list[str]) -> list[str]:
+    """The ``warmups`` names of the SGLang ``--config`` YAML file in ``argv`` (none when there is
+    no such file or it cannot be read: SGLang reports that itself)."""
+    try:
+        data = yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text(encoding="utf-8"))
+    except (ValueError, IndexError, OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    value = data.get("warmups") if isinstance(data, dict) else None
+    items = value if isinstance(value, list) else str(value or "").split(",")
+    return [str(n).strip() for n in items if str(n).strip()]
+
+
+def guard_execute_warmups() -> None:
+    """Wrap SGLang's ``execute_warmups`` (idempotent): unknown names and a registered plan
+    missing from the list raise instead of being skipped with a warning."""
+    from sglang.srt.entrypoints import warmup as sglang_warmup
+
+    original = sglang_warmup.execute_warmups
+    if getattr(original, _GUARD_MARK, False):
+        return
+
+    async def execute_warmups(disaggregation_mode: str, warmup_names: list[str],
+                              tokenizer_manager: Any) -> Any:
+        if _failed:
+            raise RegistrationError("sglang-warmup could not register its plan: " + "; ".join(_failed),
+                                    hint="fix the plan (`sglang-warmup plan check`), then restart")
+        names = [n.strip() for n in warmup_names if n and n.strip()]
+        registry = sglang_warmup._warmup_registry
+        unknown = [n for n in names if n not in registry]
+        if unknown:
+            raise RegistrationError(
+                f"--warmups lists {', '.join(unknown)}, which no plugin registered "
+                f"(known: {', '.join(sorted(registry))})",
+                hint="set WARMUP_ENABLE=1 and WARMUP_PLAN, or launch with `sglang-warmup serve`")
+        missing = [n for n in _registered if n not in names]
+        if missing:
+            raise RegistrationError(f"plan(s) {', '.join(missing)} registered but not listed in "
+                                    "--warmups; the server would start cold",
+                                    hint=f"add --warmups {','.join(missing)}")
+        return await original(disaggregation_mode, names, tokenizer_manager)
+
+    setattr(execute_warmups, _GUARD_MARK, True)
+    execute_warmups.__wrapped__ = original  # type: ignore[attr-defined]
+    sglang_warmup.execute_warmups = execute_warmups
+    # http_server imports the name at its own import; reach it there too when already loaded.
+    http = sys.modules.get("sglang.srt.entrypoints.http_server")
+    if http is not None and getattr(http, "execute_warmups", None) is original:
+        http.execute_warmups = execute_warmups
+
+
+async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manager: Any, *,
+               report_path: str, lenient: bool) -> None:
+    """The registered warm-up: facts from the live server, expansion, driver, report."""
+    from warmup.plan import facts as facts_mod
+    from warmup.serve.driver import Driver
+    from warmup.plan.model import expand
+    from warmup.serve.transport import InProcessTransport
+
+    t0 = time.perf_counter()
+    facts = await facts_mod.from_tokenizer_manager(tokenizer_manager)
+    if disaggregation_mode and disaggregation_mode != facts.disaggregation_mode:
+        from dataclasses import replace
+
+        facts = replace(facts, disaggregation_mode=str(disaggregation_mode))
+    exp = expand(plan, facts)
+    logger.info("sglang-warmup: %s: %d steps, %d requests (%d items skipped by the expansion)",
+                entry, len(exp.steps), exp.num_requests, len(exp.skipped))
+    transport = InProcessTransport(tokenizer_manager, timeout_s=settings.REQUEST_TIMEOUT_S.get(),
+                                   seed=settings.SEED.get(), vocab_size=facts.vocab_size)
+    metrics = None
+    if settings.METRICS.get():
+        try:
+            from warmup.observe import metrics as metrics_mod
+
+            metrics = metrics_mod.default()
+        except Exception as exc:
+            logger.warning("sglang-warmup: metrics unavailable: %s", exc)
+    driver = Driver(transport, lenient=lenient, flush_timeout_s=settings.FLUSH_TIMEOUT_S.get(),
+                    state_dir=settings.STATE_DIR.get() or None, metrics=metrics)
+    report = None
+    try:
+        from warmup.coverage import classes as coverage
+
+        # With WARMUP_SECOND_PASS=1, the plan is replayed once more and the run report says
+        # whether the plan is closed (the replay compiled nothing) or lists what still compiles.
+        report = await coverage.run(driver, exp)
+    except WarmupError as exc:
+        report = getattr(exc, "report", None)
+        raise
+    finally:
+        if report is not None:
+            _write_report(report, report_path)
+            for line in report.render().splitlines():
+                logger.info("%s", line)
+    logger.info("sglang-warmup: %s finished in %.1f s", entry, time.perf_counter() - t0)
+
+
+def _write_report(report: Any, report_path: str) -> None:
+    targets = [report_path] if report_path else []
+    state_dir = settings.STATE_DIR.get()
+    if state_dir:
+        targets.append(str(Path(state_dir) / "report.json"))
+    for target in targets:
+        try:
+            report.write(target)
+        except OSError as exc:
+            logger.warning("sglang-warmup: cannot write the run report to %s: %s", target, exc)
+
+
+def registered() -> dict[str, str]:
+    """Names registered by this process, with their plan files."""
+    return dict(_registered)
+
+
+Hook = Callable[..., Any]

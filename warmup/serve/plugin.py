@@ -1,0 +1,90 @@
+"""SGLang plugin entry point (group ``sglang.srt.plugins``): activates sglang-warmup inside
+every SGLang process, gated by WARMUP_ENABLE=1.
+
+SGLang calls ``register()`` first thing in the launcher, in every scheduler, in the
+detokenizer and in the data-parallel controller (SGLang >= 0.5.13).  It must stay cheap and
+must never raise into SGLang: each step logs its own failure and the others still run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from warmup import settings
+
+logger = logging.getLogger("sglang_warmup.plugin")
+
+_registered = False
+
+
+def register() -> None:
+    """Install compile-event hooks, arm the lazy prefill-graph patches and register the plan."""
+    global _registered
+    if _registered or not settings.ENABLE.get():
+        return
+    _registered = True
+    for name, step in (("events", _install_events), ("patches", _activate_patches),
+                       ("plan", _register_plan)):
+        try:
+            step()
+        except Exception as exc:  # a guest never raises into its host
+            if name == "plan":
+                # A plan that cannot be registered must stop the launcher: starting cold
+                # while the operator asked for a warm start is the failure we exist to prevent.
+                raise
+            logger.warning("sglang-warmup: %s not activated: %s", name, exc)
+
+
+def _install_events() -> None:
+    if not settings.METRICS.get():
+        return
+    from warmup.observe import events
+
+    events.install()
+    _arm_serving_marker()
+    from warmup.observe import inductor
+
+    inductor.arm()  # Inductor compiles torch.compile kernels in workers of its own
+
+
+def _arm_serving_marker() -> None:
+    """Without a plan, nothing of ours ends a warm-up; take SGLang's own "serving started"
+    moment (``triton_load_watch.mark_serving_started``, SGLang >= 0.5.19) as the start of the
+    ``serving`` phase.  With a plan, the driver flips the phase after the warm-up instead; a
+    sidecar sharing the state directory flips it after its own warm-up."""
+    if settings.PLAN.get():
+        return
+    try:
+        from sglang.srt.utils import triton_load_watch as watch
+    except ImportError:
+        return
+    original = watch.mark_serving_started
+    if getattr(original, "__sglang_warmup__", False):
+        return
+
+    def mark_serving_started(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        finally:
+            from warmup.observe import phase
+
+            phase.set_phase("serving")
+
+    mark_serving_started.__sglang_warmup__ = True  # type: ignore[attr-defined]
+    watch.mark_serving_started = mark_serving_started
+
+
+def _activate_patches() -> None:
+    if not settings.PATCHES.get():
+        return
+    from warmup import patches
+
+    patches.activate()
+
+
+def _register_plan() -> None:
+    if not settings.PLAN.get():
+        return
+    from warmup.serve import hook
+
+    hook.register_from_env()

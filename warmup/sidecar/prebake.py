@@ -1,0 +1,487 @@
+"""Prebake: run SGLang once with a plan against empty caches, then pack everything it compiled
+into one archive with its manifest (for a runtime image, or for a fleet's shared store).
+
+Inspect, plan, execute: :func:`prepare` validates the inputs and computes a
+:class:`PrebakePlan` (work directory, cache root, environment, command, URL) without starting
+anything; :meth:`PrebakePlan.execute` creates an empty directory for every cache kind under one
+root, launches SGLang through the same path as ``serve`` (the plan registered in
+``--warmups``), waits for ``/health_generate`` with a deadline, shuts the server down (SIGTERM
+to its process group, a bounded wait, then SIGKILL), and packs every kind (``cache_tools``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from cache_tools import archive, locations
+from cache_tools.locations import Location
+from cache_tools.progress import Progress
+from cache_tools.scan import size_str
+from warmup.serve import launch
+from warmup.errors import SidecarError, WarmupError
+from warmup.render import table
+from warmup.sidecar.service import http_get, wait_for_health
+
+logger = logging.getLogger("sglang_warmup.prebake")
+
+SGLANG_DEFAULT_PORT = 30000
+_LOG_TAIL = 30  # server log lines shown when it fails
+
+
+def _arg_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``--flag V`` / ``--flag=V`` in an argument list (the last one wins)."""
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def _loopback(host: str | None) -> str:
+    if not host or host in ("0.0.0.0", "::", "[::]"):
+        return "127.0.0.1"
+    return host
+
+
+@dataclass(frozen=True)
+class BakedKind:
+    """One cache kind in the archive: complete entries, their files and bytes."""
+
+    kind: str
+    title: str
+    path: str
+    entries: int
+    files: int
+    bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "title": self.title, "path": self.path,
+                "entries": self.entries, "files": self.files, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class PrebakeResult:
+    """What a prebake produced.  ``stopped_with``: how the server ended (``SIGTERM`` or
+    ``SIGKILL``).  ``warmup``: the plan's run report as the server wrote it.  ``work_dir``: kept
+    for inspection (None when it was a temporary directory and got removed)."""
+
+    archive: Path
+    archive_bytes: int
+    kinds: tuple[BakedKind, ...]
+    ready_s: float
+    seconds: float
+    stopped_with: str
+    warmup: Mapping[str, Any]
+    warnings: tuple[str, ...] = ()
+    work_dir: Path | None = None
+
+    @property
+    def entries(self) -> int:
+        return sum(k.entries for k in self.kinds)
+
+    @property
+    def bytes(self) -> int:
+        return sum(k.bytes for k in self.kinds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"archive": str(self.archive), "archive_bytes": self.archive_bytes,
+                "entries": self.entries, "bytes": self.bytes,
+                "kinds": [k.to_dict() for k in self.kinds], "ready_s": round(self.ready_s, 3),
+                "seconds": round(self.seconds, 3), "stopped_with": self.stopped_with,
+                "warmup": {k: self.warmup.get(k) for k in ("plan", "ok", "requests",
+                                                           "duration_s", "flush")},
+                "warnings": list(self.warnings),
+                "work_dir": str(self.work_dir) if self.work_dir else None}
+
+    def render(self) -> str:
+        rows = [[k.kind, k.entries, k.files, size_str(k.bytes)] for k in self.kinds]
+        rows.append(["total", self.entries, sum(k.files for k in self.kinds), size_str(self.bytes)])
+        w = self.warmup
+        lines = [table(["kind", "entries", "files", "size"], rows, align="lrrr"),
+                 f"archive: {self.archive} ({size_str(self.archive_bytes)}), "
+                 f"{self.entries} entries",
+                 f"server: ready in {self.ready_s:.1f} s, stopped with {self.stopped_with}; "
+                 f"warm-up {w.get('plan')}: {w.get('requests')} requests in "
+                 f"{float(w.get('duration_s') or 0):.1f} s; prebake took {self.seconds:.1f} s"]
+        lines += [f"warning: {x}" for x in self.warnings]
+        if self.work_dir:
+            lines.append(f"kept: {self.work_dir} (server.log, state/, cache/)")
+        lines.append(f"restore with: sglang-warmup cache restore {shlex.quote(str(self.archive))}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class PrebakePlan:
+    """A prebake, decided but not started.  ``work_dir`` holds ``cache/`` (every kind under one
+    root), ``state/`` (phase file, compile manifest, metrics), ``server.log`` and
+    ``report.json``; it is removed after a success when it is a temporary directory (unless
+    ``keep``), and always kept after a failure."""
+
+    plan_file: str
+    plan_name: str
+    out: Path
+    work_dir: Path
+    temporary: bool
+    cache_root: Path
+    locations: tuple[Location, ...]
+    exports: tuple[tuple[str, str], ...]
+    launch: launch.Launch
+    url: str
+    api_key: str | None = field(repr=False)
+    deadline_s: float
+    stop_timeout_s: float
+    zstd: bool
+    keep: bool
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def log_path(self) -> Path:
+        return self.work_dir / "server.log"
+
+    @property
+    def report_path(self) -> Path:
+        return self.work_dir / "report.json"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan_file, "out": str(self.out), "work_dir": str(self.work_dir),
+                "cache_root": str(self.cache_root),
+                "caches": {loc.kind.name: str(loc.path) for loc in self.locations},
+                "env": dict(self.exports), "argv": list(self.launch.argv), "url": self.url,
+                "deadline_s": self.deadline_s, "stop_timeout_s": self.stop_timeout_s,
+                "zstd": self.zstd, "warnings": list(self.warnings)}
+
+    def describe(self) -> str:
+        """The dry-run text: what would be created, set and run."""
+        lines = [f"prebake plan {self.plan_name} ({self.plan_file}) into {self.out}",
+                 f"work directory: {self.work_dir}" + (" (temporary)" if self.temporary else ""),
+                 "cache directories (created empty):"]
+        lines += [f"  {loc.kind.name:<13} {loc.path}" for loc in self.locations]
+        lines.append("environment:")
+        lines += [f"  {k}={shlex.quote(v)}" for k, v in self.exports]
+        shown = {k: v for k, v in self.launch.env.items()
+                 if k.startswith("WARMUP_") or k == "PROMETHEUS_MULTIPROC_DIR"}
+        lines += [f"  {k}={shlex.quote(v)}" for k, v in sorted(shown.items())]
+        lines.append("command: " + shlex.join(self.launch.argv))
+        lines.append(f"ready: {self.url}/health_generate within {self.deadline_s:g} s; stop: "
+                     f"SIGTERM to the process group, SIGKILL after {self.stop_timeout_s:g} s")
+        lines += [f"warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+    def discard(self) -> None:
+        """Remove the work directory if it is temporary (after a dry run)."""
+        if self.temporary:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    # --- execute --------------------------------------------------------------------------------
+    def execute(self, *, progress: Progress | None = None,
+                echo: Callable[[str], None] | None = None) -> PrebakeResult:
+        """Create the caches, run the server to ready, stop it, pack.  Raises WarmupError
+        (server not ready in time, exited, plan not run) or CacheError (packing); the server is
+        stopped on every path, and the work directory is kept after a failure."""
+        say = echo or (lambda line: logger.info("%s", line))
+        progress = progress or Progress.null()
+        started = time.monotonic()
+        for loc in self.locations:
+            if loc.path is not None:
+                loc.path.mkdir(parents=True, exist_ok=True)
+        _check_port_free(self.url)
+        say(f"sglang-warmup prebake: starting SGLang (log: {self.log_path})")
+        with open(self.log_path, "ab") as log, _TermAsExit():
+            proc = subprocess.Popen(self.launch.argv, env=self.launch.env, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+            try:
+                ready_s = self._wait_ready(proc, say)
+                report = self._read_report()
+                say(f"sglang-warmup prebake: ready in {ready_s:.1f} s; warm-up {report.get('plan')}: "
+                    f"{report.get('requests')} requests in {float(report.get('duration_s') or 0):.1f} s")
+            finally:
+                stopped_with = stop_process_group(proc, self.stop_timeout_s)
+                say(f"sglang-warmup prebake: server stopped ({stopped_with})")
+        progress.step(f"packing {self.cache_root} into {self.out}")
+        result = archive.pack(self.out, self.locations, zstd=self.zstd, progress=progress)
+        archive.verify(self.out, progress=progress)
+        kinds = _baked_kinds(self.locations, result.manifest.entries)
+        created = {loc.path for loc in self.locations if loc.path is not None}
+        warnings = list(self.warnings) + [
+            str(w) for w in result.warnings
+            if not (w.path in created and w.path.is_dir() and not any(w.path.iterdir()))]
+        if not result.manifest.entries:
+            raise WarmupError(f"SGLang compiled nothing into the cache directories under "
+                              f"{self.cache_root}; {self.out} holds no entry",
+                              hint="is SGLang honouring the cache variables (`sglang-warmup "
+                                   "prebake --dry-run` lists them)? a remote Triton cache "
+                                   "(TRITON_CACHE_MANAGER) bypasses the directories")
+        kept: Path | None = self.work_dir
+        if self.temporary and not self.keep:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+            kept = None
+        return PrebakeResult(self.out, result.archive_bytes, kinds, ready_s,
+                             time.monotonic() - started, stopped_with, report, tuple(warnings),
+                             kept)
+
+    def _wait_ready(self, proc: subprocess.Popen, say: Callable[[str], None]) -> float:
+        say(f"sglang-warmup prebake: waiting for {self.url}/health_generate, deadline "
+            f"{self.deadline_s:g} s")
+
+        def alive() -> str | None:
+            rc = proc.poll()
+            return None if rc is None else f"exited with code {rc}"
+
+        def probe(timeout: float):
+            return http_get(self.url + "/health_generate", timeout=timeout, api_key=self.api_key)
+
+        hw = wait_for_health(probe, self.deadline_s, initial_s=1.0, max_s=10.0,
+                             probe_timeout_s=30.0, alive=alive, what="SGLang")
+        if hw.ok:
+            return hw.waited_s
+        tail = _tail(self.log_path, _LOG_TAIL)
+        for line in tail:
+            say(f"  | {line}")
+        if hw.ended == "deadline":
+            raise SidecarError(f"SGLang was not ready within {self.deadline_s:g} s "
+                               f"({hw.attempts} probes of /health_generate; last: {hw.last}); "
+                               f"log: {self.log_path}",
+                               hint="raise --deadline if the model loads slowly; the last log "
+                                    "lines are above")
+        raise SidecarError(f"SGLang {hw.ended} before it was ready; log: {self.log_path}",
+                           hint="the last log lines are above (a failing plan stops SGLang's "
+                                "startup on purpose: `sglang-warmup plan check`)")
+
+    def _read_report(self) -> dict[str, Any]:
+        try:
+            report = json.loads(self.report_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise SidecarError(f"the server became ready but the plan did not run in it (no run "
+                               f"report at {self.report_path})",
+                               hint="install sglang-warmup in the environment that runs SGLang "
+                                    "(pip install, so its plugin entry point loads)") from None
+        except (OSError, ValueError) as exc:
+            raise SidecarError(f"cannot read the run report {self.report_path}: {exc}",
+                               hint="see the server log") from None
+        if not isinstance(report, dict):
+            raise SidecarError(f"{self.report_path} is not a run report",
+                               hint="see the server log")
+        if not report.get("ok", False):
+            raise SidecarError(f"the warm-up reported failures: "
+                               f"{'; '.join(report.get('failures') or []) or 'see the report'}",
+                               hint=f"see {self.report_path} and the server log")
+        return report
+
+
+def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
+            sglang_args: Sequence[str], *, port: int | None = None, deadline_s: float = 1800.0,
+            stop_timeout_s: float = 60.0, work_dir: str | os.PathLike[str] | None = None,
+            zstd: bool = False, keep: bool = False, overwrite: bool = False,
+            environ: Mapping[str, str] | None = None) -> PrebakePlan:
+    """Validate and decide a prebake; creates only the work directory (and ``serve``'s state
+    directory in it).  Raises WarmupError / PlanError / CacheError on bad input."""
+    out_path = Path(out).resolve()
+    if out_path.is_dir():
+        raise SidecarError(f"--out {out} is a directory", hint="give the archive's file name, "
+                           "e.g. --out prebake/sglang-cache.tar")
+    if out_path.exists() and not overwrite:
+        raise SidecarError(f"--out {out} exists", hint="pass -y to overwrite it, or choose "
+                           "another --out")
+    if zstd and importlib.util.find_spec("zstandard") is None:
+        raise SidecarError("--zstd needs the zstandard package, which is not installed",
+                           hint="pip install 'sglang-warmup[zstd]', or drop --zstd")
+    for name, value in (("--deadline", deadline_s), ("--stop-timeout", stop_timeout_s)):
+        if not value > 0:
+            raise SidecarError(f"{name} {value:g} must be a positive number of seconds",
+                               hint=f"e.g. {name} 600")
+    args = list(sglang_args)
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        raise SidecarError("no SGLang launch arguments after `--`",
+                           hint="sglang-warmup prebake --plan PLAN --out ARCHIVE -- "
+                                "--model-path MODEL [sglang flags]")
+    given = _arg_value(args, "--port")
+    if port is not None:
+        if not 1 <= port <= 65535:
+            raise SidecarError(f"--port {port} is not a TCP port", hint="1-65535")
+        if given is not None and given != str(port):
+            raise SidecarError(f"--port {port} conflicts with SGLang's --port {given}",
+                               hint="give the port once")
+        if given is None:
+            args += ["--port", str(port)]
+    final_port = port if port is not None else int(given or SGLANG_DEFAULT_PORT)
+    url = f"http://{_url_host(_loopback(_arg_value(args, '--host')))}:{final_port}"
+
+    temporary = work_dir is None
+    if temporary:
+        wd = Path(tempfile.mkdtemp(prefix="sglang-warmup-prebake-"))
+    else:
+        wd = Path(work_dir).resolve()  # type: ignore[arg-type]
+        if wd.exists() and any(wd.iterdir()):
+            raise SidecarError(f"--work-dir {work_dir} is not empty",
+                               hint="a prebake starts from empty caches; give a new or empty "
+                                    "directory")
+        wd.mkdir(parents=True, exist_ok=True)
+    try:
+        cache_root = wd / "cache"
+        exported = locations.exports(str(cache_root))
+        env = dict(os.environ if environ is None else environ)
+        for var, value in exported.pairs:
+            env[var] = value
+            if var.startswith("SGLANG_"):  # SGLang's legacy SGL_<X> spelling would win
+                env.pop("SGL_" + var[len("SGLANG_"):], None)
+        warnings = []
+        for var in ("TRITON_CACHE_MANAGER", "TRITON_REMOTE_CACHE_BACKEND"):
+            if env.get(var):
+                warnings.append(f"{var}={env[var]} is set: Triton may keep kernels outside "
+                                f"{cache_root} and they would not be baked")
+        spec = launch.build(str(plan), args, report=str(wd / "report.json"),
+                            state_dir=str(wd / "state"), environ=env)
+    except BaseException:
+        if temporary:
+            shutil.rmtree(wd, ignore_errors=True)
+        raise
+    return PrebakePlan(
+        plan_file=str(plan), plan_name=spec.name, out=out_path, work_dir=wd,
+        temporary=temporary, cache_root=cache_root,
+        locations=locations.resolve(root=cache_root), exports=exported.pairs, launch=spec,
+        url=url, api_key=_arg_value(args, "--api-key"), deadline_s=deadline_s,
+        stop_timeout_s=stop_timeout_s, zstd=zstd, keep=keep, warnings=tuple(warnings))
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _check_port_free(url: str) -> None:
+    """Refuse to start when something already answers on the server's port: the readiness
+    probe would talk to it instead."""
+    import urllib.parse
+
+    parsed = urllib.parse.urlparse(url)
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port), timeout=1.0):
+            pass
+    except OSError:
+        return
+    raise SidecarError(f"something already listens on {parsed.hostname}:{parsed.port}",
+                       hint="stop it, or give SGLang another port (--port N)")
+
+
+def stop_process_group(proc: subprocess.Popen, timeout_s: float) -> str:
+    """Stop a process started with ``start_new_session=True`` and everything in its process
+    group: SIGTERM, wait up to ``timeout_s`` for the group to be gone, then SIGKILL.  Returns
+    ``exited`` (it had already ended), ``SIGTERM`` or ``SIGKILL``.  Never raises."""
+    pgid = proc.pid  # a session leader's group id is its pid
+    if proc.poll() is not None and not _group_alive(pgid):
+        return "exited"
+    how = "SIGTERM"
+    _killpg(pgid, signal.SIGTERM)
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        _reap(proc, pgid)
+        if proc.poll() is not None and not _group_alive(pgid):
+            return how
+        time.sleep(0.1)
+    how = "SIGKILL"
+    logger.warning("sglang-warmup: the server did not stop within %g s of SIGTERM; SIGKILL",
+                   timeout_s)
+    _killpg(pgid, signal.SIGKILL)
+    end = time.monotonic() + 10.0  # SIGKILL cannot be refused; this only covers the reaping
+    while time.monotonic() < end:
+        _reap(proc, pgid)
+        if proc.poll() is not None and not _group_alive(pgid):
+            break
+        time.sleep(0.05)
+    return how
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _reap(proc: subprocess.Popen, pgid: int) -> None:
+    """Reap exited children of this group that became ours (when we run as PID 1 in a
+    container, orphaned SGLang workers are re-parented to us); the leader through ``proc`` so
+    that its exit status is kept."""
+    for _ in range(1000):
+        try:
+            info = os.waitid(os.P_PGID, pgid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None:
+            return
+        if info.si_pid == proc.pid:
+            if proc.poll() is None:
+                return
+        else:
+            try:
+                os.waitpid(info.si_pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            return fh.read().decode(errors="replace").splitlines()[-n:]
+    except OSError:
+        return []
+
+
+def _baked_kinds(locs: Sequence[Location], entries: Sequence[Any]) -> tuple[BakedKind, ...]:
+    counts: dict[str, list[int]] = {}
+    for e in entries:
+        c = counts.setdefault(e.kind, [0, 0, 0])
+        c[0] += 1
+        c[1] += len(e.files)
+        c[2] += e.size
+    return tuple(BakedKind(loc.kind.name, loc.kind.title, str(loc.path),
+                           *counts.get(loc.kind.name, [0, 0, 0])) for loc in locs)
+
+
+class _TermAsExit:
+    """While active in the main thread, SIGTERM raises SystemExit(143) so that ``finally``
+    blocks run (the server gets stopped when the prebake itself is stopped)."""
+
+    def __enter__(self) -> "_TermAsExit":
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    @staticmethod
+    def _raise(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
