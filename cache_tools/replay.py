@@ -37,11 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from cache_tools import locations
+from cache_tools import compile_log, locations
 from cache_tools.errors import CacheError
 
-MANIFEST_SUBDIR = "manifest"
-MANIFEST_GLOB = "compiles-*.jsonl"
 
 # Statuses of one kernel specialization.
 REBUILT = "rebuilt"      # compiled into the cache dir; its key equals the recorded one
@@ -175,24 +173,20 @@ class ReplayReport:
 # reading the manifest
 # --------------------------------------------------------------------------------------------
 
-def manifest_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """The manifest files named by ``paths``: a ``compiles-<pid>.jsonl`` file, a directory
-    holding such files, or a state directory with a ``manifest/`` directory below it."""
+def log_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The compile-log files named by ``paths``: a ``compiles-<pid>.jsonl`` file, a directory
+    holding such files, or a state directory above its ``compile_log/``."""
     out: list[Path] = []
     for raw in paths:
         path = Path(raw)
-        if path.is_file():
-            out.append(path)
-            continue
         if not path.exists():
             raise CacheError(f"{path}: no such file or directory",
-                             hint="pass a compiles-<pid>.jsonl file, the manifest/ directory or "
-                                  "the WARMUP_STATE_DIR above it")
-        found = sorted(path.glob(MANIFEST_GLOB)) or sorted(
-            (path / MANIFEST_SUBDIR).glob(MANIFEST_GLOB))
+                             hint="pass a compiles-<pid>.jsonl file, the compile_log/ directory "
+                                  "or the WARMUP_STATE_DIR above it")
+        found = compile_log.find(path)
         if not found:
-            raise CacheError(f"{path}: no {MANIFEST_GLOB} files here or in "
-                             f"{path / MANIFEST_SUBDIR}",
+            raise CacheError(f"{path}: no {compile_log.GLOB} files here or in "
+                             f"{compile_log.directory(path)}",
                              hint="record one with WARMUP_ENABLE=1 and WARMUP_STATE_DIR set on "
                                   "the serving machine")
         out.extend(found)
@@ -200,29 +194,14 @@ def manifest_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
 
 
 def read_records(files: Sequence[Path]) -> tuple[list[dict], list[str]]:
-    """Every JSON object in ``files`` (in file, then line order) and a warning per line that
-    is not one (the torn last line of a killed process)."""
-    records: list[dict] = []
+    """Every record of ``files`` (in file, then line order) and a warning per line skipped
+    (the torn last line of a killed process)."""
     warnings: list[str] = []
-    for path in files:
-        try:
-            handle = open(path, "rb")
-        except OSError as exc:
-            raise CacheError(f"{path}: cannot read: {exc.strerror or exc}",
-                             hint="check the path and its permissions") from None
-        with handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    warnings.append(f"{path}:{number}: not a JSON line, skipped")
-                    continue
-                if isinstance(record, dict):
-                    records.append(record)
-                else:
-                    warnings.append(f"{path}:{number}: not a JSON object, skipped")
+    try:
+        records = compile_log.read(files, warnings=warnings, by_time=False)
+    except OSError as exc:
+        raise CacheError(f"{exc.filename}: cannot read: {exc.strerror or exc}",
+                         hint="check the path and its permissions") from None
     return records, warnings
 
 
@@ -818,7 +797,7 @@ def replay(manifests: Sequence[str | os.PathLike[str]], *,
                          hint="--jobs 1 compiles in this process; more use worker processes")
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     wanted = parse_target(target) if target else None
-    files = manifest_files(manifests)
+    files = log_files(manifests)
     if python is not None:
         return _replay_elsewhere(Path(python), files, cache_dir=directory, target=target,
                                  jobs=jobs, dry_run=dry_run)

@@ -282,9 +282,9 @@ def main() -> None:
             r["after_pass2"] = count_artifacts(s.workdir / "cache")
             r["new_entries"] = sorted(triton_entries(s.workdir / "cache") - set(r["entries_at_ready"]))
             try:
-                from warmup.observe import events
+                from cache_tools import compile_log
 
-                recs = events.read_manifest(str(s.workdir / "state"))
+                recs = compile_log.read_dir(str(s.workdir / "state"))
                 r["manifest_serving"] = [
                     f"{(x.get('kernel') or {}).get('name')}:{x.get('event')}:{str(x.get('hash'))[:10]}:pid{x.get('pid')}"
                     for x in recs if x.get("phase") == "serving"]

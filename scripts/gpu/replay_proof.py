@@ -199,9 +199,9 @@ def serve_and_send(name: str, cache_base: Path, triton_dir: Path | None, state: 
 
 
 def triton_records(state: Path) -> list[dict]:
-    from warmup.observe import events
+    from cache_tools import compile_log
 
-    return [r for r in events.read_manifest(str(state))
+    return [r for r in compile_log.read_dir(str(state))
             if r.get("compiler") == "triton" and r.get("event") in ("miss", "hit")]
 
 

@@ -84,12 +84,12 @@ def long_prompt(url: str, n: int, seed: int, timeout: float) -> dict:
 
 def manifest_counts(state: Path) -> dict:
     """Compile events per phase from a state directory's compile manifest."""
-    from warmup.observe import events
-    from warmup.observe.events import is_miss
+    from cache_tools import compile_log
+    from cache_tools.compile_log import is_miss
 
     out: dict[str, dict[str, int]] = {}
     try:
-        records = events.read_manifest(str(state))
+        records = compile_log.read_dir(str(state))
     except Exception as exc:
         return {"error": str(exc)}
     for r in records:

@@ -19,6 +19,7 @@ from triton.runtime.jit import MockTensor
 
 from cache_tools import replay
 from cache_tools.errors import CacheError
+from cache_tools import compile_log
 from warmup.observe import events, phase
 from warmup.observe.doctor import compile_only_target
 
@@ -147,7 +148,7 @@ def metadata_hashes(cache_dir: Path) -> set[str]:
 
 
 def records(state_dir: Path) -> list[dict]:
-    return [r for r in events.read_manifest(state_dir) if r["event"] == "miss"]
+    return [r for r in compile_log.read_dir(state_dir) if r["event"] == "miss"]
 
 
 @pytest.fixture
@@ -202,11 +203,11 @@ def test_a_second_replay_finds_everything_present_and_dry_run_writes_nothing(rec
     state, _, seen = recorded
     out = tmp_path / "replayed"
     replay.replay([state], cache_dir=out, jobs=1)
-    again = replay.replay([state / "manifest"], cache_dir=out, jobs=1)
+    again = replay.replay([state / "compile_log"], cache_dir=out, jobs=1)
     assert [r.status for r in again.results] == ["present"] * 3
 
     dry_dir = tmp_path / "dry"
-    dry = replay.replay(sorted((state / "manifest").glob("*.jsonl")), cache_dir=dry_dir,
+    dry = replay.replay(sorted((state / "compile_log").glob("*.jsonl")), cache_dir=dry_dir,
                         jobs=2, dry_run=True)
     assert [r.status for r in dry.results] == ["planned"] * 3
     assert not dry_dir.exists()
@@ -215,7 +216,7 @@ def test_a_second_replay_finds_everything_present_and_dry_run_writes_nothing(rec
 
 def test_hits_and_repeated_misses_collapse_into_one_entry(recorded, tmp_path):
     state, _, _ = recorded
-    manifest = next((state / "manifest").glob("*.jsonl"))
+    manifest = next((state / "compile_log").glob("*.jsonl"))
     lines = manifest.read_text().splitlines()
     hit = dict(json.loads(lines[0]), event="hit", phase="serving", pid=1)
     load = {"event": "load", "compiler": "triton", "hash": "h", "kernel": {"name": "x"}}
@@ -224,14 +225,14 @@ def test_hits_and_repeated_misses_collapse_into_one_entry(recorded, tmp_path):
     assert [r.records for r in report.results] == [2, 1, 1]
     assert report.results[0].phases == ("init", "serving")
     assert report.ignored == 1
-    assert report.warnings == (f"{manifest}:{len(lines) + 3}: not a JSON line, skipped",)
+    assert report.warnings == (f"{manifest}:{len(lines) + 3}: not a JSON object, skipped",)
 
 
 # --- what cannot be replayed, and why ----------------------------------------------------------
 
 def test_skips_name_their_reason(recorded, tmp_path):
     state, _, _ = recorded
-    manifest = next((state / "manifest").glob("*.jsonl"))
+    manifest = next((state / "compile_log").glob("*.jsonl"))
     base = [json.loads(x) for x in manifest.read_text().splitlines()]
 
     def variant(**changes) -> dict:
@@ -347,7 +348,7 @@ def test_the_recorded_cache_invalidating_environment_is_the_one_replayed(tmp_pat
     assert "TRITON_DISABLE_LINE_INFO" not in os.environ  # put back after the compile
 
     # The same kernels recorded without it: every key differs, which names the toolchain.
-    manifest = next((state / "manifest").glob("*.jsonl"))
+    manifest = next((state / "compile_log").glob("*.jsonl"))
     lines = [json.loads(x) for x in manifest.read_text().splitlines()]
     manifest.write_text("".join(json.dumps(dict(r, env={})) + "\n" for r in lines))
     report = replay.replay([state], cache_dir=tmp_path / "out2", jobs=1)
@@ -418,13 +419,13 @@ def test_bad_inputs_are_cache_errors(tmp_path):
     with pytest.raises(CacheError) as err:
         replay.replay([tmp_path / "missing"], cache_dir=tmp_path / "out")
     assert err.value.message == f"{tmp_path / 'missing'}: no such file or directory"
-    assert err.value.hint == ("pass a compiles-<pid>.jsonl file, the manifest/ directory or the "
+    assert err.value.hint == ("pass a compiles-<pid>.jsonl file, the compile_log/ directory or the "
                               "WARMUP_STATE_DIR above it")
     (tmp_path / "empty").mkdir()
     with pytest.raises(CacheError) as err:
         replay.replay([tmp_path / "empty"], cache_dir=tmp_path / "out")
     assert err.value.message == (f"{tmp_path / 'empty'}: no compiles-*.jsonl files here or in "
-                                 f"{tmp_path / 'empty' / 'manifest'}")
+                                 f"{tmp_path / 'empty' / 'compile_log'}")
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("")
     for target, message in (("cuda", "--target 'cuda': expected BACKEND:ARCH[:WARP_SIZE]"),
@@ -489,7 +490,7 @@ def test_the_cli_command(recorded, tmp_path):
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
         f"error: {tmp_path / 'nothing'}: no such file or directory",
-        "hint: pass a compiles-<pid>.jsonl file, the manifest/ directory or the "
+        "hint: pass a compiles-<pid>.jsonl file, the compile_log/ directory or the "
         "WARMUP_STATE_DIR above it"]
 
 

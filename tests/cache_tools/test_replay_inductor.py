@@ -22,6 +22,7 @@ import pytest
 import triton
 
 from cache_tools import replay
+from cache_tools import compile_log
 from warmup.observe import events
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +61,7 @@ def run_worker(tmp: Path, cache: Path, *, ptxas: Path | None = None) -> list[dic
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     generated.unlink()
-    return [r for r in events.read_manifest(state) if r.get("compiler") == "triton"]
+    return [r for r in compile_log.read_dir(state) if r.get("compiler") == "triton"]
 
 
 def entries(cache: Path) -> dict[str, tuple[list[str], int]]:

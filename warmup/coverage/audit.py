@@ -4,11 +4,11 @@ after ready to the traffic step that caused it.
 The sample is sent twice (fresh token ids each time, the radix cache flushed between), so each
 step has a first-hit latency and a steady-state latency.  Attribution has two modes:
 
-* ``manifest`` (the server shares its state directory with us): before each step the phase
+* ``compile_log`` (the server shares its state directory with us): before each step the phase
   file says ``serving`` with ``shape_class = audit:<step label>`` and ``request = <sequence>``
-  (pass 1: 0..N-1, pass 2: N..2N-1), so the server's compile manifest names, for each compile,
+  (pass 1: 0..N-1, pass 2: N..2N-1), so the server's compile log names, for each compile,
   disk-cache load, device load and JIT build, the step that caused it, with kernel and hash.
-  Only manifest bytes written during this audit are read (offsets, not clocks).
+  Only compile-log bytes written during this audit are read (offsets, not clocks).
 * ``metrics`` (no shared state directory): the server's ``/metrics`` is read before and after
   every step, and the delta of ``sglang_warmup_compile_events_total{phase="serving"}`` is the
   step's count.  No kernel names; anything else the server does meanwhile is counted too.
@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from warmup.observe import phase as phase_mod
-from warmup.coverage.classes import KeyEvents, ManifestCursor, aggregate, is_compile_event
+from cache_tools import compile_log
+from cache_tools.compile_log import is_compile_event
+from warmup.coverage.classes import KeyEvents, aggregate
 from warmup.errors import TransportError, WarmupError
 from warmup.render import table
 from warmup.coverage.traffic import TrafficStep
@@ -49,7 +51,7 @@ LOAD_METRIC = "sglang_warmup_kernel_loads"
 @dataclass(frozen=True)
 class PassResult:
     """One step in one pass: wall time of the step (ms), compile events attributed to it
-    (``misses``), device loads, and the compile keys (manifest mode only)."""
+    (``misses``), device loads, and the compile keys (compile_log mode only)."""
 
     ms: float
     misses: int = 0
@@ -99,8 +101,8 @@ class AuditReport:
 
     ``unattributed``: compile keys recorded during the audit that carry no audit step (other
     traffic, or a server process that does not read our phase file).  ``unseen_events``:
-    serving compile events that ``/metrics`` counted during the audit but the manifest did not
-    record (manifest mode; nonzero means the state directory is not the server's).
+    serving compile events that ``/metrics`` counted during the audit but the compile log did not
+    record (compile_log mode; nonzero means the state directory is not the server's).
     """
 
     url: str
@@ -178,7 +180,7 @@ class AuditReport:
             head.append(f"  unattributed: {k.compiler} {k.label}: {k.what()}")
         if self.unseen_events:
             head.append(f"  /metrics counted {self.unseen_events} serving compile event(s) the "
-                        "manifest did not record")
+                        "compile log did not record")
         for note in self.notes:
             head.append(f"note: {note}")
         if self.file:
@@ -328,10 +330,10 @@ class _Audit:
                 raise WarmupError(f"the phase file in {self.state_dir} says the server is still "
                                   f"warming up ({now.shape_class})",
                                   hint="wait until the server is ready, then audit")
-            mode = "manifest"
-            mode_note = (f"compile manifest in {self.state_dir} (each compile, load and JIT build "
+            mode = "compile_log"
+            mode_note = (f"compile log in {self.state_dir} (each compile, load and JIT build "
                          "names its step, kernel and hash)")
-            cursor = ManifestCursor(self.state_dir)
+            cursor = compile_log.Cursor(self.state_dir)
             mark = cursor.mark()
             try:  # a cross-check, when the server also exports metrics
                 before = await asyncio.to_thread(serving_counts, t)
@@ -363,7 +365,7 @@ class _Audit:
                     if step.prefix_group:
                         seen.add(step.prefix_group)
                     prev = None
-                    if mode == "manifest":
+                    if mode == "compile_log":
                         phase_mod.set_phase("serving", CLASS_PREFIX + (step.label or step.kind), seq,
                                             state_dir=self.state_dir)
                     else:
@@ -381,11 +383,11 @@ class _Audit:
                         after = await asyncio.to_thread(serving_counts, t)
                         counted[seq] = (int(round(after.compile_events - prev.compile_events)),
                                         int(round(after.kernel_loads - prev.kernel_loads)))
-                if mode == "manifest":
+                if mode == "compile_log":
                     phase_mod.set_phase("serving", state_dir=self.state_dir)
                 flushes.append(await t.flush(self.flush_timeout_s))
         finally:
-            if mode == "manifest":
+            if mode == "compile_log":
                 try:  # the server is ready: later compiles belong to no audit step
                     phase_mod.set_phase("serving", state_dir=self.state_dir)
                 except Exception as exc:
@@ -394,7 +396,7 @@ class _Audit:
         unattributed: tuple[KeyEvents, ...] = ()
         unseen = 0
         passes: dict[int, PassResult]
-        if mode == "manifest":
+        if mode == "compile_log":
             assert cursor is not None and mark is not None
             records = cursor.read(mark)
             by_seq: dict[int, list[dict]] = {}
@@ -420,16 +422,16 @@ class _Audit:
                 try:
                     after = await asyncio.to_thread(serving_counts, t)
                     metric_events = int(round(after.compile_events - before.compile_events))
-                    manifest_events = sum(1 for r in records
+                    logged_events = sum(1 for r in records
                                           if r.get("phase") == "serving" and is_compile_event(r)
                                           and not (r.get("event") == "jit_build"
                                                    and r.get("outcome") == "failed"))
-                    unseen = max(0, metric_events - manifest_events)
+                    unseen = max(0, metric_events - logged_events)
                 except WarmupError:
                     pass
             if unseen:
                 self.notes.append(f"/metrics counted {unseen} more serving compile event(s) than "
-                                  f"the manifest in {self.state_dir} recorded: the server may not "
+                                  f"the compile log in {self.state_dir} recorded: the server may not "
                                   "write to this state directory (they count as misses)")
         else:
             passes = {seq: PassResult(ms=times[seq], misses=max(0, counted[seq][0]),

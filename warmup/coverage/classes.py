@@ -3,13 +3,13 @@ plan in the same server triggers any ("plan closed").
 
 A *compile key* is one kernel specialization: a Triton kernel name with its cache hash (the
 hash covers signature, constexprs, alignment attributes, options and target), or one SGLang JIT
-module.  The compile manifest (``warmup.observe.events``) holds one record per compile, disk-cache
-load, device load or JIT build, stamped with the phase and the shape class in flight.
+module.  The compile log (:mod:`cache_tools.compile_log`) holds one record per compile,
+disk-cache load, device load or JIT build, stamped with the phase and the shape class in flight.
 
-:func:`compute` turns the manifest records of two replays into a :class:`Coverage`;
+:func:`compute` turns the compile-log records of two replays into a :class:`Coverage`;
 :func:`run` is what the registered warm-up (or a sidecar) calls instead of ``Driver.run`` to
-get the second replay.  Records are split between the replays by byte offsets in the manifest
-files (a :class:`ManifestCursor`), so no clock is compared across processes.
+get the second replay.  Records are split between the replays by byte offsets in the log files
+(a :class:`cache_tools.compile_log.Cursor`), so no clock is compared across processes.
 """
 
 from __future__ import annotations
@@ -22,15 +22,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from cache_tools import compile_log
 from warmup.render import table
 
 logger = logging.getLogger("sglang_warmup.coverage")
-
-#: Manifest events that are compile events (what ``sglang_warmup_compile_events_total`` counts,
-#: plus failed JIT builds): a Triton compile (``miss``), a Triton disk-cache load (``hit``) and
-#: SGLang's nvcc JIT (``jit_build``: built, cache hit, failed).  ``load`` (a kernel's device load
-#: at its first launch) accompanies them and is reported, not counted.
-COMPILE_EVENTS = ("miss", "hit", "jit_build")
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,10 +93,6 @@ class KeyEvents:
                    compiled=int(d.get("compiled") or 0), disk_hits=int(d.get("disk_hits") or 0),
                    device_loads=int(d.get("device_loads") or 0), failed=int(d.get("failed") or 0),
                    processes=int(d.get("processes") or 0), seconds=float(d.get("seconds") or 0.0))
-
-
-def is_compile_event(record: Mapping[str, Any]) -> bool:
-    return record.get("event") in COMPILE_EVENTS
 
 
 def signature_text(record: Mapping[str, Any]) -> str:
@@ -186,60 +177,6 @@ def aggregate(records: Iterable[Mapping[str, Any]]) -> list[KeyEvents]:
         pids = a.pop("pids")
         out.append(KeyEvents(processes=len(pids), **a))
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# reading the manifest in slices
-# --------------------------------------------------------------------------------------------
-
-class ManifestCursor:
-    """Byte offsets into every manifest file of a state directory: records written after
-    :meth:`mark` are exactly the new bytes (the files are append-only, one ``write`` per line),
-    whatever the processes' clocks say."""
-
-    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
-        self.state_dir = Path(state_dir)
-
-    def mark(self) -> dict[str, int]:
-        """The current size of every manifest file."""
-        from warmup.observe.events import manifest_files
-
-        out = {}
-        for path in manifest_files(self.state_dir):
-            try:
-                out[str(path)] = path.stat().st_size
-            except OSError:
-                continue
-        return out
-
-    def read(self, start: Mapping[str, int], end: Mapping[str, int] | None = None) -> list[dict]:
-        """Records written between two marks (``end`` None: up to now), ordered by time."""
-        from warmup.observe.events import manifest_files
-
-        records: list[dict] = []
-        for path in manifest_files(self.state_dir):
-            lo = start.get(str(path), 0)
-            hi = None if end is None else end.get(str(path), 0)
-            if hi is not None and hi <= lo:
-                continue
-            try:
-                with open(path, "rb") as fh:
-                    fh.seek(lo)
-                    data = fh.read() if hi is None else fh.read(hi - lo)
-            except OSError as exc:
-                logger.warning("sglang-warmup: cannot read %s: %s", path, exc)
-                continue
-            for line in data.splitlines():
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:  # a line being written right now, or a killed writer's
-                    continue
-                if isinstance(record, dict):
-                    records.append(record)
-        records.sort(key=lambda r: r.get("time") or 0.0)
-        return records
 
 
 # --------------------------------------------------------------------------------------------
@@ -346,7 +283,7 @@ class Coverage:
 
 def compute(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]], *,
             classes: Sequence[str], plan: str = "", phase: str = "warmup") -> Coverage:
-    """Coverage from the manifest records of two replays of a plan.
+    """Coverage from the compile-log records of two replays of a plan.
 
     A record counts for a class when it was stamped with that class in ``phase``; the rest of
     a replay's records are reported as outside the plan's classes.
@@ -382,7 +319,7 @@ async def run(driver: Any, exp: Any, *, second_pass: bool | None = None,
     The second replay sends fresh token ids (the transport's token salt changes), records no
     plan metrics, and ends with the plan's flush as the first did.  Its failures never fail
     the warm-up: they are listed in the coverage.  Without a state directory there is no
-    manifest to read; the second replay is skipped and the coverage says so.
+    compile log to read; the second replay is skipped and the coverage says so.
     """
     from warmup import settings
 
@@ -395,11 +332,11 @@ async def run(driver: Any, exp: Any, *, second_pass: bool | None = None,
         sdir = settings.STATE_DIR.get() or None
     if not sdir:
         report = await driver.run(exp)
-        cov = Coverage(plan=exp.plan, classes=(), note="no state directory: the compile "
-                       "manifest that coverage reads is not written; second replay skipped")
+        cov = Coverage(plan=exp.plan, classes=(), note="no state directory: the "
+                       "compile log that coverage reads is not written; second replay skipped")
         _attach(report, cov, None)
         return report
-    cursor = ManifestCursor(sdir)
+    cursor = compile_log.Cursor(sdir)
     m0 = cursor.mark()
     report = await driver.run(exp)
     if getattr(report, "skipped_reason", None):

@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from cache_tools import compile_log
 from warmup.coverage import audit as audit_mod
 from warmup.plan import loader
 from warmup.errors import PlanError, WarmupError
@@ -169,15 +170,15 @@ def find_audits(source: str | os.PathLike[str]) -> list[audit_mod.AuditFile]:
         if not files:
             hint = ("run `sglang-warmup audit --url URL --traffic FILE --state-dir "
                     f"{p}` first; learn needs the steps that caused the misses")
-            if (p / "manifest").is_dir():
-                raise WarmupError(f"{p}: a compile manifest but no audit-*.json", hint=hint)
+            if compile_log.files(p):
+                raise WarmupError(f"{p}: a compile log but no audit-*.json", hint=hint)
             raise WarmupError(f"{p}: no audit-*.json", hint=hint)
         return [audit_mod.read(f) for f in files]
     if not p.exists():
         raise WarmupError(f"{p}: no such file or directory",
                           hint="pass an audit-*.json or the state directory holding them")
     if p.suffix == ".jsonl" or p.name.startswith("compiles-"):
-        raise WarmupError(f"{p}: a compile manifest holds no traffic shapes",
+        raise WarmupError(f"{p}: a compile log holds no traffic shapes",
                           hint="pass the audit-*.json written by `sglang-warmup audit` (or its "
                                "directory); it attributes each miss to a traffic step")
     return [audit_mod.read(p)]

@@ -9,7 +9,7 @@ the scheduler's event loop does.  The child compiles a real Triton kernel (for t
 for ``cuda:90`` without one) into an empty temporary cache while this process holds the phase
 at ``warmup`` (a miss), then, after this process switched the phase file to ``serving``, again
 with fresh in-process state (a disk hit).  This process then reads the counts back from the
-Prometheus multiprocess directory and the compile manifest.
+Prometheus multiprocess directory and the compile log.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import typer
 
+from cache_tools import compile_log
 from cache_tools.locations import environment
 
 if TYPE_CHECKING:  # the probe kernel's globals; bound by _probe_kernel() in the child
@@ -60,7 +61,7 @@ class DoctorReport:
     hooks: tuple[dict, ...]
     caches: tuple[dict, ...]
     counts: dict
-    manifest: tuple[dict, ...]
+    compile_log: tuple[dict, ...]
     notes: tuple[str, ...] = ()
     duration_s: float = 0.0
     child_log_tail: str = ""
@@ -100,8 +101,8 @@ def run(*, timeout_s: float = DEFAULT_TIMEOUT_S, keep_dir: str | None = None) ->
         cache_env, triton_dir = _cache_environment(dirs["caches"], notes)
         env = {**cache_env, **_child_environment(dirs, notes)}
         child = _run_child(root, env, dirs["state"], timeout_s)
-        counts, manifest = _read_back(dirs, notes)
-        checks = _verdicts(child, counts, manifest, triton_dir, plugin)
+        counts, log_records = _read_back(dirs, notes)
+        checks = _verdicts(child, counts, log_records, triton_dir, plugin)
         hooks = tuple(child.get("install", {}).get("hooks", ()))
         report = DoctorReport(
             ok=all(c.ok for c in checks),
@@ -113,7 +114,7 @@ def run(*, timeout_s: float = DEFAULT_TIMEOUT_S, keep_dir: str | None = None) ->
             hooks=hooks,
             caches=tuple(cache_locations()),
             counts=counts,
-            manifest=tuple(_manifest_summary(manifest)),
+            compile_log=tuple(_log_summary(log_records)),
             notes=tuple(notes + list(child.get("notes", ()))),
             duration_s=round(time.monotonic() - started, 3),
             child_log_tail=child.get("log_tail", "") if not all(c.ok for c in checks) else "",
@@ -418,7 +419,7 @@ def _run_child(root: Path, env: dict[str, str | None], state_dir: Path,
 
 
 def _read_back(dirs: dict[str, Path], notes: list[str]) -> tuple[dict, list[dict]]:
-    from warmup.observe import events, metrics
+    from warmup.observe import metrics
 
     try:
         counts = metrics.collect(dirs["prometheus"])
@@ -426,14 +427,14 @@ def _read_back(dirs: dict[str, Path], notes: list[str]) -> tuple[dict, list[dict
         notes.append(f"metrics could not be read back: {exc}")
         counts = {}
     try:
-        manifest = events.read_manifest(dirs["state"])
+        log_records = compile_log.read_dir(dirs["state"])
     except Exception as exc:
-        notes.append(f"compile manifest could not be read back: {exc}")
-        manifest = []
-    return counts, manifest
+        notes.append(f"compile log could not be read back: {exc}")
+        log_records = []
+    return counts, log_records
 
 
-def _verdicts(child: dict, counts: dict, manifest: list[dict], cache_dir: Path,
+def _verdicts(child: dict, counts: dict, log_records: list[dict], cache_dir: Path,
               plugin: dict) -> list[Check]:
     from warmup.observe import metrics
 
@@ -472,15 +473,15 @@ def _verdicts(child: dict, counts: dict, manifest: list[dict], cache_dir: Path,
     checks.append(Check("jit_cache_hook seen", spec_w == 1 and spec_s == 1,
                         f"specializations warmup = {spec_w:g}, serving = {spec_s:g} "
                         "(expected 1 and 1)"))
-    misses = [r for r in manifest if r.get("event") == "miss" and r.get("compiler") == "triton"]
-    hits = [r for r in manifest if r.get("event") == "hit" and r.get("compiler") == "triton"]
+    misses = [r for r in log_records if r.get("event") == "miss" and r.get("compiler") == "triton"]
+    hits = [r for r in log_records if r.get("event") == "hit" and r.get("compiler") == "triton"]
     joined = bool(misses) and all(
         (r.get("specialization") or {}).get("specialization_data") for r in misses)
     good = (len(misses) == 1 and len(hits) == 1 and misses[0].get("phase") == "warmup"
             and hits[0].get("phase") == "serving" and joined
             and misses[0].get("kernel", {}).get("qualname") == "_doctor_probe"
             and misses[0].get("hash") == hits[0].get("hash") == child.get("hash"))
-    checks.append(Check("compile manifest", good,
+    checks.append(Check("compile log", good,
                         f"{len(misses)} miss and {len(hits)} hit line(s)"
                         + ("; the miss carries the jit_cache_hook record" if joined else
                            "; the miss lacks the jit_cache_hook record")))
@@ -497,10 +498,10 @@ def _verdicts(child: dict, counts: dict, manifest: list[dict], cache_dir: Path,
     return checks
 
 
-def _manifest_summary(manifest: list[dict]) -> list[dict]:
+def _log_summary(log_records: list[dict]) -> list[dict]:
     return [{"event": r.get("event"), "phase": r.get("phase"), "compiler": r.get("compiler"),
              "kernel": (r.get("kernel") or {}).get("name") or r.get("module_name"),
-             "hash": r.get("hash"), "duration_s": r.get("duration_s")} for r in manifest]
+             "hash": r.get("hash"), "duration_s": r.get("duration_s")} for r in log_records]
 
 
 def _tail(path: Path, limit: int = 4000) -> str:
@@ -562,7 +563,7 @@ def doctor_command(
     timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", min=1.0,
                                   help="Seconds the check process may take."),
     keep_dir: str = typer.Option("", "--keep-dir", metavar="DIR",
-                                 help="Keep the check's Triton cache, phase file, manifest, "
+                                 help="Keep the check's Triton cache, phase file, compile log, "
                                       "metrics files and process log in DIR (default: a "
                                       "temporary directory, removed)."),
 ) -> None:

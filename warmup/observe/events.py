@@ -21,9 +21,9 @@ result, and records after it.  A hook installed later that chains (SGLang's
 ``triton_load_watch.install()``) keeps calling ours.  Recording never raises into the host: a
 failure is logged and counted in ``sglang_warmup_hook_errors_total``.
 
-Every Triton miss becomes one JSON line in ``<state_dir>/manifest/compiles-<pid>.jsonl`` with
+Every Triton miss becomes one line of the compile log (:mod:`cache_tools.compile_log`) with
 what a later rebuild on a CPU machine needs; disk hits, device loads and JIT builds are recorded
-there too (field ``event``).  ``read_manifest`` reads them back.
+there too (field ``event``).
 """
 
 from __future__ import annotations
@@ -43,13 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from cache_tools import compile_log
 from warmup.observe import importer
 from warmup.observe import phase as _phase
 
 logger = logging.getLogger("sglang_warmup.events")
 
-MANIFEST_DIR = "manifest"
-MANIFEST_GLOB = "compiles-*.jsonl"
 
 # SGLang nvcc JIT modules, by release layout.
 _NINJA_MODULE = "sglang.kernels.jit.utils.compile.ninja"      # 0.5.22+ (compile/ is a package)
@@ -64,7 +63,7 @@ _MAX_PENDING = 256
 _MAX_LOAD_STARTS = 1024
 # Our own failures are logged at WARNING this many times per process, then at DEBUG.
 _MAX_ERROR_LOGS = 5
-# A kernel module made at run time (Inductor's generated kernels) is copied into its manifest
+# A kernel module made at run time (Inductor's generated kernels) is copied into its compile-log
 # lines so that replay can rebuild it elsewhere; larger sources are left out.
 _MAX_SOURCE_BYTES = 256 * 1024
 
@@ -91,8 +90,8 @@ class InstallReport:
     """What ``install()`` found and did.
 
     ``already_installed``: True when an earlier ``install()`` in this process did the work and
-    this call changed nothing.  ``state_dir``: where the phase file and the manifest live
-    (None: phase in-process only, no manifest).  ``multiprocess_dir``: the Prometheus
+    this call changed nothing.  ``state_dir``: where the phase file and the compile log live
+    (None: phase in-process only, no compile log).  ``multiprocess_dir``: the Prometheus
     multiprocess directory (None: single-process metrics).
     """
 
@@ -144,7 +143,7 @@ def install(*, registry: Any = None, state_dir: str | os.PathLike | None = None)
 
     ``registry``: a prometheus-client CollectorRegistry for our metrics (tests pass a fresh
     one); by default the metrics go to the default registry, created on the first event.
-    ``state_dir``: directory of the phase file and the compile manifest; by default
+    ``state_dir``: directory of the phase file and the compile log; by default
     ``WARMUP_STATE_DIR``.  A second call returns the first call's report with
     ``already_installed=True`` (call ``uninstall()`` first to change the arguments).
     """
@@ -207,7 +206,8 @@ class _Installation:
             self._metrics = for_registry(registry)
         resolved = _phase.resolve_state_dir(state_dir)
         self.state_dir: Path | None = resolved
-        self.manifest = _ManifestWriter(resolved / MANIFEST_DIR) if resolved is not None else None
+        self.log = (compile_log.Writer(compile_log.directory(resolved), default=_json_default)
+                    if resolved is not None else None)
         self._pending: "OrderedDict[int, dict]" = OrderedDict()
         self._pending_lock = threading.Lock()
         self._load_starts: "OrderedDict[tuple[int, str], tuple[float, float | None]]" = OrderedDict()
@@ -243,12 +243,12 @@ class _Installation:
             pass
 
     def write(self, record: dict) -> None:
-        if self.manifest is None:
+        if self.log is None:
             return
         try:
-            self.manifest.write(record)
+            self.log.write(record)
         except Exception as exc:
-            self.failed("manifest", exc)
+            self.failed("compile_log", exc)
 
     # --- install / uninstall ----------------------------------------------------------------
     def install(self) -> None:
@@ -272,8 +272,8 @@ class _Installation:
             except Exception as exc:
                 logger.debug("sglang-warmup: uninstall step failed: %r", exc)
         self._undo.clear()
-        if self.manifest is not None:
-            self.manifest.close()
+        if self.log is not None:
+            self.log.close()
 
     def current_report(self) -> InstallReport:
         hooks = []
@@ -413,7 +413,7 @@ class _Installation:
             self.failed("metrics", exc)
 
     def on_compile(self, src, metadata, metadata_group, times, cache_hit) -> None:
-        """Record one listener call: metrics, log line and manifest line."""
+        """Record one listener call: metrics, log line and compile-log line."""
         if src is None or metadata is None:
             raise ValueError("compilation listener called without src/metadata")
         pending = self.take_pending(src)
@@ -427,12 +427,12 @@ class _Installation:
             log = logger.warning if state.phase == "serving" else logger.debug
             log("sglang-warmup: Triton compiled %s in %.3f s (phase %s)", name, duration or 0.0,
                 state.phase)
-        if self.manifest is not None:
+        if self.log is not None:
             try:
                 record = _triton_record(self, "hit" if cache_hit else "miss", state, src,
                                         metadata, metadata_group, times, pending)
             except Exception as exc:
-                self.failed("manifest", exc)
+                self.failed("compile_log", exc)
                 return
             self.write(record)
 
@@ -473,7 +473,7 @@ class _Installation:
 
     def on_load_end(self, name: str, hash_: str) -> None:
         start = self._load_starts.pop((threading.get_ident(), str(hash_)), None)
-        if self.manifest is None:
+        if self.log is None:
             return
         state = self.phase()
         record = _base_record("load", state, "triton")
@@ -757,89 +757,6 @@ def _spec_name(args: tuple, kwargs: dict) -> str | None:
         return None
 
 
-# --------------------------------------------------------------------------------------------
-# manifest
-# --------------------------------------------------------------------------------------------
-
-class _ManifestWriter:
-    """Appends JSON lines to ``compiles-<pid>.jsonl``: O_APPEND, one ``write`` per line."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._fd: int | None = None
-        self._pid: int | None = None
-        self._lock = threading.Lock()
-
-    def write(self, record: dict) -> None:
-        data = (json.dumps(record, default=_json_default, separators=(",", ":")) + "\n").encode()
-        with self._lock:
-            pid = os.getpid()
-            if self._fd is None or self._pid != pid:  # first line, or a forked child
-                self.directory.mkdir(parents=True, exist_ok=True)
-                self._fd = os.open(self.directory / f"compiles-{pid}.jsonl",
-                                   os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                self._pid = pid
-            view = memoryview(data)
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
-
-    def close(self) -> None:
-        with self._lock:
-            if self._fd is not None and self._pid == os.getpid():
-                try:
-                    os.close(self._fd)
-                except OSError:
-                    pass
-            self._fd = None
-
-
-def manifest_files(state_dir: str | os.PathLike) -> list[Path]:
-    """The manifest files under a state directory, sorted by name."""
-    return sorted((Path(state_dir) / MANIFEST_DIR).glob(MANIFEST_GLOB))
-
-
-def is_miss(record: Mapping[str, Any]) -> bool:
-    """A manifest record of something compiled now (a Triton miss or an nvcc JIT build)."""
-    event = record.get("event")
-    return event == "miss" or (event == "jit_build" and record.get("outcome") == "built")
-
-
-def kernel_name(record: Mapping[str, Any]) -> str:
-    """The kernel (Triton) or module (nvcc JIT) a manifest record names; ``?`` if none."""
-    kernel = record.get("kernel")
-    if isinstance(kernel, dict):
-        return str(kernel.get("name") or kernel.get("qualname") or "?")
-    return str(record.get("module_name") or kernel or "?")
-
-
-def read_manifest(state_dir: str | os.PathLike | None = None) -> list[dict]:
-    """Every record of every process's manifest under ``state_dir`` (default
-    ``WARMUP_STATE_DIR``), ordered by time.  A line that is not valid JSON (the last line of a
-    killed process) is skipped with a warning."""
-    directory = _phase.resolve_state_dir(state_dir)
-    if directory is None:
-        from warmup.errors import WarmupError
-
-        raise WarmupError("no state directory to read the compile manifest from",
-                          hint="set WARMUP_STATE_DIR or pass the state directory explicitly")
-    records: list[dict] = []
-    for path in manifest_files(directory):
-        with open(path, "rb") as fh:
-            for number, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    logger.warning("sglang-warmup: %s:%d: not a JSON line, skipped", path, number)
-                    continue
-                if isinstance(record, dict):
-                    records.append(record)
-    records.sort(key=lambda r: r.get("time") or 0.0)
-    return records
-
-
 _sources: dict[str, dict | None] = {}
 _sources_lock = threading.Lock()
 
@@ -849,7 +766,7 @@ def generated_source(function: Any) -> dict | None:
 
     Inductor writes each generated kernel to a file in its cache and executes it as a module
     that has no import spec (``torch._inductor.runtime.compile_tasks.<key>``), so no other
-    process can import it by name.  Its text goes into the manifest line:
+    process can import it by name.  Its text goes into the compile-log line:
     ``{"file": basename, "sha256": hex, "text": source}``.  Modules that import normally,
     ``__main__`` scripts and sources over 256 KiB give None.  Read once per file; never
     raises."""
@@ -903,21 +820,14 @@ def _toolchain(target: Any) -> dict | None:
 
 
 def _base_record(event: str, state: _phase.PhaseState, compiler: str) -> dict:
-    return {
-        "event": event,
-        "time": time.time(),
-        "pid": os.getpid(),
-        "phase": state.phase,
-        "shape_class": state.shape_class,
-        "request": state.request,
-        "compiler": compiler,
-    }
+    return compile_log.record(event, phase=state.phase, shape_class=state.shape_class,
+                              request=state.request, compiler=compiler)
 
 
 def _triton_record(inst: _Installation, event: str, state: _phase.PhaseState, src: Any,
                    metadata: dict, metadata_group: dict | None, times: Any,
                    pending: dict | None) -> dict:
-    """The manifest line of one listener call, joined with its jit_cache_hook record."""
+    """The compile-log line of one listener call, joined with its jit_cache_hook record."""
     fn = getattr(src, "fn", None)
     inner = getattr(fn, "fn", None)
     kernel = {

@@ -12,7 +12,7 @@ the first event, so that importing sglang-warmup early in SGLang's main process 
 prometheus-client in single-process mode before SGLang sets the variable.
 
 Labels are closed sets (``PHASES``, ``COMPILERS``, ...).  Kernel names go to logs and to the
-compile manifest, never to labels.
+compile log, never to labels.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ PLAN_CLASS_STATES: tuple[str, ...] = ("done", "skipped", "failed")
 #: The hook (or our own step) whose recording failed.
 HOOKS: tuple[str, ...] = ("compilation_listener", "jit_cache_hook", "jit_post_compile_hook",
                           "kernel_load_start_hook", "kernel_load_end_hook", "sglang_jit",
-                          "manifest", "metrics")
+                          "compile_log", "metrics")
 
 #: Compile durations (seconds): from 10 ms (a small kernel, or a disk hit) to 120 s (a large
 #: autotuned kernel or an nvcc build of a CUTLASS template).

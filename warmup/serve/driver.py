@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from cache_tools import compile_log
+from cache_tools.compile_log import is_miss, kernel_name
 from warmup.observe import phase as phase_mod
 from warmup.errors import DriverError, TransportError
 from warmup.plan.model import Expansion, WarmupStep
@@ -39,7 +41,7 @@ class ClassReport:
     failures: int = 0
     total_ms: float = 0.0
     max_step_ms: float = 0.0
-    compiles: int = 0  # Triton misses stamped with this class (from the compile manifest)
+    compiles: int = 0  # Triton misses stamped with this class (from the compile log)
     disk_hits: int = 0
     jit_builds: int = 0
     kernels: list[str] = field(default_factory=list)  # distinct kernel names that compiled
@@ -77,10 +79,8 @@ class RunReport:
         return sum(c.requests for c in self.classes)
 
     def count_compiles(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Set the compile counts from compile-manifest records: per phase, and per class for
+        """Set the compile counts from compile-log records: per phase, and per class for
         the warm-up's own (``compiles``, ``jit_builds``, ``disk_hits``, kernel names)."""
-        from warmup.observe.events import is_miss, kernel_name
-
         by_class = {c.shape_class: c for c in self.classes}
         for c in self.classes:
             c.compiles = c.jit_builds = c.disk_hits = 0
@@ -256,11 +256,11 @@ class Driver:
             logger.debug("sglang-warmup: phase not recorded: %s", exc)
 
     def _attach_compiles(self, report: RunReport) -> None:
-        """Count compile-manifest records per class (written by the scheduler processes)."""
+        """Count compile-log records per class (written by the scheduler processes)."""
+        if self.state_dir is None:
+            return
         try:
-            from warmup.observe import events
-
-            records = events.read_manifest(self.state_dir)
+            records = compile_log.read_dir(self.state_dir)
         except Exception:
             return
         report.count_compiles(records)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from cache_tools import compile_log
 from warmup.plan import loader
 from warmup.errors import WarmupError
 from warmup.serve.hook import ensure_listed
@@ -82,7 +83,8 @@ def build(plan_path: str, sglang_args: list[str], *, report: str | None = None,
     Path(mp).mkdir(parents=True, exist_ok=True)
     # A reused state directory starts over: old compile records and (our own) metric files
     # would otherwise be counted as this run's.
-    shutil.rmtree(Path(sdir) / "manifest", ignore_errors=True)
+    for old in (compile_log.DIR, compile_log.LEGACY_DIR):
+        shutil.rmtree(Path(sdir) / old, ignore_errors=True)
     if own_mp:
         for stale in Path(mp).glob("*.db"):
             stale.unlink(missing_ok=True)

@@ -43,7 +43,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from warmup.plan import loader
 from warmup.observe import phase as phase_mod
-from warmup.observe.events import is_miss, kernel_name
+from cache_tools import compile_log
+from cache_tools.compile_log import is_miss, kernel_name
 from warmup.serve.driver import Driver, RunReport
 from warmup.errors import SidecarError, TransportError, WarmupError
 from warmup.plan.model import Expansion, Plan, WarmupStep, expand
@@ -309,8 +310,9 @@ class PassCheck:
     """The compile misses of one pass, read from what the SGLang processes wrote.
 
     ``verified``: False when nothing shared could be read (then ``misses`` means nothing).
-    ``source``: ``manifest`` (``<state_dir>/manifest``) or ``metrics`` (the multiprocess
-    directory).  ``kernels``: ``class: kernel (compiler)`` per miss, from the manifest only.
+    ``source``: ``compile_log`` (``<state_dir>/compile_log``) or ``metrics`` (the
+    multiprocess directory).  ``kernels``: ``class: kernel (compiler)`` per miss, from the
+    compile log only.
     """
 
     verified: bool
@@ -339,16 +341,14 @@ def miss_total(mp_dir: str | None) -> float | None:
 
 
 class PassWindow:
-    """What the SGLang processes wrote during one pass: the new bytes of the compile manifest
-    (a :class:`~warmup.coverage.classes.ManifestCursor`, so no clock is compared across processes) and
+    """What the SGLang processes wrote during one pass: the new bytes of the compile log
+    (a :class:`cache_tools.compile_log.Cursor`, so no clock is compared across processes) and
     the multiprocess miss counter before and after."""
 
     def __init__(self, state_dir: str | None, mp_dir: str | None) -> None:
-        from warmup.coverage.classes import ManifestCursor
-
         self.state_dir = state_dir
         self.mp_dir = mp_dir
-        self.cursor = ManifestCursor(state_dir) if state_dir else None
+        self.cursor = compile_log.Cursor(state_dir) if state_dir else None
         self.start = self.cursor.mark() if self.cursor is not None else {}
         self.end: dict[str, int] | None = None
         self.misses_before = miss_total(mp_dir)
@@ -361,34 +361,33 @@ class PassWindow:
         return self
 
     @property
-    def shared_manifest(self) -> bool:
-        """True when some process wrote a compile manifest into the state directory."""
-        from warmup.observe.events import manifest_files
-
-        return bool(self.state_dir) and bool(manifest_files(self.state_dir))
+    def shared_log(self) -> bool:
+        """True when some process wrote a compile log into the state directory."""
+        return bool(self.state_dir) and bool(compile_log.files(self.state_dir))
 
     def records(self) -> list[dict] | None:
-        """The manifest records of the pass; None without a shared manifest."""
-        if self.cursor is None or not self.shared_manifest:
+        """The compile-log records of the pass; None without a shared compile log."""
+        if self.cursor is None or not self.shared_log:
             return None
         return self.cursor.read(self.start, self.end)
 
     def check(self) -> PassCheck:
-        """The misses of the pass: from the manifest when SGLang writes one into the shared
+        """The misses of the pass: from the compile log when SGLang writes one into the shared
         state directory, else from the multiprocess metrics."""
         records = self.records()
         if records is not None:
             misses = [r for r in records if is_miss(r)]
             kernels = tuple(f"{r.get('shape_class') or r.get('phase') or '?'}: "
                             f"{kernel_name(r)} ({r.get('compiler') or '?'})" for r in misses)
-            return PassCheck(True, len(misses), "manifest", kernels,
-                             f"{len(records)} records of the pass in {self.state_dir}/manifest")
+            return PassCheck(True, len(misses), "compile_log", kernels,
+                             f"{len(records)} records of the pass in "
+                             f"{compile_log.directory(self.state_dir)}")
         if self.misses_after is not None:  # none before the pass: none had been counted yet
             before = self.misses_before or 0.0
             return PassCheck(True, int(round(self.misses_after - before)), "metrics",
                              (), f"sglang_warmup_compile_events_total{{outcome=\"miss\"}} in "
                              f"{self.mp_dir}")
-        where = [f"no compile manifest under {self.state_dir}/manifest" if self.state_dir
+        where = [f"no compile log under {compile_log.directory(self.state_dir)}" if self.state_dir
                  else "no shared state directory",
                  f"no sglang-warmup compile metrics in {self.mp_dir}" if self.mp_dir
                  else "no Prometheus multiprocess directory"]
@@ -397,7 +396,7 @@ class PassWindow:
 
 def _attach_window(report: RunReport, records: Iterable[Mapping[str, Any]] | None) -> None:
     """Replace the report's compile counts by those of its own pass (the driver counts every
-    record of the manifest: earlier passes and earlier server lifetimes included)."""
+    record of the compile log: earlier passes and earlier server lifetimes included)."""
     if records is not None:
         report.count_compiles(records)
 
@@ -788,7 +787,7 @@ class Sidecar:
         if check.misses:
             shown = "; ".join(check.kernels[:10]) + (" …" if len(check.kernels) > 10 else "")
             return self._fail(f"the second pass compiled {check.misses} kernel(s) "
-                              f"(from the {check.source})" + (f": {shown}" if shown else ""),
+                              f"(from the {check.source.replace('_', ' ')})" + (f": {shown}" if shown else ""),
                               "the plan does not reproduce its own shapes, so traffic may compile "
                               "too; see /report for the classes, or drop --second-pass")
         self._event(None, f"second pass: 0 compile misses ({check.detail})")

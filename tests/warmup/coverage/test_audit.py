@@ -27,6 +27,7 @@ from _sglang_standin import TRAFFIC, Forward, StandIn, recording, write_traffic 
 
 from warmup.coverage import audit
 
+from cache_tools import compile_log
 from warmup.observe import events, phase
 from warmup.errors import WarmupError
 
@@ -45,7 +46,7 @@ EXPECTED_KEYS = {
 def test_every_compile_is_attributed_to_its_step(recording, tmp_path, capsys):
     traffic = write_traffic(tmp_path / "traffic.jsonl")
     Forward().run([[5] * 7, [6] * 9], [{"temperature": 0.0}] * 2)  # own traffic (bs 2), before
-    before = len(events.read_manifest(recording.state_dir))
+    before = len(compile_log.read_dir(recording.state_dir))
     assert before == 1
     with StandIn(registry=recording.registry) as server:
         code, out, err = cli(capsys, "audit", "--url", server.url, "--traffic", str(traffic),
@@ -59,7 +60,7 @@ def test_every_compile_is_attributed_to_its_step(recording, tmp_path, capsys):
         "error: 5 post-ready compile event(s) during the audit, above --max-misses 0",
         f"hint: sglang-warmup learn --manifest {files[0]} --plan PLAN turns them into plan "
         "classes"]
-    assert report["mode"] == "manifest"
+    assert report["mode"] == "compile_log"
     assert (report["misses"], report["ok"], report["max_misses"]) == (5, False, 0)
     assert report["steps_with_misses"] == [0, 2, 3, 5]
     assert {s["index"]: s["pass1"]["misses"] for s in report["steps"] if s["pass1"]["misses"]} \
@@ -84,7 +85,7 @@ def test_every_compile_is_attributed_to_its_step(recording, tmp_path, capsys):
     now = phase.current(state_dir=recording.state_dir)
     assert (now.phase, now.shape_class, now.request) == ("serving", None, None)
     stamped = [(r["phase"], r["shape_class"], r["request"]) for r in
-               events.read_manifest(recording.state_dir)[before:]]
+               compile_log.read_dir(recording.state_dir)[before:]]
     assert sorted(stamped) == sorted([("serving", "audit:fresh", 0), ("serving", "audit:burst", 2),
                                       ("serving", "audit:burst", 2),
                                       ("serving", "audit:batch_3", 3), ("serving", "audit:rag", 5)])
@@ -153,7 +154,7 @@ def test_a_state_dir_the_server_does_not_write_is_flagged(recording, tmp_path, c
     assert code == 3
     assert (report["misses"], report["unseen_events"], report["steps_with_misses"]) == (5, 5, [])
     assert report["notes"] == [
-        f"/metrics counted 5 more serving compile event(s) than the manifest in {elsewhere} "
+        f"/metrics counted 5 more serving compile event(s) than the compile log in {elsewhere} "
         "recorded: the server may not write to this state directory (they count as misses)"]
 
 

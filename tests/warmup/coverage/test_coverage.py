@@ -199,7 +199,7 @@ def test_without_a_state_dir_the_second_replay_is_skipped(recording, monkeypatch
     driver = Driver(transport, progress=lambda line: None)
     monkeypatch.setenv("WARMUP_SECOND_PASS", "1")
     report = asyncio.run(coverage.run(driver, expansion()))  # second_pass from the variable
-    assert report.coverage["note"] == ("no state directory: the compile manifest that coverage "
+    assert report.coverage["note"] == ("no state directory: the compile log that coverage "
                                        "reads is not written; second replay skipped")
     assert report.coverage["classes"] == []
 

@@ -260,13 +260,13 @@ def test_custom_variants_merge_into_existing_sampling_variants(tmp_path):
 def test_errors_name_the_input_and_the_fix(tmp_path):
     plan = tmp_path / "small.yaml"
     plan.write_text(SMALL)
-    manifest = tmp_path / "state" / "manifest"
+    manifest = tmp_path / "state" / "compile_log"
     manifest.mkdir(parents=True)
     (manifest / "compiles-1.jsonl").write_text("{}\n")
     cases = [
         (manifest / "compiles-1.jsonl",
-         f"{manifest / 'compiles-1.jsonl'}: a compile manifest holds no traffic shapes"),
-        (tmp_path / "state", f"{tmp_path / 'state'}: a compile manifest but no audit-*.json"),
+         f"{manifest / 'compiles-1.jsonl'}: a compile log holds no traffic shapes"),
+        (tmp_path / "state", f"{tmp_path / 'state'}: a compile log but no audit-*.json"),
         (tmp_path / "nope", f"{tmp_path / 'nope'}: no such file or directory"),
         (plan, f"{plan}: not JSON: Expecting value: line 1 column 1 (char 0)"),
     ]

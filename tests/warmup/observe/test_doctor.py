@@ -50,7 +50,7 @@ def test_the_cli_check_passes_on_a_cpu_machine():
         "triton.knobs.compilation.listener", "triton.knobs.runtime.jit_cache_hook",
         "triton.knobs.runtime.kernel_load_start_hook"}
     assert "triton" in {c["kind"] for c in report["caches"]}
-    assert [(e["event"], e["phase"], e["kernel"]) for e in report["manifest"]] == [
+    assert [(e["event"], e["phase"], e["kernel"]) for e in report["compile_log"]] == [
         ("miss", "warmup", "_doctor_probe"), ("hit", "serving", "_doctor_probe")]
 
 
@@ -96,7 +96,7 @@ def test_the_text_report_lists_checks_hooks_and_caches():
         plugin={"registered": False}, hooks=({"name": "h", "state": "missing", "detail": "d"},),
         caches=({"kind": "triton", "path": "/c", "source": "TRITON_CACHE_DIR",
                  "active": True, "note": ""},),
-        counts={}, manifest=(), notes=("n1",), duration_s=1.25)
+        counts={}, compile_log=(), notes=("n1",), duration_s=1.25)
     assert doctor.render_text(report).splitlines() == [
         "sglang-warmup doctor: FAILED (1.2 s)",
         "  triton 3.8.0, sglang 0.5.22, target cuda:90 (compile only: x)",

@@ -20,6 +20,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import MockTensor
 
+from cache_tools import compile_log
 from warmup.observe import events, metrics, phase
 from warmup.observe.doctor import compile_only_target
 
@@ -105,7 +106,7 @@ def count(registry, name, **labels):
 
 
 def triton_events(state_dir):
-    return [r for r in events.read_manifest(state_dir) if r["compiler"] == "triton"]
+    return [r for r in compile_log.read_dir(state_dir) if r["compiler"] == "triton"]
 
 
 # --- installation ----------------------------------------------------------------------------
@@ -196,12 +197,12 @@ def test_a_miss_then_a_disk_hit_are_counted_in_their_phase(registry, state_dir):
                                  "ptxas_version": nvidia.get_ptxas_version(90)}
     assert "source" not in miss["kernel"]  # an importable module: replay imports it
     assert sorted(miss) == sorted([
-        "event", "time", "pid", "phase", "shape_class", "request", "compiler", "kernel", "key",
+        "v", "event", "time", "pid", "phase", "shape_class", "request", "compiler", "kernel", "key",
         "hash", "signature", "constexprs", "attrs", "options", "env", "target", "toolchain",
         "triton_version", "duration_s", "stages", "cache_hit", "artifacts", "cache_entry",
         "specialization"])
-    manifest = state_dir / "manifest" / f"compiles-{os.getpid()}.jsonl"
-    assert len(manifest.read_text().splitlines()) == 2
+    log = state_dir / "compile_log" / f"compiles-{os.getpid()}.jsonl"
+    assert len(log.read_text().splitlines()) == 2
 
 
 def test_the_jit_path_joins_the_jit_cache_hook_record(registry, state_dir):
@@ -365,7 +366,7 @@ def test_kernel_loads_are_counted_and_recorded(registry, state_dir):
     knobs.runtime.kernel_load_start_hook(None, None, "scale_kernel", {}, "h1")
     knobs.runtime.kernel_load_end_hook(object(), object(), "scale_kernel", {}, "h1")
     assert count(registry, "sglang_warmup_kernel_loads_total", phase="warmup") == 1
-    (load,) = events.read_manifest(state_dir)
+    (load,) = compile_log.read_dir(state_dir)
     assert (load["event"], load["phase"], load["hash"]) == ("load", "warmup", "h1")
     assert load["kernel"]["name"] == "scale_kernel"
     assert load["duration_s"] >= 0
@@ -380,7 +381,7 @@ def test_a_failing_manifest_is_counted_and_the_compile_goes_on(registry, tmp_pat
     events.install(registry=registry, state_dir=blocker)
     kernel = compile_jit()
     assert kernel is not None
-    assert count(registry, "sglang_warmup_hook_errors_total", hook="manifest") == 1
+    assert count(registry, "sglang_warmup_hook_errors_total", hook="compile_log") == 1
     assert count(registry, "sglang_warmup_compile_events_total", phase="init",
                  compiler="triton", outcome="miss") == 1
 
@@ -414,7 +415,7 @@ def test_unexpected_hook_arguments_are_counted_not_raised(registry, state_dir):
     assert count(registry, "sglang_warmup_hook_errors_total", hook="kernel_load_start_hook") == 1
     assert count(registry, "sglang_warmup_compile_events_total", phase="init",
                  compiler="triton", outcome="miss") == 0
-    assert events.read_manifest(state_dir) == []
+    assert compile_log.read_dir(state_dir) == []
 
 
 def test_a_previous_listener_that_raises_still_raises_and_we_still_record(registry, state_dir):
@@ -427,28 +428,6 @@ def test_a_previous_listener_that_raises_still_raises_and_we_still_record(regist
         compile_direct()
     assert count(registry, "sglang_warmup_compile_events_total", phase="init",
                  compiler="triton", outcome="miss") == 1
-
-
-# --- manifest reading ------------------------------------------------------------------------
-
-def test_read_manifest_skips_a_torn_last_line(tmp_path, caplog):
-    directory = tmp_path / "manifest"
-    directory.mkdir()
-    (directory / "compiles-11.jsonl").write_text(
-        json.dumps({"event": "miss", "time": 2.0}) + "\n" + '{"event": "mi')
-    (directory / "compiles-12.jsonl").write_text(json.dumps({"event": "hit", "time": 1.0}) + "\n")
-    with caplog.at_level(logging.WARNING, logger="sglang_warmup.events"):
-        records = events.read_manifest(tmp_path)
-    assert records == [{"event": "hit", "time": 1.0}, {"event": "miss", "time": 2.0}]
-    assert f"{directory / 'compiles-11.jsonl'}:2: not a JSON line, skipped" in caplog.text
-
-
-def test_read_manifest_needs_a_state_dir():
-    from warmup.errors import WarmupError
-
-    with pytest.raises(WarmupError) as err:
-        events.read_manifest()
-    assert err.value.message == "no state directory to read the compile manifest from"
 
 
 # --- several processes: shared phase file, one multiprocess directory ------------------------
@@ -592,7 +571,7 @@ def test_sglang_jit_builds_hits_and_failures_are_counted(tmp_path, mode, version
     assert builds() == 3
     assert metrics.total(collected, "sglang_warmup_compile_events_total", phase="warmup",
                          compiler="sglang_jit", outcome="miss") == 1
-    records = [r for r in events.read_manifest(tmp_path / "state") if r["event"] == "jit_build"]
+    records = [r for r in compile_log.read_dir(tmp_path / "state") if r["event"] == "jit_build"]
     assert [(r["outcome"], r["module_name"], r["phase"]) for r in records] == [
         ("built", "sgl_kernel_jit_sgw_probe", "warmup"),
         ("hit", "sgl_kernel_jit_sgw_probe", "serving"),

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from cache_tools import compile_log
 from warmup.observe import events, inductor, phase
 
 
@@ -52,5 +53,5 @@ def test_inductor_worker_records_compiles_with_the_phase(enabled):
     finally:
         pool.shutdown()
     assert got["installed"] is True and got["pid"] != os.getpid()
-    misses = [r for r in events.read_manifest(enabled) if r.get("event") == "miss"]
+    misses = [r for r in compile_log.read_dir(enabled) if r.get("event") == "miss"]
     assert [(r["kernel"]["name"], r["phase"], r["pid"]) for r in misses] == [("add_one", "serving", got["pid"])]

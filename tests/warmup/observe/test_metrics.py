@@ -88,14 +88,14 @@ def test_plan_coverage_ready_and_hook_errors(registry, m):
     m.plan_request("failed")
     m.plan_coverage(done=4, skipped=1, failed=1)
     m.ready(1_800_000_000.0)
-    m.hook_error("manifest")
+    m.hook_error("compile_log")
     m.specialization("warmup")
     assert value(registry, "sglang_warmup_plan_requests_total", outcome="ok") == 5
     assert value(registry, "sglang_warmup_plan_requests_total", outcome="failed") == 1
     assert [value(registry, "sglang_warmup_plan_classes", state=s)
             for s in ("done", "skipped", "failed")] == [4, 1, 1]
     assert value(registry, "sglang_warmup_ready_timestamp_seconds") == 1_800_000_000.0
-    assert value(registry, "sglang_warmup_hook_errors_total", hook="manifest") == 1
+    assert value(registry, "sglang_warmup_hook_errors_total", hook="compile_log") == 1
     assert value(registry, "sglang_warmup_specializations_total", phase="warmup") == 1
 
 
@@ -113,7 +113,7 @@ def test_plan_coverage_ready_and_hook_errors(registry, m):
     (lambda m: m.hook_error("my_hook"),
      "label hook='my_hook' is not one of compilation_listener, jit_cache_hook, "
      "jit_post_compile_hook, kernel_load_start_hook, kernel_load_end_hook, sglang_jit, "
-     "manifest, metrics"),
+     "compile_log, metrics"),
 ])
 def test_labels_are_closed_sets(m, call, message):
     with pytest.raises(ValueError) as err:

@@ -356,7 +356,7 @@ def test_second_pass_with_real_compiles_turns_ready_on_zero_misses(standins, sid
     sc = sidecars(server.url, state_dir=str(state), mp_dir=str(mp), second_pass=True)
     report = wait_state(sc, "ready", timeout=60)
     check = report["second_pass_run"]["check"]
-    assert check["verified"] is True and check["misses"] == 0 and check["source"] == "manifest"
+    assert check["verified"] is True and check["misses"] == 0 and check["source"] == "compile_log"
     # the first pass compiled three kernels (BLOCK 16, 64, 256), each stamped with its class
     assert server.stats()["compiled"] == [16, 256, 64]
     by_class = {c["shape_class"]: c for c in report["run"]["classes"]}
@@ -385,7 +385,7 @@ def test_second_pass_misses_keep_ready_503_and_name_the_kernels(standins, sideca
     sc = sidecars(server.url, state_dir=str(state), mp_dir=str(mp), second_pass=True)
     report = wait_state(sc, "failed", timeout=60)
     assert report["reason"] == (
-        "the second pass compiled 3 kernel(s) (from the manifest): short_prompts: standin_add "
+        "the second pass compiled 3 kernel(s) (from the compile log): short_prompts: standin_add "
         "(triton); short_prompts: standin_add (triton); concurrent_pair: standin_add (triton)")
     assert report["hint"].startswith("the plan does not reproduce its own shapes")
     assert report["second_pass_run"]["coverage"]["open_classes"] == ["short_prompts",
@@ -406,12 +406,12 @@ def test_second_pass_from_metrics_alone(standins, sidecars, tmp_path):
 
 def test_second_pass_that_sees_nothing_shared_cannot_verify(standins, sidecars, tmp_path):
     state = tmp_path / "state"
-    server = standins()  # writes no manifest and no metrics
+    server = standins()  # writes no compile log and no metrics
     sc = sidecars(server.url, state_dir=str(state), mp_dir=str(state / "prometheus"),
                   second_pass=True)
     report = wait_state(sc, "failed")
     assert report["reason"] == (
-        f"--second-pass cannot be verified: no compile manifest under {state}/manifest; no "
+        f"--second-pass cannot be verified: no compile log under {state}/compile_log; no "
         f"sglang-warmup compile metrics in {state}/prometheus")
 
 

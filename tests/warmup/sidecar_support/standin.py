@@ -9,7 +9,7 @@ was received.
 With ``--compile``, every /generate runs a real Triton compile on CPU for sm_90 (one kernel
 specialization per prompt-length class) with sglang-warmup's real compile-event hooks installed
 (``warmup.observe.events.install``), exactly as the plugin does in SGLang's processes: records go to
-``$WARMUP_STATE_DIR/manifest`` stamped with the phase the sidecar writes, and counters to
+``$WARMUP_STATE_DIR/compile_log`` stamped with the phase the sidecar writes, and counters to
 ``$PROMETHEUS_MULTIPROC_DIR``.  A second pass then finds every kernel in memory and compiles
 nothing; ``--drift-after-flush`` makes the classes shift after the first flush, so a second
 pass compiles new kernels (a plan that does not reproduce its shapes).

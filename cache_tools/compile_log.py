@@ -1,0 +1,232 @@
+"""The compile log: one JSON line per compile event, one append-only file per process.
+
+Every SGLang process with the compile hooks installed appends to
+``<state_dir>/compile_log/compiles-<pid>.jsonl``: Triton misses (with what a CPU replay needs),
+disk-cache hits, device loads and nvcc JIT builds, each stamped with the phase it happened in.
+This module is the log's one home: its location, the record fields and format version, the
+writer, the readers (whole logs, or the bytes written between two marks) and the two rules
+every consumer shares (what counts as compiled now, which kernel a record names).
+
+Producers: ``warmup.observe`` (in the SGLang processes).  Consumers: the driver's per-class
+counts, coverage, audit, the sidecar's second pass, ``cache replay``.  Standard library only.
+State directories written before the log had this name hold ``manifest/`` instead of
+``compile_log/``; the readers find both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+logger = logging.getLogger("sglang_warmup.compile_log")
+
+#: The directory under a state directory, the file names in it, and the record format.
+DIR = "compile_log"
+LEGACY_DIR = "manifest"
+GLOB = "compiles-*.jsonl"
+VERSION = 1
+
+#: Record ``event`` values.  ``miss``: a Triton compile; ``hit``: a Triton disk-cache load;
+#: ``load``: a kernel's device load at its first launch; ``jit_build``: an nvcc JIT module
+#: (``outcome`` ``built``, ``cached`` or ``failed``).
+MISS, HIT, LOAD, JIT_BUILD = "miss", "hit", "load", "jit_build"
+EVENTS = (MISS, HIT, LOAD, JIT_BUILD)
+#: Events that compile or look up a compiled artifact (the ones coverage and audit count).
+COMPILE_EVENTS = (MISS, HIT, JIT_BUILD)
+
+#: Fields every record carries.  ``v`` is the format version (absent in version-1 logs written
+#: before it was added); ``phase`` is ``init``, ``warmup`` or ``serving``; ``shape_class`` and
+#: ``request`` name the warm-up step in flight; ``compiler`` is ``triton``, ``sglang-jit`` or
+#: ``tvm-ffi``.  Triton records add ``kernel`` ({module, name, qualname[, path, source]}),
+#: ``key``, ``hash``, ``signature``, ``constexprs``, ``attrs``, ``options``, ``env``,
+#: ``target``, ``toolchain``, ``triton_version``, ``duration_s``, ``stages``, ``cache_hit``,
+#: ``artifacts``, ``cache_entry`` and ``specialization``; JIT records add ``module_name``,
+#: ``outcome`` and ``duration_s``.
+BASE_FIELDS = ("v", "event", "time", "pid", "phase", "shape_class", "request", "compiler")
+
+
+def record(event: str, *, phase: str, shape_class: str | None, request: str | None,
+           compiler: str) -> dict[str, Any]:
+    """A new record with the base fields filled in (now, this process)."""
+    return {"v": VERSION, "event": event, "time": time.time(), "pid": os.getpid(),
+            "phase": phase, "shape_class": shape_class, "request": request, "compiler": compiler}
+
+
+def is_miss(rec: Mapping[str, Any]) -> bool:
+    """Something compiled now: a Triton miss or an nvcc JIT build."""
+    event = rec.get("event")
+    return event == MISS or (event == JIT_BUILD and rec.get("outcome") == "built")
+
+
+def is_compile_event(rec: Mapping[str, Any]) -> bool:
+    """A compile, or a lookup of a compiled artifact (a disk hit, a cached JIT module)."""
+    return rec.get("event") in COMPILE_EVENTS
+
+
+def kernel_name(rec: Mapping[str, Any]) -> str:
+    """The kernel (Triton) or module (nvcc JIT) a record names; ``?`` if none."""
+    kernel = rec.get("kernel")
+    if isinstance(kernel, dict):
+        return str(kernel.get("name") or kernel.get("qualname") or "?")
+    return str(rec.get("module_name") or kernel or "?")
+
+
+# --- writing ------------------------------------------------------------------------------------
+class Writer:
+    """Appends records to ``<directory>/compiles-<pid>.jsonl``: O_APPEND, one ``write`` per
+    line, so concurrent writers never interleave and a reader sees whole lines (but the last
+    line of a killed process).  A forked child opens its own file.  ``default`` encodes values
+    JSON does not know."""
+
+    def __init__(self, directory: str | os.PathLike[str],
+                 default: Callable[[Any], Any] | None = None) -> None:
+        self.directory = Path(directory)
+        self._default = default
+        self._fd: int | None = None
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+
+    def write(self, rec: Mapping[str, Any]) -> None:
+        data = (json.dumps(rec, default=self._default, separators=(",", ":")) + "\n").encode()
+        with self._lock:
+            pid = os.getpid()
+            if self._fd is None or self._pid != pid:  # first line, or a forked child
+                self.directory.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.directory / f"compiles-{pid}.jsonl",
+                                   os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                self._pid = pid
+            view = memoryview(data)
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None and self._pid == os.getpid():
+                try:
+                    os.close(self._fd)
+                except OSError:
+                    pass
+            self._fd = None
+
+
+def directory(state_dir: str | os.PathLike[str]) -> Path:
+    """Where the processes sharing ``state_dir`` write their logs."""
+    return Path(state_dir) / DIR
+
+
+# --- reading ------------------------------------------------------------------------------------
+def files(state_dir: str | os.PathLike[str]) -> list[Path]:
+    """The log files under a state directory (``compile_log/``, or the legacy ``manifest/``),
+    sorted by name; none if there are none."""
+    base = Path(state_dir)
+    return sorted((base / DIR).glob(GLOB)) or sorted((base / LEGACY_DIR).glob(GLOB))
+
+
+def find(path: str | os.PathLike[str]) -> list[Path]:
+    """The log files ``path`` names: a log file itself, a directory of them, or a state
+    directory above one; none if there are none."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    return sorted(p.glob(GLOB)) or files(p)
+
+
+def parse_lines(data: bytes, where: str = "", *, warnings: list[str] | None = None,
+                first_line: int = 1) -> list[dict]:
+    """The records in ``data`` (whole lines).  A line that is not a JSON object (the torn last
+    line of a killed process), or one of a newer format version, is skipped; with ``warnings``
+    a sentence per skipped line is appended there."""
+    out: list[dict] = []
+    for number, line in enumerate(data.splitlines(), start=first_line):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            rec = None
+        if not isinstance(rec, dict):
+            if warnings is not None:
+                warnings.append(f"{where}:{number}: not a JSON object, skipped")
+            continue
+        version = rec.get("v", 1)
+        if not isinstance(version, int) or version > VERSION:
+            if warnings is not None:
+                warnings.append(f"{where}:{number}: compile-log format {version!r} is newer than "
+                                f"this sglang-warmup reads ({VERSION}), skipped")
+            continue
+        out.append(rec)
+    return out
+
+
+def read(paths: Iterable[str | os.PathLike[str]], *, warnings: list[str] | None = None,
+         by_time: bool = True) -> list[dict]:
+    """Every record of the given log files: ordered by time (``by_time``), else in file and
+    line order.  Unreadable files raise OSError."""
+    records: list[dict] = []
+    for path in paths:
+        with open(path, "rb") as fh:
+            records.extend(parse_lines(fh.read(), str(path), warnings=warnings))
+    if by_time:
+        records.sort(key=_time)
+    return records
+
+
+def read_dir(state_dir: str | os.PathLike[str]) -> list[dict]:
+    """Every record of every process's log under ``state_dir``, ordered by time; skipped
+    lines are logged as warnings."""
+    warnings: list[str] = []
+    records = read(files(state_dir), warnings=warnings)
+    for w in warnings:
+        logger.warning("sglang-warmup: %s", w)
+    return records
+
+
+def _time(rec: Mapping[str, Any]) -> float:
+    t = rec.get("time")
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
+
+
+class Cursor:
+    """Byte offsets into every log file of a state directory: the records written after
+    :meth:`mark` are exactly the new bytes (the files are append-only, one ``write`` per line),
+    whatever the processes' clocks say."""
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.state_dir = Path(state_dir)
+
+    def mark(self) -> dict[str, int]:
+        """The current size of every log file."""
+        out = {}
+        for path in files(self.state_dir):
+            try:
+                out[str(path)] = path.stat().st_size
+            except OSError:
+                continue
+        return out
+
+    def read(self, start: Mapping[str, int], end: Mapping[str, int] | None = None) -> list[dict]:
+        """Records written between two marks (``end`` None: up to now), ordered by time.  A
+        line being written right now is left for the next read."""
+        records: list[dict] = []
+        for path in files(self.state_dir):
+            lo = start.get(str(path), 0)
+            hi = None if end is None else end.get(str(path), 0)
+            if hi is not None and hi <= lo:
+                continue
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(lo)
+                    data = fh.read() if hi is None else fh.read(hi - lo)
+            except OSError as exc:
+                logger.warning("sglang-warmup: cannot read %s: %s", path, exc)
+                continue
+            records.extend(parse_lines(data, str(path)))
+        records.sort(key=_time)
+        return records
+

@@ -1,0 +1,92 @@
+"""compile_log: the one writer, the readers, the cursor and the shared counting rules."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+
+from cache_tools import compile_log
+
+
+def _write(path, *lines: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(lines))
+
+
+def test_records_carry_the_base_fields_and_the_format_version():
+    rec = compile_log.record("miss", phase="warmup", shape_class="c", request="r1",
+                             compiler="triton")
+    assert tuple(rec) == compile_log.BASE_FIELDS
+    assert rec["v"] == compile_log.VERSION and rec["pid"] == os.getpid()
+
+
+def test_the_writer_appends_whole_lines_from_many_threads(tmp_path):
+    writer = compile_log.Writer(compile_log.directory(tmp_path), default=str)
+    threads = [threading.Thread(target=lambda i=i: [writer.write({"event": "hit", "i": i, "x": {1}})
+                                                    for _ in range(50)]) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    writer.close()
+    (path,) = compile_log.files(tmp_path)
+    assert path.name == f"compiles-{os.getpid()}.jsonl"
+    records = compile_log.read([path], by_time=False)
+    assert len(records) == 400 and all(r["x"] == "{1}" for r in records)
+
+
+def test_reading_orders_by_time_and_skips_torn_and_newer_lines(tmp_path, caplog):
+    d = compile_log.directory(tmp_path)
+    _write(d / "compiles-11.jsonl", json.dumps({"event": "miss", "time": 2.0}) + "\n",
+           '{"event": "mi')
+    _write(d / "compiles-12.jsonl", json.dumps({"event": "hit", "time": 1.0}) + "\n",
+           json.dumps({"v": 99, "event": "hit", "time": 3.0}) + "\n", "[1, 2]\n")
+    with caplog.at_level(logging.WARNING, logger="sglang_warmup.compile_log"):
+        records = compile_log.read_dir(tmp_path)
+    assert records == [{"event": "hit", "time": 1.0}, {"event": "miss", "time": 2.0}]
+    assert f"{d / 'compiles-11.jsonl'}:2: not a JSON object, skipped" in caplog.text
+    assert (f"{d / 'compiles-12.jsonl'}:2: compile-log format 99 is newer than this "
+            f"sglang-warmup reads ({compile_log.VERSION}), skipped") in caplog.text
+    assert f"{d / 'compiles-12.jsonl'}:3: not a JSON object, skipped" in caplog.text
+
+
+def test_a_deeply_nested_line_is_skipped_not_raised(tmp_path):
+    d = compile_log.directory(tmp_path)
+    _write(d / "compiles-1.jsonl", "[" * 100_000 + "\n", json.dumps({"event": "hit"}) + "\n")
+    warnings: list[str] = []
+    assert compile_log.read(compile_log.files(tmp_path), warnings=warnings) == [{"event": "hit"}]
+    assert warnings == [f"{d / 'compiles-1.jsonl'}:1: not a JSON object, skipped"]
+
+
+def test_state_dirs_of_the_old_name_are_still_read(tmp_path):
+    _write(tmp_path / "manifest" / "compiles-3.jsonl", json.dumps({"event": "hit"}) + "\n")
+    assert compile_log.read_dir(tmp_path) == [{"event": "hit"}]
+    assert compile_log.find(tmp_path) == [tmp_path / "manifest" / "compiles-3.jsonl"]
+    assert compile_log.find(tmp_path / "manifest") == compile_log.find(tmp_path)
+    assert compile_log.find(tmp_path / "nothing") == []
+
+
+def test_the_cursor_reads_exactly_the_bytes_between_marks(tmp_path):
+    writer = compile_log.Writer(compile_log.directory(tmp_path))
+    cursor = compile_log.Cursor(tmp_path)
+    before = cursor.mark()
+    assert before == {}
+    writer.write({"event": "miss", "time": 5.0})
+    middle = cursor.mark()
+    writer.write({"event": "hit", "time": 1.0})  # an earlier clock: bytes decide, not time
+    assert cursor.read(before, middle) == [{"event": "miss", "time": 5.0}]
+    assert cursor.read(middle) == [{"event": "hit", "time": 1.0}]
+    assert cursor.read(cursor.mark()) == []
+
+
+def test_what_counts_as_compiled_now_and_which_kernel():
+    miss = {"event": "miss", "kernel": {"name": "k", "qualname": "q"}}
+    built = {"event": "jit_build", "outcome": "built", "module_name": "m"}
+    cached = {"event": "jit_build", "outcome": "cached", "module_name": "m"}
+    hit = {"event": "hit", "kernel": {"qualname": "q"}}
+    assert [compile_log.is_miss(r) for r in (miss, built, cached, hit)] == [True, True, False, False]
+    assert [compile_log.is_compile_event(r) for r in (miss, cached, hit, {"event": "load"})] == [
+        True, True, True, False]
+    assert [compile_log.kernel_name(r) for r in (miss, built, hit, {})] == ["k", "m", "q", "?"]
