@@ -20,6 +20,12 @@ def pr44627() -> F.ServerFacts:
 
 
 @functools.lru_cache(maxsize=None)
+def resolve(flags: tuple[str, ...]) -> F.ServerFacts:
+    """Any launch flags, resolved by SGLang 0.5.22 (cached per flag tuple)."""
+    return F.from_launch_flags(list(flags))
+
+
+@functools.lru_cache(maxsize=None)
 def tiny_model_dir() -> Path:
     d = Path(tempfile.mkdtemp(prefix="tiny-config-"))
     subprocess.run([sys.executable, "scripts/gpu/gen_tiny_model.py", str(d), "--no-weights"],

@@ -3,7 +3,10 @@
 An expression is parsed once with :func:`ast.parse` and checked against a whitelist of node
 types; evaluation walks the tree itself.  Supported: integers, booleans, ``+ - * // % **``
 (``**`` only with a small exponent), comparisons, ``and or not``, ``a if c else b``, names
-(server facts and the plan's ``let`` values) and the functions in :data:`FUNCTIONS`.
+(server facts and the plan's ``let`` values), list literals and the functions in
+:data:`FUNCTIONS`.  Evaluation is bounded whatever the input: every integer result stays within
+±2^40, every list within :data:`MAX_LIST` items, and lists take no arithmetic (``[0] * 10**9``
+is an error, not an allocation).
 A fact that the server does not have (``None``) makes the expression *undefined*: a
 condition is then false and a size skips its shape, with the fact named in the reason.
 """
@@ -18,6 +21,7 @@ MAX_LENGTH = 256  # characters of one expression
 MAX_DEPTH = 16  # nesting of the syntax tree
 MAX_POWER = 64  # largest exponent of ``**``
 MAX_MAGNITUDE = 1 << 40  # results beyond this are a plan error, not a huge allocation
+MAX_LIST = 1024  # items of one list value (server facts such as decode_graph_bs are far shorter)
 
 
 class ExprSyntaxError(ValueError):
@@ -63,6 +67,33 @@ def _odd(x: int) -> int:
     return x + 1 if x % 16 == 0 else x
 
 
+def _batch_buckets(buckets: Any, lo_size: int, cap: int) -> list[int]:
+    """A few batch sizes per power-of-two range up to ``cap``: in each range (2^(k-1), 2^k] the
+    largest captured bucket (or the range's top), and one size in Triton's "other" integer
+    class; sizes above the largest bucket run eager, so the range top and the size just above
+    the largest bucket are added there.  Sorted, unique, every size in [lo_size, cap]."""
+    cap, lo_size = int(cap), max(int(lo_size), 1)
+    if cap < lo_size:
+        return []
+    graphs = sorted({int(b) for b in (buckets or []) if 1 <= int(b) <= cap})
+    largest = graphs[-1] if graphs else 0
+    out: set[int] = {1}
+    lo = 1
+    while lo < cap:
+        hi = min(lo * 2, cap)
+        inside = [b for b in graphs if lo < b <= hi]
+        out.add(inside[-1] if inside else hi)
+        other = hi - 1 if hi - 1 > lo and (hi - 1) % 16 else lo + 1
+        if other <= hi and other % 16:
+            out.add(other)
+        if hi > largest:
+            out.add(hi)
+        lo = hi
+    if largest and largest < cap:
+        out.add(largest + 1)
+    return sorted(x for x in out if lo_size <= x <= cap)
+
+
 def _seq_or_args(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
         if len(args) == 1 and isinstance(args[0], (list, tuple)):
@@ -87,6 +118,8 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], int | None]] = {
     "next_pow2": (_next_pow2, 1),
     "odd": (_odd, 1),
     "abs": (abs, 1),
+    # batch_buckets(decode_graph_bs, lo, hi): a few batch sizes per power-of-two range in [lo, hi]
+    "batch_buckets": (_batch_buckets, 3),
     # default(x, y): x, or y when x is not set on this server (x is evaluated lazily)
     "default": (lambda x, y: x, 2),
 }
@@ -191,9 +224,9 @@ def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
         value = env.get(node.id)
         if value is None:
             raise Undefined(node.id)
-        return value
+        return _bounded(value)
     if isinstance(node, (ast.List, ast.Tuple)):
-        return [_eval(e, env) for e in node.elts]
+        return _bounded([_eval(e, env) for e in node.elts])
     if isinstance(node, ast.UnaryOp):
         value = _eval(node.operand, env)
         if isinstance(node.op, ast.Not):
@@ -215,6 +248,8 @@ def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
         return result
     if isinstance(node, ast.BinOp):
         left, right = _eval(node.left, env), _eval(node.right, env)
+        if isinstance(left, (list, tuple)) or isinstance(right, (list, tuple)):
+            raise ExprEvalError("lists take no arithmetic; use min(), max(), len() or `in`")
         if isinstance(node.op, ast.Pow) and (not isinstance(right, int) or right > MAX_POWER):
             raise ExprEvalError(f"exponent {right!r} is above {MAX_POWER}")
         return _bounded(_BINOPS[type(node.op)](left, right))
@@ -241,5 +276,16 @@ def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
 
 def _bounded(value: Any) -> Any:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_MAGNITUDE:
-        raise ExprEvalError(f"value {value} is beyond ±2^40")
+        raise ExprEvalError(f"value {_digits(value)} is beyond ±2^40")
+    if isinstance(value, (list, tuple)):
+        if len(value) > MAX_LIST:
+            raise ExprEvalError(f"a list of {len(value)} items is above the limit of {MAX_LIST}")
+        for item in value:
+            _bounded(item)
     return value
+
+
+def _digits(value: int) -> str:
+    """An integer for an error line: short ones whole, long ones by their digit count."""
+    text = str(value) if value.bit_length() < 200 else f"of {len(str(abs(value)))} digits"
+    return text

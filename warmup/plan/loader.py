@@ -21,11 +21,13 @@ import yaml
 from warmup.plan import expr as E
 from warmup.errors import PlanError
 from warmup.plan.facts import FACT_NAMES
-from warmup.plan.model import (DEFAULT_MAX_REQUESTS, FEATURES, KINDS, SAMPLING_KEYS, SAMPLING_VARIANTS,
-                         Located, Phase, Plan, Shape, Size, SizeRange)
+from warmup.plan.model import (DEFAULT_MAX_REQUESTS, FEATURES, KINDS, MAX_REQUESTS_CEILING,
+                               OVER_LIMIT, SAMPLING_KEYS, SAMPLING_VARIANTS, Located, Phase,
+                               Plan, Shape, Size, SizeRange)
 
 MAX_FILE_BYTES = 256 * 1024
 MAX_NODES = 20_000
+MAX_NESTING = 24  # YAML lists/mappings inside each other (a plan needs 6)
 SUPPORTED_VERSIONS = (1,)
 _IDENT = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _SCALAR_TAGS = {
@@ -62,7 +64,10 @@ DEFAULTS = {
     "sampling": Field("sampling", False, "alternate (greedy/default), or a variant name"),
     "max_new_tokens": Field("int", False, "tokens generated per prefill-shape request (default 1)"),
 }
-LIMITS = {"max_requests": Field("int", False, f"expansion limit (default {DEFAULT_MAX_REQUESTS})")}
+LIMITS = {"max_requests": Field("max_requests", False, f"expansion limit (default {DEFAULT_MAX_REQUESTS}, "
+                                                f"at most {MAX_REQUESTS_CEILING})"),
+          "over_limit": Field("over_limit", False, "skip (default: the classes past the limit are "
+                                                   "skipped and named) or fail")}
 PHASE = {
     "name": Field("ident", True),
     "shapes": Field("shapes", True),
@@ -145,11 +150,20 @@ def loads(raw: bytes | str, file: str = "<plan>") -> Plan:
             raise PlanError(f"{file}:{i}: <top>: tab character (column {line.index(chr(9)) + 1})",
                             hint="indent YAML with spaces only")
     try:
+        depth = 0
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             if isinstance(event, yaml.AliasEvent):
                 raise PlanError(f"{file}:{event.start_mark.line + 1}: <top>: YAML alias "
                                 f"*{event.anchor} is not allowed in plans",
                                 hint="write the value out; aliases can expand exponentially")
+            if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise PlanError(f"{file}:{event.start_mark.line + 1}: <top>: lists and "
+                                    f"mappings nested more than {MAX_NESTING} levels deep",
+                                    hint="a plan nests phases > shapes > sizes; flatten it")
+            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                depth -= 1
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -370,11 +384,19 @@ def _build_plan(ctx: _Ctx, node: yaml.Node, sha: str) -> Plan:
                              "sampling")
         if "max_new_tokens" in d:
             max_new_tokens = _int(ctx, d["max_new_tokens"][1], "defaults.max_new_tokens")
-    max_requests = DEFAULT_MAX_REQUESTS
+    max_requests, over_limit = DEFAULT_MAX_REQUESTS, "skip"
     if "limits" in top:
         lim = _mapping(ctx, top["limits"][1], "limits", LIMITS)
         if "max_requests" in lim:
             max_requests = _int(ctx, lim["max_requests"][1], "limits.max_requests")
+            if max_requests > MAX_REQUESTS_CEILING:
+                raise ctx.fail(lim["max_requests"][1], "limits.max_requests",
+                               f"{max_requests} is above the ceiling of {MAX_REQUESTS_CEILING}",
+                               hint="a warm-up sends each shape class once or twice; shrink the "
+                                    "plan's sizes instead")
+        if "over_limit" in lim:
+            over_limit = _enum(ctx, lim["over_limit"][1], "limits.over_limit", OVER_LIMIT,
+                               "over_limit policy")
 
     names = set(FACT_NAMES)
     lets: list[tuple[str, Size]] = []
@@ -417,7 +439,7 @@ def _build_plan(ctx: _Ctx, node: yaml.Node, sha: str) -> Plan:
 
     return Plan(name=name, description=description, file=ctx.file, phases=tuple(phases),
                 let=tuple(lets), sampling=sampling, max_new_tokens=max_new_tokens,
-                max_requests=max_requests, flush=flush, sampling_variants=variants,
+                max_requests=max_requests, over_limit=over_limit, flush=flush, sampling_variants=variants,
                 source_sha256=sha)
 
 
@@ -499,6 +521,8 @@ def json_schema() -> dict[str, Any]:
                                                 "properties": {"from": expr, "to": expr}}]},
         "ident": ident, "text": {"type": "string"}, "int": {"type": "integer", "minimum": 1},
         "bool": {"type": "boolean"}, "kind": {"enum": list(KINDS)},
+        "over_limit": {"enum": list(OVER_LIMIT)},
+        "max_requests": {"type": "integer", "minimum": 1, "maximum": MAX_REQUESTS_CEILING},
         "features": {"type": "array", "minItems": 1, "items": {"enum": list(FEATURES)}},
         "token_classes": {"type": "array", "minItems": 1, "items": {"enum": ["aligned", "odd"]}},
         "variant_names": {"type": "array", "minItems": 1, "items": variant_name},

@@ -21,6 +21,12 @@ from warmup.plan.expr import Expr, ExprEvalError, Undefined
 from warmup.plan.facts import ServerFacts
 
 DEFAULT_MAX_REQUESTS = 5000
+#: The most requests any plan may ask for (``limits.max_requests``): an expansion is counted
+#: before it is built, so memory stays bounded by this whatever the server's request cap.
+MAX_REQUESTS_CEILING = 50_000
+#: What expansion does when the plan's classes together exceed the limit: ``skip`` the classes
+#: that no longer fit (named in the skipped list; what a server at start-up wants) or ``fail``.
+OVER_LIMIT = ("skip", "fail")
 
 #: Built-in sampling variants.  ``default`` is the model's own defaults (generation config).
 SAMPLING_VARIANTS: dict[str, dict[str, Any]] = {
@@ -134,6 +140,7 @@ class Plan:
     sampling: str = "alternate"
     max_new_tokens: int = 1
     max_requests: int = DEFAULT_MAX_REQUESTS
+    over_limit: str = "skip"
     flush: bool = True
     sampling_variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     source_sha256: str = ""
@@ -208,6 +215,8 @@ class Expansion:
     flush: bool
     facts: ServerFacts
     plan_sha256: str = ""
+    #: settings the plan found worth a warning (the warm-up still runs)
+    warnings: tuple[str, ...] = ()
 
     @property
     def num_requests(self) -> int:
@@ -236,6 +245,7 @@ class Expansion:
             ],
             "skipped": [{"phase": k.phase, "class": k.shape_class, "item": k.item,
                          "reason": k.reason} for k in self.skipped],
+            "warnings": list(self.warnings),
             "facts": self.facts.to_dict(),
         }
 
@@ -261,15 +271,22 @@ class _SkipShape(Exception):
         self.reason = reason
 
 
+class _OverLimit(_SkipShape):
+    """The class would take the expansion above its request limit."""
+
+
 class _Expander:
     """Expansion state: the environment, the step list and the sampling alternation."""
 
-    def __init__(self, plan: Plan, facts: ServerFacts) -> None:
+    def __init__(self, plan: Plan, facts: ServerFacts, limit: int) -> None:
         self.plan = plan
         self.facts = facts
+        self.limit = limit
+        self.count = 0  # requests in self.steps
         self.env: dict[str, Any] = facts.env()
         self.steps: list[WarmupStep] = []
         self.skipped: list[Skip] = []
+        self.warnings: list[str] = []
         for name, size in plan.let:
             try:
                 self.env[name] = size.expr.evaluate(self.env)
@@ -291,6 +308,22 @@ class _Expander:
             raise size.where.error(f"`{size.expr.text}` gives {v!r}, expected an integer",
                                    hint="sizes are integer expressions")
         return v
+
+    def values(self, size: Size, extra: Mapping[str, Any] | None = None) -> list[int]:
+        """A list item: one integer, or a list of integers spliced in (``batch_buckets(...)``)."""
+        env = self.env if not extra else {**self.env, **extra}
+        try:
+            v = size.expr.evaluate(env)
+        except Undefined as u:
+            raise _SkipShape(f"{size.where.path} needs {u.name}, which is not set on this server") from None
+        except ExprEvalError as exc:
+            raise size.where.error(str(exc), hint="fix the expression") from None
+        items = v if isinstance(v, list) else [v]
+        for item in items:
+            if isinstance(item, bool) or not isinstance(item, int):
+                raise size.where.error(f"`{size.expr.text}` gives {v!r}, expected an integer or a "
+                                       "list of integers", hint="sizes are integer expressions")
+        return items
 
     def truth(self, size: Size) -> bool:
         try:
@@ -347,8 +380,18 @@ class _Expander:
             return f"{n} requests at once is above max_running_requests ({cap})"
         return None
 
+    def room(self, n: int) -> None:
+        """Called before building ``n`` more requests: refuses what would pass the limit, so
+        an expansion never holds more than the limit in memory."""
+        if self.count + n > self.limit:
+            raise _OverLimit(f"expansion limit: {n} more request(s) would bring the plan to "
+                             f"{self.count + n}, above the limit of {self.limit}")
+
     def add(self, phase: str, shape: Shape, mode: str, requests: Iterable[WarmupRequest],
             note: str = "", background: Iterable[WarmupRequest] = ()) -> None:
+        requests, background = tuple(requests), tuple(background)
+        self.room(len(requests) + len(background))
+        self.count += len(requests) + len(background)
         self.steps.append(WarmupStep(index=len(self.steps), phase=phase, shape_class=shape.name,
                                      kind=shape.kind, mode=mode, requests=tuple(requests),
                                      note=note, background=tuple(background)))
@@ -357,12 +400,20 @@ class _Expander:
         self.skipped.append(Skip(phase=phase, shape_class=shape.name, reason=reason, item=item))
 
 
-def expand(plan: Plan, facts: ServerFacts, *, max_requests: int | None = None) -> Expansion:
-    """Expand ``plan`` against ``facts`` into ordered steps.  Pure and deterministic."""
-    x = _Expander(plan, facts)
+def expand(plan: Plan, facts: ServerFacts, *, max_requests: int | None = None,
+           over_limit: str | None = None) -> Expansion:
+    """Expand ``plan`` against ``facts`` into ordered steps.  Pure and deterministic.
+
+    Requests are counted before they are built.  A class that would take the total above the
+    limit (``max_requests``, else the plan's ``limits.max_requests``) is skipped with the reason
+    when ``over_limit`` (else the plan's ``limits.over_limit``) is ``skip``: later, smaller
+    classes still run.  With ``fail`` the first such class raises a PlanError."""
+    limit = max_requests if max_requests is not None else plan.max_requests
+    policy = over_limit or plan.over_limit
+    x = _Expander(plan, facts, limit)
     for phase in plan.phases:
         for shape in phase.shapes:
-            mark = (len(x.steps), len(x.skipped))
+            mark = (len(x.steps), len(x.skipped), x.count)
             try:
                 for feature in shape.requires:
                     fact, reason = FEATURES[feature]
@@ -372,17 +423,18 @@ def expand(plan: Plan, facts: ServerFacts, *, max_requests: int | None = None) -
                     raise _SkipShape(f"condition `{shape.when.expr.text}` is false on this server")
                 _GENERATORS[shape.kind](x, phase.name, shape)
             except _SkipShape as s:
+                if isinstance(s, _OverLimit) and policy == "fail":
+                    raise PlanError(f"{plan.file}:{shape.where.line}: {shape.where.path}: class "
+                                    f"{shape.name}: {s.reason}",
+                                    hint="shrink the plan's sizes, raise limits.max_requests, or "
+                                         "set limits.over_limit: skip") from None
                 del x.steps[mark[0]:]
                 del x.skipped[mark[1]:]
+                x.count = mark[2]
                 x.skip(phase.name, shape, s.reason)
-    limit = max_requests if max_requests is not None else plan.max_requests
-    exp = Expansion(plan=plan.name, steps=_alternate(x), skipped=tuple(x.skipped),
-                    flush=plan.flush, facts=facts, plan_sha256=plan.source_sha256)
-    if exp.num_requests > limit:
-        raise PlanError(f"{plan.file}: expansion yields {exp.num_requests} requests, above the "
-                        f"limit of {limit}",
-                        hint="shrink the plan's sizes, or raise limits.max_requests in the plan")
-    return exp
+    return Expansion(plan=plan.name, steps=_alternate(x), skipped=tuple(x.skipped),
+                     flush=plan.flush, facts=facts, plan_sha256=plan.source_sha256,
+                     warnings=tuple(dict.fromkeys(x.warnings)))
 
 
 def _alternate(x: _Expander) -> tuple[WarmupStep, ...]:
@@ -414,20 +466,18 @@ def _sizes(x: _Expander, phase: str, shape: Shape, sizes: Iterable[Size] | SizeR
     """Evaluate a list of sizes; an undefined item is skipped alone; duplicates are dropped."""
     if isinstance(sizes, SizeRange):
         lo, hi = x.value(sizes.lo, extra), x.value(sizes.hi, extra)
-        if hi - lo >= x.plan.max_requests:
-            raise sizes.hi.where.error(f"range {lo}..{hi} has more than {x.plan.max_requests} values",
+        if hi - lo >= x.limit:
+            raise sizes.hi.where.error(f"range {lo}..{hi} has more than {x.limit} values",
                                        hint="narrow the range")
         return list(range(lo, hi + 1))
     out: list[int] = []
     for size in sizes:
         try:
-            v = x.value(size, extra)
+            values = x.values(size, extra)
         except _SkipShape as s:
             x.skip(phase, shape, s.reason, item=size.expr.text)
             continue
-        if v in out:
-            continue
-        out.append(v)
+        out.extend(v for v in values if v not in out)
     return out
 
 
@@ -450,39 +500,43 @@ def _gen_extend(x: _Expander, phase: str, shape: Shape) -> None:
 
 def _gen_prefix(x: _Expander, phase: str, shape: Shape, *, base_size: Size | None = None,
                 align: bool = True) -> None:
-    """A base prompt, then prompts that extend it.  Radix hits are page-granular and never
-    cover a prompt's last token, so with ``align`` the base is rounded up to whole pages and
-    each extend of d tokens computes exactly d; without it (a prompt past the context bucket)
-    the hit is the base's whole pages and the rest of the base is recomputed with the extend."""
+    """A base prompt, then prompts that extend its cached part by exactly d new tokens each.
+
+    Radix hits are page-granular and never cover a prompt's last token.  With ``align`` the
+    base is rounded up to whole pages, so the whole base is the hit.  Without it (a prompt past
+    the context bucket, whose own length matters) the base keeps its length and the hit is its
+    whole pages: each extend is then that page-aligned prefix plus d fresh tokens, so the server
+    computes exactly d tokens (1, 37, K + 37 mean what they say)."""
     base_expr = base_size or shape.base
     assert base_expr is not None
     base = x.value(base_expr)
     page = x.facts.page_size
     if align and base % page:
         base = -(-base // page) * page
-    hit = (base // page) * page if base % page else base
+    hit = (base // page) * page
     key = f"{shape.name}/base{base}"
     first = x.request(shape, base, prefix=(key, base))
     why = x.fits(base, first.max_new_tokens) or x.kv_fits(base + first.max_new_tokens)
     if why:
         raise _SkipShape(f"base prompt: {why}")
+    if hit < 1:
+        raise _SkipShape(f"base prompt of {base} tokens holds no whole page ({page}) to hit")
     chunk = x.facts.chunked_prefill_size
     chunks = f", {-(-base // chunk)} chunks" if chunk and base > chunk else ""
-    steps = [(base, first, f"prefix base {base} tokens ({_int_class(base)}{chunks})")]
+    steps = [(first, f"prefix base {base} tokens ({_int_class(base)}{chunks})")]
     for d in _sizes(x, phase, shape, shape.extends):
         if d < 1:
             x.skip(phase, shape, f"extend of {d} tokens: a prefix hit needs at least 1 new token", item=str(d))
             continue
-        req = x.request(shape, base + d, prefix=(key, base))
-        why = x.fits(base + d, req.max_new_tokens) or x.kv_fits(base + d + req.max_new_tokens)
+        req = x.request(shape, hit + d, prefix=(key, hit))
+        why = x.fits(hit + d, req.max_new_tokens) or x.kv_fits(hit + d + req.max_new_tokens)
         if why:
             x.skip(phase, shape, why, item=f"+{d}")
             continue
-        new = base + d - hit
-        steps.append((base + d, req, f"hit on {hit} + extend {new} ({_int_class(new)})"))
+        steps.append((req, f"hit on {hit} + extend {d} ({_int_class(d)})"))
     if len(steps) == 1:
         raise _SkipShape("no extend fits on the prefix")
-    for _, req, note in steps:
+    for req, note in steps:
         x.add(phase, shape, "single", [req], note=note)
 
 
@@ -502,6 +556,7 @@ def _gen_concurrent(x: _Expander, phase: str, shape: Shape) -> None:
                 break
         if not lens:
             continue
+        x.room(len(lens))
         reqs = [x.request(shape, n) for n in lens]
         why = (next((w for w in (x.fits(r.input_len, r.max_new_tokens) for r in reqs) if w), None)
                or x.running_fits(len(reqs))
@@ -527,6 +582,7 @@ def _gen_batch(x: _Expander, phase: str, shape: Shape) -> None:
             continue
         per = x.value(shape.tokens_per_request, {"bs": bs}) if shape.tokens_per_request else 64
         for cls in shape.token_classes:
+            x.room(bs)
             lens = _batch_lengths(bs, per, cls)
             total = sum(lens)
             if budget is not None and total > budget:
@@ -559,12 +615,20 @@ def _batch_lengths(bs: int, per: int, cls: str) -> list[int]:
 def _gen_mixed(x: _Expander, phase: str, shape: Shape) -> None:
     assert shape.prompt is not None
     prompt = x.value(shape.prompt)
+    chunk, buckets = x.facts.chunked_prefill_size, x.facts.prefill_graph_buckets
+    if x.facts.prefill_graph and chunk and buckets and chunk not in buckets:
+        above = [b for b in buckets if b >= chunk]
+        fate = f"pads to the {min(above)}-token graph" if above else "runs eager"
+        x.warnings.append(
+            f"{shape.name}: a steady mixed step is {chunk} tokens (chunked_prefill_size), not a "
+            f"captured prefill-graph size, so it {fate}; add {chunk} to --cuda-graph-bs-prefill")
     steps = x.value(shape.decode_tokens) if shape.decode_tokens else 48
     for k in _sizes(x, phase, shape, shape.running):
         why = x.running_fits(k + 1)
         if why:
             x.skip(phase, shape, why, item=f"running={k}")
             continue
+        x.room(k + 1)
         background = [x.request(shape, 32, new_tokens=steps, ignore_eos=True) for _ in range(k)]
         req = x.request(shape, prompt)
         why = x.fits(prompt, req.max_new_tokens) or x.kv_fits(prompt + k * (32 + steps))
@@ -584,6 +648,7 @@ def _gen_decode(x: _Expander, phase: str, shape: Shape) -> None:
         if why:
             x.skip(phase, shape, why, item=f"bs={bs}")
             continue
+        x.room(bs)
         reqs = [x.request(shape, 16 + i, new_tokens=steps, ignore_eos=True) for i in range(bs)]
         why = x.kv_fits(sum(r.input_len + steps for r in reqs))
         if why:
@@ -605,6 +670,7 @@ def _gen_sampling(x: _Expander, phase: str, shape: Shape) -> None:
             if why:
                 x.skip(phase, shape, why, item=f"{variant} x{c}")
                 continue
+            x.room(c)
             reqs = [x.request(shape, prompt + i, new_tokens=steps, variant=variant, ignore_eos=True)
                     for i in range(c)]
             x.add(phase, shape, "concurrent" if c > 1 else "single", reqs,

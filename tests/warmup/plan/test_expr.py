@@ -49,8 +49,8 @@ def test_eval_errors(text, message):
 
 
 @pytest.mark.parametrize("text,message", [
-    ("open('x')", "only the functions abs, align_down, align_up, ceil_div, default, len, max, min, "
-                  "next_pow2, odd may be called"),
+    ("open('x')", "only the functions abs, align_down, align_up, batch_buckets, ceil_div, default, "
+                  "len, max, min, next_pow2, odd may be called"),
     ("c + 1", "unknown name 'c'"),
     ("a.real", "'Attribute' is not allowed in plan expressions"),
     ("[x for x in [1]]", "'ListComp' is not allowed in plan expressions"),
@@ -72,3 +72,40 @@ def test_syntax_errors(text, message):
 
 def test_names_are_recorded():
     assert E.parse("min(a, b) + default(none, 1)", NAMES).names == {"a", "b", "none"}
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[0] * 10**9", "lists take no arithmetic; use min(), max(), len() or `in`"),
+    ("[1] + [2]", "lists take no arithmetic; use min(), max(), len() or `in`"),
+    ("decode_graph_bs * 2", "lists take no arithmetic; use min(), max(), len() or `in`"),
+    ("2 ** 41", "value 2199023255552 is beyond ±2^40"),
+    ("(2 ** 40) ** 64", "value of 771 digits is beyond ±2^40"),
+])
+def test_evaluation_is_bounded_for_every_operator(text, message):
+    env = {"decode_graph_bs": [1, 2, 4]}
+    with pytest.raises(E.ExprEvalError) as info:
+        E.parse(text, {"decode_graph_bs"}).evaluate(env)
+    assert str(info.value) == message
+
+
+def test_a_list_fact_above_the_list_limit_is_refused():
+    with pytest.raises(E.ExprEvalError) as info:
+        E.parse("max(xs)", {"xs"}).evaluate({"xs": list(range(E.MAX_LIST + 1))})
+    # The list is a fact, not built by the expression: it is checked where it is used.
+    assert str(info.value) == f"a list of {E.MAX_LIST + 1} items is above the limit of {E.MAX_LIST}"
+
+
+@pytest.mark.parametrize("buckets,lo,cap,expected", [
+    ([1, 2, 4, 8], 1, 16, [1, 2, 3, 4, 7, 8, 9, 15, 16]),
+    ([1, 2, 4, 8], 9, 16, [9, 15, 16]),
+    ([1, 2, 4, 8], 1, 8, [1, 2, 3, 4, 7, 8]),
+    ([], 1, 16, [1, 2, 3, 4, 7, 8, 15, 16]),
+    ([1, 2, 4, 8, 16, 24, 32, 48, 64], 1, 256,
+     [1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 63, 64, 65, 127, 128, 255, 256]),
+    ([1, 2, 4, 8], 9, 96, [9, 15, 16, 31, 32, 63, 64, 95, 96]),
+    ([8], 1, 0, []),
+])
+def test_batch_buckets_picks_a_few_sizes_per_power_of_two_range(buckets, lo, cap, expected):
+    got = E.parse("batch_buckets(b, lo, cap)", {"b", "lo", "cap"}).evaluate(
+        {"b": buckets, "lo": lo, "cap": cap})
+    assert got == expected

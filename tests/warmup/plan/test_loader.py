@@ -17,7 +17,8 @@ phases:
         lengths: [1, 219]
 """
 EXPR_HINT = ("expressions use integers, + - * // %, comparisons, and/or/not, x if c else y, server "
-             "facts and: abs, align_down, align_up, ceil_div, default, len, max, min, next_pow2, odd")
+             "facts and: abs, align_down, align_up, batch_buckets, ceil_div, default, len, max, min, "
+             "next_pow2, odd")
 SIZE_HINT = "a size is a positive integer or an expression such as `chunked_prefill_size + 219`"
 
 CASES = {
@@ -65,7 +66,8 @@ CASES = {
     "function call outside the list": (
         BASE.replace("[1, 219]", "['__import__(1)']"),
         "p.yaml:8: phases[0].shapes[0].lengths[0]: `__import__(1)`: only the functions abs, align_down, "
-        "align_up, ceil_div, default, len, max, min, next_pow2, odd may be called", EXPR_HINT),
+        "align_up, batch_buckets, ceil_div, default, len, max, min, next_pow2, odd may be called",
+        EXPR_HINT),
     "attribute access": (
         BASE.replace("[1, 219]", "['page_size.real']"),
         "p.yaml:8: phases[0].shapes[0].lengths[0]: `page_size.real`: 'Attribute' is not allowed in plan "

@@ -63,10 +63,16 @@ def test_dsv4_plan_reproduces_pr44627_classes():
     assert sorted({len(s.requests) for s in by["batched_extends"]}) == list(range(1, 17))  # class 5
     totals = [sum(r.input_len for r in s.requests) % 16 == 0 for s in by["batched_extends"]]
     assert totals.count(True) == totals.count(False) == 16                          # both token classes
-    assert [len(s.requests) for s in by["eager_decode"]] == list(range(9, 17))       # class 7
-    assert lens("past_context_bucket")[0] == 262144 + 219                            # class 8
+    assert [len(s.requests) for s in by["eager_decode"]] == [9, 15, 16]             # class 7
+    # class 8: a prompt 219 past the 262,144 bucket, then extends that compute exactly 1, 37
+    # and 4,133 tokens on its page-aligned radix hit (page 256: the hit is 262,144).
+    assert lens("past_context_bucket") == [262144 + 219, 262144 + 1, 262144 + 37, 262144 + 4133]
     assert "33 chunks" in by["past_context_bucket"][0].note
-    assert len(by["past_context_bucket"]) == 4
+    assert [s.note for s in by["past_context_bucket"][1:]] == [
+        "hit on 262144 + extend 1 (1)", "hit on 262144 + extend 37 (other)",
+        "hit on 262144 + extend 4133 (other)"]
+    first, *extends = [r for s in by["past_context_bucket"] for r in s.requests]
+    assert {(r.prefix_key, r.prefix_len) for r in extends} == {(first.prefix_key, 262144)}
     assert [k.shape_class for k in exp.skipped] == ["mixed_batches"]                # class 6 (off)
     assert exp.skipped[0].reason == "mixed chunk is off (--enable-mixed-chunk, needs chunked prefill)"
     names = [r.sampling_name for s in exp.steps for r in (*s.background, *s.requests)]
@@ -105,14 +111,83 @@ def test_expansion_is_deterministic_and_pure():
     assert a == b and a.digest() == b.digest()
 
 
-def test_expansion_limit_is_a_plan_error(tmp_path):
+def test_expansion_limit_fails_the_plan_when_it_asks_for_fail(tmp_path):
     p = tmp_path / "big.yaml"
-    p.write_text("version: 1\nname: big\nlimits: {max_requests: 10}\nphases:\n  - name: p\n    shapes:\n"
+    p.write_text("version: 1\nname: big\nlimits: {max_requests: 10, over_limit: fail}\nphases:\n"
+                 "  - name: p\n    shapes:\n"
                  "      - class: b\n        kind: decode\n        batch_sizes: [8, 9]\n")
     with pytest.raises(PlanError) as info:
         expand(loader.load(p), _facts_cache.pr44627())
-    assert info.value.message == f"{p}: expansion yields 17 requests, above the limit of 10"
-    assert info.value.hint == "shrink the plan's sizes, or raise limits.max_requests in the plan"
+    assert info.value.message == (f"{p}:7: phases[0].shapes[0]: class b: expansion limit: 9 more "
+                                  "request(s) would bring the plan to 17, above the limit of 10")
+    assert info.value.hint == ("shrink the plan's sizes, raise limits.max_requests, or set "
+                               "limits.over_limit: skip")
+
+
+def test_expansion_over_the_limit_skips_the_classes_that_do_not_fit(tmp_path):
+    """The default: a server at start-up runs the classes that fit and names the rest."""
+    p = tmp_path / "big.yaml"
+    p.write_text("version: 1\nname: big\nlimits: {max_requests: 10}\nphases:\n  - name: p\n"
+                 "    shapes:\n"
+                 "      - class: wide\n        kind: decode\n        batch_sizes: [8, 9]\n"
+                 "      - class: small\n        kind: extend\n        lengths: [5, 6]\n")
+    exp = expand(loader.load(p), _facts_cache.pr44627())
+    assert exp.classes == ("small",) and exp.num_requests == 2
+    (skip,) = exp.skipped
+    assert (skip.shape_class, skip.item, skip.reason) == (
+        "wide", "", "expansion limit: 9 more request(s) would bring the plan to 17, above the "
+        "limit of 10")
+
+
+def test_expansion_counts_before_it_builds(monkeypatch):
+    """A request cap of 10^6 and a class asking for every batch size up to it: refused after
+    building at most the limit, not 5*10^11 requests."""
+    from dataclasses import replace
+
+    from warmup.plan import model
+
+    built = []
+    real = model._Expander.request
+
+    def counting(self, *args, **kwargs):
+        built.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(model._Expander, "request", counting)
+    plan = loader.loads("version: 1\nname: huge\nphases:\n  - name: p\n    shapes:\n"
+                        "      - class: d\n        kind: decode\n"
+                        "        batch_sizes: [max_running_requests]\n", "huge.yaml")
+    facts = replace(_facts_cache.pr44627(), max_running_requests=10**6, max_total_tokens=10**9)
+    exp = expand(plan, facts)
+    assert exp.num_requests == 0 and exp.skipped[0].reason.startswith(
+        "expansion limit: 1000000 more request(s) would bring the plan to 1000000")
+    assert built == []
+
+
+def test_a_plan_cannot_raise_its_limit_past_the_ceiling():
+    with pytest.raises(PlanError) as info:
+        loader.loads("version: 1\nname: x\nlimits: {max_requests: 1000000000000}\nphases:\n"
+                     "  - name: p\n    shapes:\n      - {class: c, kind: extend, lengths: [1]}\n",
+                     "x.yaml")
+    assert info.value.message == ("x.yaml:3: limits.max_requests: 1000000000000 is above the "
+                                  "ceiling of 50000")
+
+
+def test_deeply_nested_yaml_is_refused_before_it_is_built():
+    text = "version: 1\nname: x\nphases: " + "[" * 100 + "]" * 100 + "\n"
+    with pytest.raises(PlanError) as info:
+        loader.loads(text, "nest.yaml")
+    assert info.value.message == ("nest.yaml:3: <top>: lists and mappings nested more than 24 "
+                                  "levels deep")
+
+
+def test_list_valued_sizes_are_spliced_into_batch_sizes():
+    plan = loader.loads("version: 1\nname: x\nphases:\n  - name: p\n    shapes:\n"
+                        "      - class: d\n        kind: decode\n"
+                        "        batch_sizes: ['batch_buckets(decode_graph_bs, 1, 16)', 16]\n",
+                        "x.yaml")
+    exp = expand(plan, _facts_cache.pr44627())
+    assert [s.num_requests for s in exp.steps] == [1, 2, 3, 4, 7, 8, 9, 15, 16]
 
 
 def test_division_by_zero_at_expansion_names_the_line(tmp_path):
@@ -178,3 +253,53 @@ def test_expansion_never_exceeds_the_server(f, plan):
             assert s.tokens <= f.chunked_prefill_size
     for k in exp.skipped:
         assert k.reason
+
+
+@pytest.mark.parametrize("cap,expected", [
+    (None, [9, 15, 16, 31, 32, 63, 64, 127, 128, 255, 256]),  # SGLang resolves 256
+    (96, [9, 15, 16, 31, 32, 63, 64, 95, 96]),
+    (97, [9, 15, 16, 31, 32, 63, 64, 65, 97]),
+    (2048, [9, 15, 16, 31, 32, 63, 64, 127, 128, 255, 256, 511, 512]),
+])
+def test_dsv4_eager_decode_stays_small_at_every_request_cap(cap, expected):
+    """PR #44627's flags with another request cap, resolved by SGLang's own argument parser: the
+    eager-decode class grows with log2 of the cap, not its square, and the plan expands."""
+    flags = (_facts_cache.DATA / "pr44627.flags").read_text().split()
+    i = flags.index("--max-running-requests")
+    del flags[i:i + 2]
+    if cap is not None:
+        flags += ["--max-running-requests", str(cap)]
+    facts = _facts_cache.resolve(tuple(flags))
+    exp = expand(loader.load(PLANS["dsv4"]), facts)
+    sizes = [len(s.requests) for s in exp.steps if s.shape_class == "eager_decode"]
+    assert sizes == expected
+    assert exp.num_requests < 2500 and "eager_decode" not in {k.shape_class for k in exp.skipped}
+
+
+def _pr_flags(**changes: str) -> tuple[str, ...]:
+    flags = (_facts_cache.DATA / "pr44627.flags").read_text().split()
+    for flag, value in changes.items():
+        flag = "--" + flag.replace("_", "-")
+        if flag in flags:
+            i = flags.index(flag)
+            del flags[i:i + 2]
+        if value:
+            flags += [flag, value] if value != "on" else [flag]
+    return tuple(flags)
+
+
+def test_the_mixed_class_reaches_past_16_decoders_when_the_cap_allows():
+    facts = _facts_cache.resolve(_pr_flags(enable_mixed_chunk="on", max_running_requests="64"))
+    exp = expand(loader.load(PLANS["dsv4"]), facts)
+    mixed = [s for s in exp.steps if s.shape_class == "mixed_batches"]
+    assert [len(s.background) for s in mixed] == [1, 3, 15, 63]
+    assert exp.warnings == ()  # 8,192 is a captured prefill-graph size
+
+
+def test_a_chunk_size_outside_the_prefill_graph_sizes_is_warned():
+    facts = _facts_cache.resolve(_pr_flags(enable_mixed_chunk="on", chunked_prefill_size="4000"))
+    exp = expand(loader.load(PLANS["dsv4"]), facts)
+    assert exp.warnings == (
+        "mixed_batches: a steady mixed step is 4000 tokens (chunked_prefill_size), not a captured "
+        "prefill-graph size, so it pads to the 4096-token graph; add 4000 to "
+        "--cuda-graph-bs-prefill",)
