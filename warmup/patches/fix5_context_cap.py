@@ -13,6 +13,10 @@ validation time, from the arguments themselves and from what fixes 1, 2 and 4 wi
 schedulers (read from the backend's source file; the launcher never imports the backend).
 
 The cap stays (the rewritten condition still applies it) when:
+* the launch asks for no prefill-graph context above 16,384 tokens
+  (``--cuda-graph-prefill-max-context``, alias ``--context-bucket``): a launch that captured
+  before captures exactly as before, warm-up or not (PR #44627: "configurations that captured
+  before are unchanged");
 * the platform is not CUDA: the ROCm radix backend builds its fixed-width prefill-graph
   metadata at ``prefill.max_seq_len`` (``_graph_metadata_max_seq_len``), and 0.5.23 keeps
   16K there too;
@@ -45,6 +49,7 @@ TARGET = f"{MODULE}:{ATTR}"
 BUGGY = {ATTR: "c5bf936f95bbc517"}  # 0.5.22
 FIXED = {ATTR: "454d8318f6c9a5a6"}  # 0.5.23: the cap block is gone
 CAP = "max_seq_len=16 * 1024"
+CAP_TOKENS = 16 * 1024
 INJECTED = "__sglang_warmup_keep_cap__"
 OLD = (
     "    if (\n"
@@ -83,6 +88,12 @@ def requires(ctx: Any) -> str | None:
 
 def decide(cfg: Any, platform: Any, ctx: Any) -> tuple[bool, str]:
     """Whether this launch lifts the cap, and why (one sentence)."""
+    asked = getattr(cfg.cuda_graph_config.prefill, "max_context_size", None)
+    if asked is None or asked <= CAP_TOKENS:
+        shown = "no --cuda-graph-prefill-max-context" if asked is None else (
+            f"--cuda-graph-prefill-max-context {asked}")
+        return False, (f"the launch asks for no prefill-graph context above {CAP_TOKENS:,} "
+                       f"({shown}); SGLang's cap stands")
     if not getattr(platform, "is_cuda", False) or getattr(platform, "is_hip", False):
         return False, ("the platform is not CUDA (the ROCm radix backend sizes its graph "
                        "metadata by the cap)")

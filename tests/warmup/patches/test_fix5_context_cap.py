@@ -73,8 +73,9 @@ def test_patched_hook_lifts_the_cap_on_cuda(hook, sglang_args, monkeypatch, capl
         "last validation lifted the cap: fixes 1 and 2 are active on CUDA")
 
 
-@pytest.mark.parametrize("context, captured", [("262144", False), ("16384", True)])
-def test_lifted_cap_and_fix1_agree(hook, backend, sglang_args, monkeypatch, context, captured):
+@pytest.mark.parametrize("context, cap, captured", [("262144", None, False),
+                                                    ("16384", 16_384, True)])
+def test_lifted_cap_and_fix1_agree(hook, backend, sglang_args, monkeypatch, context, cap, captured):
     # End to end on the real functions: the hook resolves the prefill config with the cap
     # lifted, the backend reads it through its own _prefill_graph_max_seq_len, and the
     # patched property keeps the sources eager exactly when the graph is wider than the window.
@@ -89,13 +90,13 @@ def test_lifted_cap_and_fix1_agree(hook, backend, sglang_args, monkeypatch, cont
     from sglang.srt.arg_groups.model_override_base import resolving_view
 
     resolved = resolving_view(args).cuda_graph_config
-    assert (resolved.prefill.max_seq_len, resolved.prefill.max_context_size) == (None, int(context))
+    assert (resolved.prefill.max_seq_len, resolved.prefill.max_context_size) == (cap, int(context))
     monkeypatch.setattr(runtime_context, "get_exec",
                         lambda: SimpleNamespace(graph=SimpleNamespace(cuda_graph_config=resolved)))
     monkeypatch.setattr(backend, "has_dense_fp4_indexer", lambda: True)
     monkeypatch.setattr(backend, "is_sm100_or_newer", lambda: True)
     monkeypatch.setattr(backend, "get_parallel", lambda: SimpleNamespace(attn_cp_size=1))
-    assert backend._prefill_graph_max_seq_len() is None
+    assert backend._prefill_graph_max_seq_len() == cap
     obj = bare_backend(backend, MAX_SEQ_LEN_FOR_CAPTURE=1_048_576)
     assert obj.low_ratio_prefill_graph is captured
 
@@ -158,3 +159,32 @@ def test_fix5_off(hook, monkeypatch):
     registry.activate()
     assert (fix5_status().verdict, fix5_status().reason) == ("off", "WARMUP_FIX_5=off")
     assert not hasattr(hook.validate_deepseek_v41_features, MARK)
+
+
+@pytest.mark.parametrize("context", [None, "8192", "16384"])
+def test_a_launch_asking_for_no_wide_context_captures_as_before(hook, sglang_args, monkeypatch,
+                                                                 caplog, context):
+    """The warm-up being on changes nothing for a launch that never asked for a context above
+    16K: SGLang's cap stands (PR #44627: configurations that captured before are unchanged)."""
+    registry.activate()
+    monkeypatch.setattr(hook, "get_platform", lambda: CUDA)
+    from sglang.srt.arg_groups import cuda_graph_hook
+
+    parser = argparse.ArgumentParser()
+    from sglang.srt.server_args import ServerArgs
+
+    ServerArgs.add_cli_args(parser)
+    recipe = RECIPE.replace("--cuda-graph-prefill-max-context 262144", "")
+    if context:
+        recipe += f" --cuda-graph-prefill-max-context {context}"
+    args = ServerArgs.from_cli_args(parser.parse_args(recipe.split()))
+    cuda_graph_hook.parse_cuda_graph_config(args)
+    args._model_config = SimpleNamespace(hf_config=SimpleNamespace(model_type="deepseek_v41"))
+    with caplog.at_level(logging.INFO, logger="sglang_warmup.patches"):
+        hook.validate_deepseek_v41_features(args)
+    assert sglang_args.max_seq_len(args) == 16_384
+    shown = ("no --cuda-graph-prefill-max-context" if context is None
+             else f"--cuda-graph-prefill-max-context {context}")
+    assert fix5_status().reason.endswith(
+        f"last validation kept the cap: the launch asks for no prefill-graph context above "
+        f"16,384 ({shown}); SGLang's cap stands")
