@@ -22,8 +22,9 @@ from warmup.plan import expr as E
 from warmup.errors import PlanError
 from warmup.plan.facts import FACT_NAMES
 from warmup.plan.model import (DEFAULT_MAX_REQUESTS, FEATURES, KINDS, MAX_REQUESTS_CEILING,
-                               OVER_LIMIT, SAMPLING_KEYS, SAMPLING_VARIANTS, Located, Phase,
-                               Plan, Shape, Size, SizeRange)
+                               OVER_LIMIT, REQUEST_BOOL_FEATURES, REQUEST_FEATURES,
+                               REQUEST_INT_FEATURES, SAMPLING_KEYS, SAMPLING_VARIANTS, Located,
+                               Phase, Plan, Shape, Size, SizeRange)
 
 MAX_FILE_BYTES = 256 * 1024
 MAX_NODES = 20_000
@@ -80,6 +81,10 @@ SHAPE_COMMON = {
     "requires": Field("features", False, "server features the class needs: " + ", ".join(FEATURES)),
     "sampling": Field("sampling", False),
     "max_new_tokens": Field("int_expr", False),
+    "request": Field("request", False, "request features for every request of the class: "
+                     + ", ".join(REQUEST_FEATURES)),
+    "family": Field("ident", False, "the family the class belongs to (default: its kind); a "
+                    "user can turn a family off at launch"),
 }
 SHAPE_KIND = {
     "extend": {"lengths": Field("expr_list", True, "prompt lengths, each one forward (<= chunk)")},
@@ -301,15 +306,17 @@ def _bool(ctx: _Ctx, node: yaml.Node, path: str) -> bool:
     return v
 
 
-def _size(ctx: _Ctx, node: yaml.Node, path: str, names: frozenset[str], *, boolean: bool = False) -> Size:
+def _size(ctx: _Ctx, node: yaml.Node, path: str, names: frozenset[str], *, boolean: bool = False,
+          minimum: int = 1) -> Size:
     v = _scalar(ctx, node, path)
     if isinstance(v, bool):
         if not boolean:
             raise ctx.fail(node, path, f"expected an integer or an expression, got {v!r}", hint=_SIZE_HINT)
         text = "True" if v else "False"
     elif isinstance(v, int):
-        if not boolean and v <= 0:
-            raise ctx.fail(node, path, f"sizes must be positive, got {v}", hint=_SIZE_HINT)
+        if not boolean and v < minimum:
+            what = "positive" if minimum == 1 else f">= {minimum}"
+            raise ctx.fail(node, path, f"sizes must be {what}, got {v}", hint=_SIZE_HINT)
         text = str(v)
     elif isinstance(v, str):
         text = v
@@ -487,10 +494,32 @@ def _build_shape(ctx: _Ctx, node: yaml.Node, path: str, names: frozenset[str],
                             for i, f in enumerate(_sequence(ctx, vn, kpath)))
         elif t == "sampling":
             kw[key] = _enum(ctx, vn, kpath, ("alternate",) + variant_names, "sampling")
+        elif t == "request":
+            kw[key] = _request(ctx, vn, kpath, names)
+        elif t == "ident":
+            kw[key] = _ident(ctx, vn, kpath)
         else:  # pragma: no cover - SPEC and this switch are kept in step by tests
             raise AssertionError(t)
     why = kw.pop("why", "")
     return Shape(name=cls, kind=kind, why=why, where=ctx.at(node, path), **kw)
+
+
+REQUEST = {**{k: Field("int_expr0", False) for k in REQUEST_INT_FEATURES},
+           **{k: Field("bool", False) for k in REQUEST_BOOL_FEATURES}}
+
+
+def _request(ctx: _Ctx, node: yaml.Node, path: str,
+             names: frozenset[str]) -> tuple[tuple[str, Size | bool], ...]:
+    """``request:``: SGLang request fields turned on for every request of the class; integer
+    ones are expressions that may read ``input_len``."""
+    m = _mapping(ctx, node, path, REQUEST)
+    out: list[tuple[str, Size | bool]] = []
+    for key, (_, vn) in m.items():
+        if key in REQUEST_BOOL_FEATURES:
+            out.append((key, _bool(ctx, vn, f"{path}.{key}")))
+        else:
+            out.append((key, _size(ctx, vn, f"{path}.{key}", names | {"input_len"}, minimum=0)))
+    return tuple(out)
 
 
 def _range_or_list(ctx: _Ctx, node: yaml.Node, path: str,
@@ -521,6 +550,8 @@ def json_schema() -> dict[str, Any]:
                                                 "properties": {"from": expr, "to": expr}}]},
         "ident": ident, "text": {"type": "string"}, "int": {"type": "integer", "minimum": 1},
         "bool": {"type": "boolean"}, "kind": {"enum": list(KINDS)},
+        "int_expr0": {"anyOf": [{"type": "integer", "minimum": 0},
+                                {"type": "string", "maxLength": E.MAX_LENGTH}]},
         "over_limit": {"enum": list(OVER_LIMIT)},
         "max_requests": {"type": "integer", "minimum": 1, "maximum": MAX_REQUESTS_CEILING},
         "features": {"type": "array", "minItems": 1, "items": {"enum": list(FEATURES)}},
@@ -535,6 +566,7 @@ def json_schema() -> dict[str, Any]:
                 "properties": {k: dict(types[f.type], **({"description": f.doc} if f.doc else {}))
                                for k, f in spec.items()}, **extra}
 
+    types["request"] = obj(REQUEST)
     all_shape_keys = dict(SHAPE_COMMON)
     for kind_spec in SHAPE_KIND.values():
         all_shape_keys.update(kind_spec)

@@ -57,6 +57,18 @@ FEATURES: dict[str, tuple[str, str]] = {
 KINDS = ("extend", "chunked", "prefix", "concurrent", "batch", "mixed", "decode", "long_context",
          "sampling")
 
+#: Request features a shape may turn on for every request it sends (SGLang's own field names).
+#: Integer ones are expressions that may read ``input_len`` (the request's prompt length);
+#: ``token_ids_logprob`` and ``stop_token_ids`` give how many token ids to send (the transport
+#: picks them from the same safe id range as the prompts).
+REQUEST_INT_FEATURES = ("logprob_start_len", "top_logprobs_num", "token_ids_logprob", "n",
+                        "stop_token_ids")
+REQUEST_BOOL_FEATURES = ("return_logprob", "stream")
+REQUEST_FEATURES = REQUEST_INT_FEATURES + REQUEST_BOOL_FEATURES
+#: The most a feature may ask for: parallel samples per request, top logprobs, token ids.
+MAX_PARALLEL_SAMPLES = 64
+MAX_FEATURE_IDS = 1024
+
 
 # --- the plan (what the YAML says) ---------------------------------------------------------------
 @dataclass(frozen=True)
@@ -118,6 +130,14 @@ class Shape:
     decode_tokens: Size | None = None  # mixed, decode, sampling
     variants: tuple[str, ...] = ()  # sampling
     concurrency: tuple[Size, ...] = ()  # sampling
+    #: request features for every request of the class, e.g. (("return_logprob", True), ...)
+    request: tuple[tuple[str, "Size | bool"], ...] = ()
+    #: the family a user can turn off as a whole (default: the kind)
+    family: str = ""
+
+    @property
+    def family_name(self) -> str:
+        return self.family or self.kind
 
 
 @dataclass(frozen=True)
@@ -164,10 +184,17 @@ class WarmupRequest:
     prefix_key: str | None = None
     prefix_len: int = 0
     ignore_eos: bool = False
+    #: request features (names of :data:`REQUEST_FEATURES`) with their evaluated values
+    features: tuple[tuple[str, Any], ...] = ()
 
     @property
     def sampling(self) -> dict[str, Any]:
         return dict(self.sampling_params)
+
+    @property
+    def samples(self) -> int:
+        """Sequences this request runs at once (``n`` parallel samples)."""
+        return int(dict(self.features).get("n", 1))
 
 
 @dataclass(frozen=True)
@@ -189,6 +216,11 @@ class WarmupStep:
     @property
     def num_requests(self) -> int:
         return len(self.requests) + len(self.background)
+
+    @property
+    def sequences(self) -> int:
+        """Running sequences the step puts on the server (``n`` counts ``n`` times)."""
+        return sum(r.samples for r in (*self.requests, *self.background))
 
     @property
     def tokens(self) -> int:
@@ -262,6 +294,8 @@ def _req_dict(r: WarmupRequest) -> dict[str, Any]:
         d["prefix"] = {"key": r.prefix_key, "len": r.prefix_len}
     if r.ignore_eos:
         d["ignore_eos"] = True
+    if r.features:
+        d["features"] = dict(r.features)
     return d
 
 
@@ -296,7 +330,8 @@ class _Expander:
                 raise size.where.error(str(exc), hint="fix the expression") from None
 
     # -- evaluation helpers
-    def value(self, size: Size, extra: Mapping[str, Any] | None = None) -> int:
+    def value(self, size: Size, extra: Mapping[str, Any] | None = None, *,
+              minimum: int | None = None) -> int:
         env = self.env if not extra else {**self.env, **extra}
         try:
             v = size.expr.evaluate(env)
@@ -307,6 +342,9 @@ class _Expander:
         if isinstance(v, bool) or not isinstance(v, int):
             raise size.where.error(f"`{size.expr.text}` gives {v!r}, expected an integer",
                                    hint="sizes are integer expressions")
+        if minimum is not None and v < minimum:
+            raise size.where.error(f"`{size.expr.text}` gives {v}, expected {minimum} or more",
+                                   hint="fix the expression")
         return v
 
     def values(self, size: Size, extra: Mapping[str, Any] | None = None) -> list[int]:
@@ -353,7 +391,34 @@ class _Expander:
                              sampling_params=params,
                              prefix_key=prefix[0] if prefix else None,
                              prefix_len=prefix[1] if prefix else 0,
-                             ignore_eos=bool(ignore_eos if ignore_eos is not None else mnt > 1))
+                             ignore_eos=bool(ignore_eos if ignore_eos is not None else mnt > 1),
+                             features=self.features(shape, input_len))
+
+    def features(self, shape: Shape, input_len: int) -> tuple[tuple[str, Any], ...]:
+        """The shape's request features for a prompt of ``input_len`` tokens, checked against
+        what SGLang accepts; a value it would reject skips the class with the reason."""
+        out: list[tuple[str, Any]] = []
+        for key, spec in shape.request:
+            if isinstance(spec, bool):
+                if spec:
+                    out.append((key, True))
+                continue
+            v = self.value(spec, {"input_len": input_len}, minimum=0)
+            if key == "logprob_start_len" and v >= input_len:
+                raise _SkipShape(f"logprob_start_len {v} is not below the prompt length "
+                                 f"{input_len}")
+            if key == "n" and not 1 <= v <= MAX_PARALLEL_SAMPLES:
+                raise _SkipShape(f"n = {v} parallel samples: expected 1..{MAX_PARALLEL_SAMPLES}")
+            if key in ("top_logprobs_num", "token_ids_logprob", "stop_token_ids"):
+                vocab = self.facts.vocab_size
+                limit = min(MAX_FEATURE_IDS, vocab) if vocab else MAX_FEATURE_IDS
+                if v > limit:
+                    raise _SkipShape(f"{key} = {v} is above {limit}")
+            out.append((key, v))
+        if out and any(k in ("logprob_start_len", "top_logprobs_num", "token_ids_logprob")
+                       for k, _ in out) and ("return_logprob", True) not in out:
+            out.append(("return_logprob", True))
+        return tuple(sorted(out))
 
     # -- limits the server would enforce
     def fits(self, input_len: int, new_tokens: int) -> str | None:
@@ -390,6 +455,11 @@ class _Expander:
     def add(self, phase: str, shape: Shape, mode: str, requests: Iterable[WarmupRequest],
             note: str = "", background: Iterable[WarmupRequest] = ()) -> None:
         requests, background = tuple(requests), tuple(background)
+        sequences = sum(r.samples for r in (*requests, *background))
+        if sequences > len(requests) + len(background):
+            why = self.running_fits(sequences)
+            if why:
+                raise _SkipShape(f"with n parallel samples, {why}")
         self.room(len(requests) + len(background))
         self.count += len(requests) + len(background)
         self.steps.append(WarmupStep(index=len(self.steps), phase=phase, shape_class=shape.name,
@@ -401,20 +471,29 @@ class _Expander:
 
 
 def expand(plan: Plan, facts: ServerFacts, *, max_requests: int | None = None,
-           over_limit: str | None = None) -> Expansion:
+           over_limit: str | None = None, skip_families: Iterable[str] = ()) -> Expansion:
     """Expand ``plan`` against ``facts`` into ordered steps.  Pure and deterministic.
 
     Requests are counted before they are built.  A class that would take the total above the
     limit (``max_requests``, else the plan's ``limits.max_requests``) is skipped with the reason
     when ``over_limit`` (else the plan's ``limits.over_limit``) is ``skip``: later, smaller
-    classes still run.  With ``fail`` the first such class raises a PlanError."""
+    classes still run.  With ``fail`` the first such class raises a PlanError.
+    ``skip_families``: families (a shape's ``family``, else its kind) the user turned off."""
     limit = max_requests if max_requests is not None else plan.max_requests
     policy = over_limit or plan.over_limit
+    off = tuple(dict.fromkeys(skip_families))
     x = _Expander(plan, facts, limit)
+    present = {s.family_name for s in plan.shapes}
+    for name in off:
+        if name not in present:
+            x.warnings.append(f"family {name!r} was turned off, but no class of the plan is in "
+                              f"it (families: {', '.join(sorted(present))})")
     for phase in plan.phases:
         for shape in phase.shapes:
             mark = (len(x.steps), len(x.skipped), x.count)
             try:
+                if shape.family_name in off:
+                    raise _SkipShape(f"family {shape.family_name!r} is turned off")
                 for feature in shape.requires:
                     fact, reason = FEATURES[feature]
                     if not x.env.get(fact):

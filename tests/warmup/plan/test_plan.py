@@ -303,3 +303,85 @@ def test_a_chunk_size_outside_the_prefill_graph_sizes_is_warned():
         "mixed_batches: a steady mixed step is 4000 tokens (chunked_prefill_size), not a captured "
         "prefill-graph size, so it pads to the 4096-token graph; add 4000 to "
         "--cuda-graph-bs-prefill",)
+
+
+FEATURE_PLAN = """\
+version: 1
+name: feats
+phases:
+  - name: f
+    shapes:
+      - class: logp
+        kind: extend
+        family: logprobs
+        lengths: [219, 2253]
+        request: {logprob_start_len: "input_len // 2", top_logprobs_num: 5}
+      - class: par
+        kind: extend
+        family: parallel_sampling
+        lengths: [219]
+        max_new_tokens: 8
+        request: {n: 4, stream: true, stop_token_ids: 2}
+"""
+
+
+def test_request_features_are_evaluated_per_prompt():
+    exp = expand(loader.loads(FEATURE_PLAN, "f.yaml"), _facts_cache.pr44627())
+    feats = [(s.shape_class, r.input_len, dict(r.features)) for s in exp.steps for r in s.requests]
+    assert feats == [
+        ("logp", 219, {"logprob_start_len": 109, "top_logprobs_num": 5, "return_logprob": True}),
+        ("logp", 2253, {"logprob_start_len": 1126, "top_logprobs_num": 5, "return_logprob": True}),
+        ("par", 219, {"n": 4, "stream": True, "stop_token_ids": 2})]
+    assert [s.sequences for s in exp.steps] == [1, 1, 4]
+    assert exp.to_dict()["steps"][2]["requests"][0]["features"] == {
+        "n": 4, "stop_token_ids": 2, "stream": True}
+
+
+def test_a_family_turned_off_is_skipped_and_an_unknown_one_is_warned():
+    exp = expand(loader.loads(FEATURE_PLAN, "f.yaml"), _facts_cache.pr44627(),
+                 skip_families=["logprobs", "logprob"])
+    assert exp.classes == ("par",)
+    assert [(k.shape_class, k.reason) for k in exp.skipped] == [
+        ("logp", "family 'logprobs' is turned off")]
+    assert exp.warnings == ("family 'logprob' was turned off, but no class of the plan is in it "
+                            "(families: logprobs, parallel_sampling)",)
+
+
+@pytest.mark.parametrize("request_text,reason", [
+    ("{logprob_start_len: input_len}", "logprob_start_len 219 is not below the prompt length 219"),
+    ("{n: 65}", "n = 65 parallel samples: expected 1..64"),
+    ("{n: 17}", "with n parallel samples, 17 requests at once is above max_running_requests (16)"),
+    ("{top_logprobs_num: 5000}", "top_logprobs_num = 5000 is above 1024"),
+])
+def test_features_the_server_would_refuse_skip_the_class(request_text, reason):
+    text = ("version: 1\nname: x\nphases:\n  - name: p\n    shapes:\n      - class: c\n"
+            f"        kind: extend\n        lengths: [219]\n        request: {request_text}\n")
+    exp = expand(loader.loads(text, "x.yaml"), _facts_cache.pr44627())
+    assert exp.steps == () and [(k.shape_class, k.reason) for k in exp.skipped] == [("c", reason)]
+
+
+@pytest.mark.parametrize("request_text,message", [
+    ("{logprobs: 1}", "x.yaml:9: phases[0].shapes[0].request.logprobs: unknown key 'logprobs'"),
+    ("{n: -1}", "x.yaml:9: phases[0].shapes[0].request.n: sizes must be >= 0, got -1"),
+    ("{stream: 1}", "x.yaml:9: phases[0].shapes[0].request.stream: expected true or false, got 1"),
+    ("{n: bs}", "x.yaml:9: phases[0].shapes[0].request.n: `bs`: unknown name 'bs'"),
+])
+def test_bad_request_features_are_refused_at_load(request_text, message):
+    text = ("version: 1\nname: x\nphases:\n  - name: p\n    shapes:\n      - class: c\n"
+            f"        kind: extend\n        lengths: [219]\n        request: {request_text}\n")
+    with pytest.raises(PlanError) as info:
+        loader.loads(text, "x.yaml")
+    assert info.value.message == message
+
+
+def test_shipped_plans_warm_every_request_feature():
+    """Both plans send logprobs (from 0, from an offset, top-k, token ids), n > 1, streaming,
+    stop ids and long decodes, against PR #44627's facts."""
+    for name in PLANS:
+        exp = expand(loader.load(PLANS[name]), _facts_cache.pr44627())
+        seen = {k for s in exp.steps for r in s.requests for k, _ in r.features}
+        assert {"return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob",
+                "n", "stream", "stop_token_ids"} <= seen, name
+        starts = {dict(r.features).get("logprob_start_len") for s in exp.steps for r in s.requests}
+        assert 0 in starts and any(v for v in starts if v), name
+        assert max(r.max_new_tokens for s in exp.steps for r in s.requests) >= 512, name
