@@ -66,6 +66,14 @@ def _float(text: str) -> float:
     return float(text)
 
 
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    for n in names:
+        if not n.replace("_", "").isalnum() or not n[0].isalpha():
+            raise ValueError(f"{n!r} is not a family name (letters, digits and _)")
+    return names
+
+
 # --- activation (the plugin entry point does nothing unless this is set) -------------------
 ENABLE = EnvVar("WARMUP_ENABLE", False, _bool,
                 "set to 1 to activate sglang-warmup inside SGLang processes (plugin gate)")
@@ -85,10 +93,13 @@ REQUEST_TIMEOUT_S = EnvVar("WARMUP_REQUEST_TIMEOUT_S", 600.0, _float,
 FLUSH_TIMEOUT_S = EnvVar("WARMUP_FLUSH_TIMEOUT_S", 60.0, _float,
                          "seconds SGLang may wait for idle before the final cache flush")
 SEED = EnvVar("WARMUP_SEED", "0", _str, "seed of the random token ids of warm-up prompts")
+SKIP_FAMILIES = EnvVar("WARMUP_SKIP_FAMILIES", (), _names,
+                       "comma-separated shape families to leave out of the warm-up (a class's "
+                       "family, else its kind), e.g. logprobs,stream")
 
 # --- phase and metrics --------------------------------------------------------------------
 STATE_DIR = EnvVar("WARMUP_STATE_DIR", "", _str,
-                   "directory shared by all SGLang processes: phase file and compile manifest")
+                   "directory shared by all SGLang processes: phase file and compile log")
 METRICS = EnvVar("WARMUP_METRICS", True, _bool,
                  "set to 0 to install no compile-event hooks in SGLang processes")
 PROMETHEUS_MULTIPROC_DIR = EnvVar("PROMETHEUS_MULTIPROC_DIR", "", _str,
