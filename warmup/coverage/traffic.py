@@ -3,27 +3,78 @@
 A traffic file is JSON lines; each line is one *step* sent at once:
 
 ``{"kind": "single"|"burst"|"batch", "prompts": [len, ...], "prefix": {"group": str, "len": n},
-"max_new_tokens": n, "sampling": {...}, "label": str}``
+"max_new_tokens": n, "sampling": {...}, "features": {...}, "label": str}``
 
 ``burst`` sends the prompts as separate concurrent requests, ``batch`` as one request carrying a
 list of prompts, ``single`` expects one prompt.  ``prefix`` makes every prompt of the step start
 with the same ``len`` tokens as every other step of the same group (a shared system prompt, a
-RAG document, an agent's growing context).  :func:`synth` writes realistic samples.
+RAG document, an agent's growing context).  ``features`` are SGLang request fields every request
+of the step carries (the plan format's names: ``return_logprob``, ``logprob_start_len``,
+``top_logprobs_num``, ``token_ids_logprob`` and ``stop_token_ids`` (how many ids), ``n``,
+``stream``).  :func:`synth` writes realistic samples.
+
+Every input is bounded before it is used: files above :data:`MAX_FILE_BYTES` are refused before
+they are read, a prompt is at most :data:`MAX_PROMPT_TOKENS` tokens, a step at most
+:data:`MAX_PROMPTS` prompts, numbers are finite.  A refusal is one line naming the file, the
+line and the field.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from warmup.errors import WarmupError
-from warmup.plan.model import SAMPLING_KEYS, WarmupRequest, WarmupStep
+from warmup.plan.model import (MAX_FEATURE_IDS, MAX_PARALLEL_SAMPLES, REQUEST_BOOL_FEATURES,
+                               REQUEST_INT_FEATURES, SAMPLING_KEYS, WarmupRequest, WarmupStep)
 
-KINDS = ("chat", "rag", "agent", "batch")
+KINDS = ("chat", "rag", "agent", "batch", "features")
 STEP_KINDS = ("single", "burst", "batch")
+
+#: Limits on traffic files and request logs (checked before the data is used).
+MAX_FILE_BYTES = 256 * 1024 * 1024   # a traffic file or request log
+MAX_PROMPT_TOKENS = 10_000_000       # one prompt (well past any context length served today)
+MAX_NEW_TOKENS = 1_000_000
+MAX_PROMPTS = 4096                   # prompts of one step
+MAX_STEPS = 200_000                  # steps of one file
+_FIELDS = ("kind", "prompts", "max_new_tokens", "sampling", "prefix", "features", "label")
+
+
+def _count(v: Any, limit: int, minimum: int = 1) -> bool:
+    """An integer (not a bool) in [minimum, limit]."""
+    return isinstance(v, int) and not isinstance(v, bool) and minimum <= v <= limit
+
+
+def _number(v: Any) -> bool:
+    """A finite number (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_features(d: Any, prompts: Iterable[int]) -> str | None:
+    """None if ``d`` is a valid features mapping for these prompts, else what is wrong."""
+    if not isinstance(d, dict):
+        return "expected an object of request features"
+    known = REQUEST_INT_FEATURES + REQUEST_BOOL_FEATURES
+    unknown = sorted(str(k) for k in d if k not in known)
+    if unknown:
+        return f"unknown feature(s) {', '.join(unknown)} (known: {', '.join(known)})"
+    for k, v in d.items():
+        if k in REQUEST_BOOL_FEATURES:
+            if not isinstance(v, bool):
+                return f"{k}: expected true or false"
+            continue
+        limit = {"n": MAX_PARALLEL_SAMPLES, "logprob_start_len": MAX_PROMPT_TOKENS}.get(
+            k, MAX_FEATURE_IDS)
+        if not _count(v, limit, minimum=1 if k == "n" else 0):
+            return f"{k}: expected an integer from {1 if k == 'n' else 0} to {limit:,}"
+    start = d.get("logprob_start_len")
+    if start is not None and any(start >= n for n in prompts):
+        return f"logprob_start_len: {start} is not below every prompt's length"
+    return None
 
 
 @dataclass(frozen=True)
@@ -37,12 +88,15 @@ class TrafficStep:
     prefix_group: str | None = None
     prefix_len: int = 0
     label: str = ""
+    features: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind, "prompts": list(self.prompts),
                              "max_new_tokens": self.max_new_tokens, "sampling": self.sampling}
         if self.prefix_group:
             d["prefix"] = {"group": self.prefix_group, "len": self.prefix_len}
+        if self.features:
+            d["features"] = dict(self.features)
         if self.label:
             d["label"] = self.label
         return d
@@ -55,7 +109,7 @@ class TrafficStep:
                                    sampling_name=name, sampling_params=params,
                                    prefix_key=self.prefix_group,
                                    prefix_len=min(self.prefix_len, n) if self.prefix_group else 0,
-                                   ignore_eos=True)
+                                   ignore_eos=True, features=tuple(sorted(self.features.items())))
                      for n in self.prompts)
         mode = {"single": "single", "burst": "concurrent", "batch": "batch"}[self.kind]
         return WarmupStep(index=index, phase="traffic", shape_class=self.label or self.kind,
@@ -63,22 +117,51 @@ class TrafficStep:
                           note=f"{self.kind} {'+'.join(map(str, self.prompts))}")
 
 
+def _read_lines(p: Path, what: str, *, errors: str = "strict") -> list[str]:
+    """The lines of a file no larger than :data:`MAX_FILE_BYTES` (checked before reading)."""
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise WarmupError(f"{p}: cannot read {what}: {exc.strerror or exc}",
+                          hint="check the path") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise WarmupError(f"{p}: {what} is larger than {MAX_FILE_BYTES:,} bytes",
+                          hint="split it, or sample part of it")
+    try:
+        return data.decode("utf-8", errors=errors).splitlines()
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise WarmupError(f"{p}:{line}: byte 0x{data[exc.start]:02x} is not UTF-8",
+                          hint="traffic files are UTF-8 JSON lines") from None
+
+
+def _json_line(line: str, where: str) -> Any:
+    """One JSON value; NaN, Infinity and nesting deeper than the parser copes with are errors."""
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a number JSON allows")
+
+    try:
+        return json.loads(line, parse_constant=constant)
+    except RecursionError:
+        raise WarmupError(f"{where}: not JSON: nested too deeply",
+                          hint="one flat JSON object per line") from None
+    except ValueError as exc:
+        raise WarmupError(f"{where}: not JSON: {exc}", hint="one JSON object per line") from None
+
+
 def load(path: str | Path) -> list[TrafficStep]:
     """Read a traffic file; errors name the line and the field."""
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WarmupError(f"{p}: cannot read traffic file: {exc}", hint="pass a JSON-lines file") from None
+    lines = _read_lines(p, "traffic file")
     steps = []
     for i, line in enumerate(lines, 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        try:
-            d = json.loads(line)
-        except ValueError as exc:
-            raise WarmupError(f"{p}:{i}: not JSON: {exc}", hint="one JSON object per line") from None
-        steps.append(_parse(d, f"{p}:{i}"))
+        if len(steps) >= MAX_STEPS:
+            raise WarmupError(f"{p}:{i}: more than {MAX_STEPS:,} steps",
+                              hint="sample part of the traffic")
+        steps.append(_parse(_json_line(line, f"{p}:{i}"), f"{p}:{i}"))
     if not steps:
         raise WarmupError(f"{p}: no traffic steps", hint="`sglang-warmup traffic synth` writes a sample")
     return steps
@@ -87,29 +170,42 @@ def load(path: str | Path) -> list[TrafficStep]:
 def _parse(d: Any, where: str) -> TrafficStep:
     if not isinstance(d, dict):
         raise WarmupError(f"{where}: expected an object", hint="see `sglang-warmup traffic synth`")
-    unknown = set(d) - {"kind", "prompts", "max_new_tokens", "sampling", "prefix", "label"}
+    unknown = set(d) - set(_FIELDS)
     if unknown:
-        raise WarmupError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}",
-                          hint="fields: kind, prompts, max_new_tokens, sampling, prefix, label")
+        raise WarmupError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}",
+                          hint="fields: " + ", ".join(_FIELDS))
     kind = d.get("kind", "single")
-    if kind not in STEP_KINDS:
-        raise WarmupError(f"{where}: kind: {kind!r} is not one of {', '.join(STEP_KINDS)}",
+    if not isinstance(kind, str) or kind not in STEP_KINDS:
+        raise WarmupError(f"{where}: kind: {_shown(kind)} is not one of {', '.join(STEP_KINDS)}",
                           hint="single (one prompt), burst (concurrent requests) or batch (one request)")
     prompts = d.get("prompts")
     if not isinstance(prompts, list) or not prompts or not all(
             isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in prompts):
         raise WarmupError(f"{where}: prompts: expected a non-empty list of positive integers",
                           hint="prompt lengths in tokens")
+    if len(prompts) > MAX_PROMPTS or max(prompts) > MAX_PROMPT_TOKENS:
+        raise WarmupError(f"{where}: prompts: at most {MAX_PROMPTS:,} prompts of at most "
+                          f"{MAX_PROMPT_TOKENS:,} tokens each",
+                          hint="prompt lengths in tokens; split a larger burst")
     if kind == "single" and len(prompts) != 1:
         raise WarmupError(f"{where}: prompts: a single step has one prompt", hint="use burst or batch")
     mnt = d.get("max_new_tokens", 16)
-    if not isinstance(mnt, int) or isinstance(mnt, bool) or mnt < 1:
+    if not _count(mnt, MAX_NEW_TOKENS):
         raise WarmupError(f"{where}: max_new_tokens: expected a positive integer",
                           hint="tokens to generate per prompt, e.g. 16")
     sampling = d.get("sampling") or {}
     if not isinstance(sampling, dict) or set(sampling) - SAMPLING_KEYS:
         raise WarmupError(f"{where}: sampling: keys must be among {', '.join(sorted(SAMPLING_KEYS))}",
                           hint='SGLang sampling parameters, e.g. {"temperature": 0.7}')
+    bad = next((k for k, v in sampling.items() if not _number(v)), None)
+    if bad is not None:
+        raise WarmupError(f"{where}: sampling.{bad}: expected a finite number",
+                          hint='SGLang sampling parameters, e.g. {"temperature": 0.7}')
+    features = d.get("features") or {}
+    problem = check_features(features, prompts)
+    if problem:
+        raise WarmupError(f"{where}: features: {problem}",
+                          hint='e.g. "features": {"return_logprob": true, "top_logprobs_num": 5}')
     prefix = d.get("prefix")
     group, plen = None, 0
     if prefix is not None:
@@ -121,12 +217,24 @@ def _parse(d: Any, where: str) -> TrafficStep:
         if any(n <= plen for n in prompts):
             raise WarmupError(f"{where}: prefix: every prompt must be longer than the prefix ({plen})",
                               hint="prompt lengths include the shared prefix")
+    label = d.get("label", "")
+    if not isinstance(label, str) or len(label) > 200 or not label.isprintable():
+        raise WarmupError(f"{where}: label: expected printable text of at most 200 characters",
+                          hint='e.g. "label": "chat_turn"')
     return TrafficStep(kind=kind, prompts=tuple(prompts), max_new_tokens=mnt, sampling=dict(sampling),
-                       prefix_group=group, prefix_len=plen, label=str(d.get("label", "")))
+                       prefix_group=group, prefix_len=plen, label=label, features=dict(features))
+
+
+def _shown(value: Any) -> str:
+    """A value for an error line: short, printable, no control bytes."""
+    text = repr(value)
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def dump(steps: Iterable[TrafficStep]) -> str:
-    return "".join(json.dumps(s.to_json(), sort_keys=True) + "\n" for s in steps)
+    """JSON lines; never writes NaN or Infinity (a step holding one was not validated)."""
+    return "".join(json.dumps(s.to_json(), sort_keys=True, allow_nan=False) + "\n" for s in steps)
 
 
 # --- synthesis ---------------------------------------------------------------------------------
@@ -144,8 +252,13 @@ _SAMPLINGS = [
 MIN_SYNTH_PROMPT = 1600
 
 
-def synth(kind: str, *, seed: int = 0, steps: int = 24, max_prompt: int = 12000) -> list[TrafficStep]:
-    """A realistic traffic sample of ``kind`` (chat, rag, agent, batch).  Deterministic per seed."""
+def synth(kind: str, *, seed: int = 0, steps: int = 24, max_prompt: int = 12000,
+          chunk: int = 8192) -> list[TrafficStep]:
+    """A realistic traffic sample of ``kind`` (chat, rag, agent, batch, features).  Deterministic
+    per seed.  ``features``: requests with every request feature (logprobs from 0 and from an
+    offset, top-k, token ids, n > 1, streaming with stop ids), bursts of 20-64, long decodes,
+    prompts at the chunk boundary (``chunk``: the server's chunked_prefill_size) and long
+    shared prefixes."""
     if kind not in KINDS:
         raise WarmupError(f"unknown traffic kind {kind!r}", hint="one of: " + ", ".join(KINDS))
     if max_prompt < MIN_SYNTH_PROMPT:
@@ -197,11 +310,50 @@ def synth(kind: str, *, seed: int = 0, steps: int = 24, max_prompt: int = 12000)
             if i % 5 == 4:
                 out.append(TrafficStep("burst", tuple(base + length(10, 200) for _ in range(3)),
                                        16, samp, f"agent{base}", base, "agent_tools"))
+        elif kind == "features":
+            out.append(_feature_step(i, rng, samp, length, max_prompt, chunk))
         else:  # batch
             bs = rng.randint(2, 24)
             out.append(TrafficStep("batch", tuple(length(50, 1500) for _ in range(bs)), length(8, 128),
                                    samp, label=f"batch_{bs}"))
     return out
+
+
+def _feature_step(i: int, rng: random.Random, samp: dict[str, Any], length: Any,
+                  max_prompt: int, chunk: int) -> TrafficStep:
+    """Step ``i`` of a features sample: the families in turn, sizes drawn from ``rng``."""
+    family = i % 8
+    n = length(50, 3000)
+    if family == 0:
+        return TrafficStep("single", (n,), length(1, 8), samp, label="logprobs_from_0",
+                           features={"return_logprob": True, "logprob_start_len": 0})
+    if family == 1:
+        return TrafficStep("single", (n,), length(1, 16), samp, label="logprobs_offset_top",
+                           features={"return_logprob": True, "logprob_start_len": n // 2,
+                                     "top_logprobs_num": rng.choice([1, 5, 20])})
+    if family == 2:
+        return TrafficStep("single", (n,), length(8, 32), samp, label="output_logprobs_ids",
+                           features={"return_logprob": True, "top_logprobs_num": 5,
+                                     "token_ids_logprob": rng.randint(1, 8)})
+    if family == 3:
+        return TrafficStep("single", (n,), length(8, 32), samp, label="parallel_n",
+                           features={"n": rng.choice([2, 3, 4, 8])})
+    if family == 4:
+        k = rng.randint(20, 64)
+        return TrafficStep("burst", tuple(length(20, 800) for _ in range(k)), length(8, 48),
+                           samp, label=f"burst_{k}")
+    if family == 5:
+        return TrafficStep("single", (length(8, 400),), rng.randint(256, 1024), samp,
+                           label="long_decode")
+    if family == 6:
+        m = min(max_prompt, max(2, chunk + rng.choice([-1, 0, 1, 37, chunk + 7])))
+        return TrafficStep("single", (m,), 8, samp, label="chunk_boundary")
+    plen = min(6000, max_prompt - 400)
+    k = rng.randint(1, 3)
+    features = {"stream": True, "stop_token_ids": 2} if rng.random() < 0.5 else {}
+    return TrafficStep("burst" if k > 1 else "single",
+                       tuple(plen + length(10, 300) for _ in range(k)), length(8, 32), samp,
+                       "long_prefix", plen, "long_prefix", features)
 
 
 # --- conversion from request logs --------------------------------------------------------------
@@ -238,10 +390,7 @@ def convert(fmt: str, path: str | Path, *, burst_window_ms: float = 10.0) -> Con
     if fmt not in CONVERT_FORMATS:
         raise WarmupError(f"unknown log format {fmt!r}", hint="one of: " + ", ".join(CONVERT_FORMATS))
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError as exc:
-        raise WarmupError(f"{p}: cannot read: {exc.strerror or exc}", hint="check the path") from None
+    lines = _read_lines(p, "request log", errors="replace")
     conv = _from_openai(lines, str(p)) if fmt == "openai" else \
         _from_sglang_log(lines, burst_window_ms / 1000.0)
     if not conv.steps:
@@ -285,10 +434,7 @@ def _from_openai(lines: list[str], where: str) -> Conversion:
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            d = json.loads(line)
-        except ValueError as exc:
-            raise WarmupError(f"{where}:{i}: not JSON: {exc}", hint="one JSON object per line") from None
+        d = _json_line(line, f"{where}:{i}")
         if not isinstance(d, dict):
             raise WarmupError(f"{where}:{i}: expected a JSON object", hint="one request body per line")
         body = d["body"] if isinstance(d.get("body"), dict) else d  # batch-API input lines
@@ -325,25 +471,51 @@ def _from_openai(lines: list[str], where: str) -> Conversion:
             skipped["without prompt, messages or token count"] = \
                 skipped.get("without prompt, messages or token count", 0) + 1
             continue
+        if len(prompts) > MAX_PROMPTS or max(prompts) > MAX_PROMPT_TOKENS:
+            why = f"above {MAX_PROMPTS:,} prompts or {MAX_PROMPT_TOKENS:,} tokens per prompt"
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
         requests += len(prompts)
         sampling = {ours: body[theirs] for theirs, ours in _OPENAI_SAMPLING.items()
-                    if isinstance(body.get(theirs), (int, float)) and not isinstance(body.get(theirs), bool)}
+                    if _number(body.get(theirs))}
         mnt = next((body[k] for k in ("max_completion_tokens", "max_tokens", "max_new_tokens")
-                    if isinstance(body.get(k), int) and not isinstance(body.get(k), bool)
-                    and body[k] > 0), None)
-        rows.append((prompts, label, mnt, sampling, system_key, system_len))
+                    if _count(body.get(k), MAX_NEW_TOKENS)), None)
+        rows.append((prompts, label, mnt, sampling, system_key, system_len,
+                     _openai_features(body, prompts)))
     shared = {}
-    for _, _, _, _, key, _ in rows:
+    for _, _, _, _, key, _, _ in rows:
         if key:
             shared[key] = shared.get(key, 0) + 1
     steps = []
-    for prompts, label, mnt, sampling, key, plen in rows:
+    for prompts, label, mnt, sampling, key, plen, features in rows:
         group = key if key and shared[key] > 1 and all(n > plen for n in prompts) else None
         steps.append(TrafficStep("single" if len(prompts) == 1 else "batch", prompts,
-                                 mnt or 16, sampling, group, plen if group else 0, label))
+                                 mnt or 16, sampling, group, plen if group else 0, label, features))
     notes = ("token counts estimated as ceil(characters / 4) where no token count field was "
-             "present; a system message shared by several requests is a prefix group",)
+             "present; a system message shared by several requests is a prefix group; n, "
+             "stream, logprobs, top_logprobs and echo become request features",)
     return Conversion(tuple(steps), requests, skipped, notes)
+
+
+def _openai_features(body: dict, prompts: tuple[int, ...]) -> dict[str, Any]:
+    """Request features of an OpenAI request body: ``n``, ``stream``, chat ``logprobs`` /
+    ``top_logprobs``, completions ``logprobs: k`` (with ``echo``: the prompt's logprobs too).
+    Values out of SGLang's range are left out."""
+    out: dict[str, Any] = {}
+    if _count(body.get("n"), MAX_PARALLEL_SAMPLES) and body["n"] > 1:
+        out["n"] = body["n"]
+    if body.get("stream") is True:
+        out["stream"] = True
+    logprobs, top = body.get("logprobs"), body.get("top_logprobs")
+    if logprobs is True or _count(logprobs, MAX_FEATURE_IDS, minimum=0):
+        out["return_logprob"] = True
+        k = top if _count(top, MAX_FEATURE_IDS) else (
+            logprobs if not isinstance(logprobs, bool) and logprobs else None)
+        if k:
+            out["top_logprobs_num"] = k
+        if body.get("echo") is True:
+            out["logprob_start_len"] = 0
+    return out if check_features(out, prompts) is None else {}
 
 
 # SGLang's request logger (srt/utils/request_logger.py, 0.5.17-0.5.23): text lines
@@ -376,6 +548,30 @@ def _balanced(text: str, start: int) -> str | None:
     return None
 
 
+def _loose_json(text: str) -> Any:
+    """A JSON value from a log line, or None when it is not one (never raises)."""
+    try:
+        return json.loads(text, parse_constant=lambda name: None)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _log_features(obj: dict, sampling: Any) -> dict[str, Any]:
+    """Request features of a logged ``GenerateReqInput``."""
+    out: dict[str, Any] = {}
+    if obj.get("return_logprob") is True:
+        out["return_logprob"] = True
+        for k in ("logprob_start_len", "top_logprobs_num"):
+            if _count(obj.get(k), MAX_PROMPT_TOKENS, minimum=0):
+                out[k] = obj[k]
+    if obj.get("stream") is True:
+        out["stream"] = True
+    n = sampling.get("n") if isinstance(sampling, dict) else None
+    if _count(n, MAX_PARALLEL_SAMPLES) and n > 1:
+        out["n"] = n
+    return out
+
+
 def _parse_log_line(line: str) -> dict | None:
     """One finished request of an SGLang request log: prompt/completion/cached tokens, sampling,
     arrival time (seconds) and its precision; None for other lines."""
@@ -383,34 +579,40 @@ def _parse_log_line(line: str) -> dict | None:
     import re
     from datetime import datetime
 
+    def when(value: Any) -> float | None:
+        try:
+            return datetime.fromisoformat(str(value)).timestamp()
+        except (ValueError, OverflowError, OSError):
+            return None
+
     brace = line.find("{")
     if '"request.finished"' in line and brace >= 0:
-        try:
-            d = json.loads(line[brace:])
-        except ValueError:
+        d = _loose_json(line[brace:])
+        if not isinstance(d, dict):
             return None
         out, obj = d.get("out") or {}, d.get("obj") or {}
         meta = out.get("meta_info") if isinstance(out, dict) else None
         if not isinstance(meta, dict):
             return None
-        rec = {k: meta.get(k) for k in _META_INT + _META_FLOAT}
+        rec: dict[str, Any] = {k: meta.get(k) if _count(meta.get(k), 1 << 62, minimum=0) else None
+                               for k in _META_INT}
+        rec.update({k: float(meta[k]) if _number(meta.get(k)) else None for k in _META_FLOAT})
         fr = meta.get("finish_reason")
         rec["finish"] = fr.get("type") if isinstance(fr, dict) else fr
-        rec["sampling"] = obj.get("sampling_params") if isinstance(obj, dict) else None
-        rec["rid"] = d.get("rid")
-        try:
-            rec["logged"] = datetime.fromisoformat(str(d.get("timestamp"))).timestamp()
-        except ValueError:
-            rec["logged"] = None
+        sp = obj.get("sampling_params") if isinstance(obj, dict) else None
+        rec["sampling"] = sp if isinstance(sp, dict) else None
+        rec["features"] = _log_features(obj if isinstance(obj, dict) else {}, sp)
+        rid = d.get("rid")
+        rec["rid"] = rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
+        rec["logged"] = when(d.get("timestamp"))
         rec["precise"] = True
         return rec
     if '"request.received"' in line and brace >= 0:
-        try:
-            d = json.loads(line[brace:])
-            return {"received_rid": d.get("rid"),
-                    "received": datetime.fromisoformat(str(d.get("timestamp"))).timestamp()}
-        except (ValueError, TypeError):
+        d = _loose_json(line[brace:])
+        if not isinstance(d, dict) or not isinstance(d.get("rid"), (str, int)):
             return None
+        received = when(d.get("timestamp"))
+        return None if received is None else {"received_rid": d["rid"], "received": received}
     at = line.find("Finish: obj=")
     if at < 0:
         return None
@@ -432,10 +634,23 @@ def _parse_log_line(line: str) -> dict | None:
     if sp_at >= 0:
         raw = _balanced(line, sp_at + len("sampling_params="))
         try:
-            rec["sampling"] = ast.literal_eval(raw) if raw else None
-        except (ValueError, SyntaxError):
+            # Bounded before it is parsed: sampling parameters are a few dozen short fields.
+            value = ast.literal_eval(raw) if raw and len(raw) <= 16384 else None
+            rec["sampling"] = value if isinstance(value, dict) else None
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             rec["sampling"] = {k: float(v) for k, v in
                                re.findall(r"'(\w+)': (-?[0-9.]+(?:[eE][+-]?\d+)?)", raw or "")}
+    head = line[at:meta_at]
+    feats: dict[str, Any] = {}
+    if re.search(r"\breturn_logprob=True", head):
+        feats["return_logprob"] = True
+        for k in ("logprob_start_len", "top_logprobs_num"):
+            m = re.search(rf"\b{k}=(\d+)", head)
+            if m:
+                feats[k] = int(m.group(1))
+    if re.search(r"\bstream=True", head):
+        feats["stream"] = True
+    rec["features"] = feats
     m = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", line)
     try:
         rec["logged"] = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() if m else None
@@ -485,11 +700,17 @@ def _from_sglang_log(lines: list[str], window_s: float) -> Conversion:
             precise = rec["precise"]
         if not precise:
             imprecise += 1
+        if rec["prompt_tokens"] > MAX_PROMPT_TOKENS or rec["completion_tokens"] > MAX_NEW_TOKENS:
+            skip(f"above {MAX_PROMPT_TOKENS:,} prompt or {MAX_NEW_TOKENS:,} completion tokens")
+            continue
         sampling = {k: v for k, v in (rec["sampling"] or {}).items()
-                    if k in SAMPLING_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+                    if k in SAMPLING_KEYS and _number(v)}
         cached = int(rec["cached_tokens"] or 0)
+        features = rec.get("features") or {}
+        if check_features(features, (rec["prompt_tokens"],)) is not None:
+            features = {}
         rows.append((arrival, precise, int(rec["prompt_tokens"]), max(1, int(rec["completion_tokens"])),
-                     sampling, cached if 0 < cached < rec["prompt_tokens"] else 0))
+                     sampling, cached if 0 < cached < rec["prompt_tokens"] else 0, features))
     rows.sort(key=lambda r: (r[0] is None, r[0] or 0.0))
     steps: list[TrafficStep] = []
     i = 0
@@ -505,7 +726,7 @@ def _from_sglang_log(lines: list[str], window_s: float) -> Conversion:
         steps.append(TrafficStep("single" if len(group) == 1 else "burst",
                                  tuple(g[2] for g in group), max(g[3] for g in group), group[0][4],
                                  f"cached{plen}" if plen else None, plen,
-                                 "log" if len(group) == 1 else "log_burst"))
+                                 "log" if len(group) == 1 else "log_burst", group[0][6]))
     notes = ["prompt and completion lengths are SGLang's own token counts; a prompt that hit "
              "the radix cache for N tokens shares an N-token prefix group"]
     if imprecise:

@@ -175,8 +175,14 @@ def loads(raw: bytes | str, file: str = "<plan>") -> Plan:
         line = mark.line + 1 if mark else 1
         raise PlanError(f"{file}:{line}: <top>: invalid YAML: {exc.problem or exc}",
                         hint="fix the YAML syntax") from None
+    except yaml.reader.ReaderError as exc:
+        line = text[: exc.position].count("\n") + 1
+        raise PlanError(f"{file}:{line}: <top>: invalid YAML: character {exc.character!r} is not "
+                        "allowed in YAML", hint="remove control characters from the plan") from None
     except yaml.YAMLError as exc:
-        raise PlanError(f"{file}:1: <top>: invalid YAML: {exc}", hint="fix the YAML syntax") from None
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise PlanError(f"{file}:1: <top>: invalid YAML: {first}",
+                        hint="fix the YAML syntax") from None
     if node is None:
         raise PlanError(f"{file}:1: <top>: the plan is empty", hint="start from plans/default.yaml")
     _check_tree(ctx, node)

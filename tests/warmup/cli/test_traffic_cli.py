@@ -40,7 +40,7 @@ def test_synth_unknown_kind(capsys):
     code, out, err = cli(capsys, "traffic", "synth", "--kind", "video")
     assert (code, out) == (1, "")
     assert err.splitlines() == ["error: unknown traffic kind 'video'",
-                                "hint: one of: chat, rag, agent, batch"]
+                                "hint: one of: chat, rag, agent, batch, features"]
 
 
 # --- convert --from openai --------------------------------------------------------------------
@@ -79,7 +79,7 @@ def test_convert_openai(tmp_path, capsys):
         traffic.TrafficStep("single", (110,), 64, {"temperature": 0.7, "top_p": 0.9}, group, 100,
                             "chat"),
         traffic.TrafficStep("single", (126,), 32, {"sampling_seed": 7}, group, 100, "chat"),
-        traffic.TrafficStep("single", (101,), 10, {"top_k": 20}, None, 0, "completion"),
+        traffic.TrafficStep("single", (101,), 10, {"top_k": 20}, None, 0, "completion", {"stream": True}),
         traffic.TrafficStep("single", (5,), 16, {}, None, 0, "completion"),
         traffic.TrafficStep("batch", (2, 3), 16, {"temperature": 0}, None, 0, "completion"),
         traffic.TrafficStep("single", (20,), 5, {}, None, 0, "chat"),
@@ -89,7 +89,8 @@ def test_convert_openai(tmp_path, capsys):
         "converted 8 request(s) into 7 traffic step(s); left out: 1 embedding requests, 1 "
         "without prompt, messages or token count",
         "note: token counts estimated as ceil(characters / 4) where no token count field was "
-        "present; a system message shared by several requests is a prefix group"]
+        "present; a system message shared by several requests is a prefix group; n, stream, "
+        "logprobs, top_logprobs and echo become request features"]
 
 
 def test_convert_openai_bad_line_names_file_and_line(tmp_path, capsys):

@@ -40,7 +40,7 @@ def test_load_reads_steps_skipping_comments_and_blank_lines(tmp_path):
      "one JSON object per line"),
     ('[1, 2]', "expected an object", "see `sglang-warmup traffic synth`"),
     ('{"prompts": [1], "zzz": 2, "bogus": 1}', "unknown field(s) bogus, zzz",
-     "fields: kind, prompts, max_new_tokens, sampling, prefix, label"),
+     "fields: kind, prompts, max_new_tokens, sampling, prefix, features, label"),
     ('{"kind": "stream", "prompts": [1]}', "kind: 'stream' is not one of single, burst, batch",
      "single (one prompt), burst (concurrent requests) or batch (one request)"),
     ('{"kind": "batch", "prompts": []}', "prompts: expected a non-empty list of positive integers",
@@ -82,9 +82,8 @@ def test_load_an_empty_or_missing_file(tmp_path):
     missing = tmp_path / "missing.jsonl"
     with pytest.raises(WarmupError) as err:
         traffic.load(missing)
-    assert err.value.message == (f"{missing}: cannot read traffic file: [Errno 2] No such file or directory: "
-                                 f"'{missing}'")
-    assert err.value.hint == "pass a JSON-lines file"
+    assert err.value.message == f"{missing}: cannot read traffic file: No such file or directory"
+    assert err.value.hint == "check the path"
 
 
 # --- synth --------------------------------------------------------------------------------------------
@@ -94,6 +93,8 @@ LABELS = {
     "chat": {"chat_turn", "chat_burst", "chat_fresh", "chat_long"},
     "rag": {"rag_query", "rag_burst"},
     "agent": {"agent_turn", "agent_tools"},
+    "features": {"logprobs_from_0", "logprobs_offset_top", "output_logprobs_ids", "parallel_n",
+                 "long_decode", "chunk_boundary", "long_prefix"} | {f"burst_{k}" for k in range(20, 65)},
 }
 
 
@@ -133,7 +134,8 @@ def test_synth_stays_within_max_prompt(kind, max_prompt):
 def test_synth_refuses_an_unknown_kind_or_a_tiny_max_prompt():
     with pytest.raises(WarmupError) as err:
         traffic.synth("video")
-    assert (err.value.message, err.value.hint) == ("unknown traffic kind 'video'", "one of: chat, rag, agent, batch")
+    assert (err.value.message, err.value.hint) == ("unknown traffic kind 'video'",
+                                                   "one of: chat, rag, agent, batch, features")
     with pytest.raises(WarmupError) as err:
         traffic.synth("chat", max_prompt=1599)
     assert (err.value.message, err.value.hint) == (
@@ -198,3 +200,134 @@ def test_a_synth_sample_replays_through_the_in_process_transport(fake_tokenizer_
     grouped = [(i, s.prefix_len) for i, (s, _) in zip(tm.items, flat) if s.prefix_group == "system"]
     assert len(grouped) >= 2
     assert len({tuple(i.input_ids[:plen]) for i, plen in grouped}) == 1
+
+
+# --- request features and hostile lines ------------------------------------------------------------
+def test_features_round_trip_and_reach_the_driver_step(tmp_path):
+    line = ('{"kind": "burst", "prompts": [300, 400], "features": {"return_logprob": true, '
+            '"logprob_start_len": 100, "top_logprobs_num": 5, "n": 2, "stream": true}}')
+    (step,) = traffic.load(write(tmp_path, line))
+    assert step.features == {"return_logprob": True, "logprob_start_len": 100,
+                             "top_logprobs_num": 5, "n": 2, "stream": True}
+    assert traffic.load(write(tmp_path, traffic.dump([step]).strip())) == [step]
+    ws = step.to_step(0)
+    assert [dict(r.features) for r in ws.requests] == [step.features] * 2
+    assert ws.sequences == 4
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"prompts": [4], "features": {"logprobs": 1}}',
+     "features: unknown feature(s) logprobs (known: logprob_start_len, top_logprobs_num, "
+     "token_ids_logprob, n, stop_token_ids, return_logprob, stream)"),
+    ('{"prompts": [4], "features": {"n": 0}}', "features: n: expected an integer from 1 to 64"),
+    ('{"prompts": [4], "features": {"stream": "yes"}}', "features: stream: expected true or false"),
+    ('{"prompts": [4], "features": {"logprob_start_len": 4}}',
+     "features: logprob_start_len: 4 is not below every prompt's length"),
+    ('{"prompts": [4], "features": [1]}', "features: expected an object of request features"),
+    ('{"prompts": [4], "sampling": {"temperature": NaN}}',
+     "not JSON: NaN is not a number JSON allows"),
+    ('{"prompts": [4], "sampling": {"temperature": "hot"}}',
+     "sampling.temperature: expected a finite number"),
+    ('{"prompts": [1000000000000000000000000000000]}',
+     "prompts: at most 4,096 prompts of at most 10,000,000 tokens each"),
+    ('{"prompts": [4], "max_new_tokens": 1e400}', "max_new_tokens: expected a positive integer"),
+    ('{"prompts": [4], "kind": ["single"]}',
+     "kind: ['single'] is not one of single, burst, batch"),
+    ('{"prompts": [4], "label": "a\\u0007b"}',
+     "label: expected printable text of at most 200 characters"),
+    ("[" * 100000, "not JSON: nested too deeply"),
+])
+def test_hostile_traffic_lines_get_one_line_errors(tmp_path, line, message):
+    p = write(tmp_path, line)
+    with pytest.raises(WarmupError) as err:
+        traffic.load(p)
+    assert err.value.message == f"{p}:1: {message}"
+
+
+def test_a_traffic_file_above_the_size_limit_is_refused_before_reading(tmp_path, monkeypatch):
+    monkeypatch.setattr(traffic, "MAX_FILE_BYTES", 100)
+    p = write(tmp_path, '{"prompts": [4]}' * 10)
+    with pytest.raises(WarmupError) as err:
+        traffic.load(p)
+    assert err.value.message == f"{p}: traffic file is larger than 100 bytes"
+
+
+def test_the_features_sample_covers_every_family():
+    steps = traffic.synth("features", seed=3, steps=40, max_prompt=12000, chunk=2048)
+    keys = {k for s in steps for k in s.features}
+    assert {"return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "n",
+            "stream", "stop_token_ids"} <= keys
+    assert any(s.kind == "burst" and 20 <= len(s.prompts) <= 64 for s in steps)
+    assert any(s.max_new_tokens >= 256 for s in steps)
+    assert {p for s in steps if s.label == "chunk_boundary" for p in s.prompts} & {2047, 2048, 2049}
+    assert all(max(s.prompts) <= 12000 for s in steps)
+
+
+# --- hostile request logs: never a traceback, nothing out of range written ---------------------
+_HOSTILE_OPENAI = [
+    '{"messages": [1, null, "x"], "max_tokens": 1e400}',
+    '{"messages": [{"role": "system", "content": {"deep": [[[["x"]]]]}}, {"role": "user"}]}',
+    '{"prompt": [1, 2, "x"], "temperature": Infinity}',
+    '{"prompt_tokens": 1000000000000000000000000000000}',
+    '{"prompt": "abc", "n": 1e10, "logprobs": "yes", "top_logprobs": -3, "stream": "true"}',
+    '{"prompt": "abc", "temperature": 1e400, "top_p": true}',
+    '{"body": [1, 2], "url": 7}',
+    '{"messages": {"role": "user"}, "usage": {"prompt_tokens": "many"}}',
+    '"just a string"',
+    '{"prompt": [[1, 2], 3]}',
+    '{"prompt": "' + "x" * 100 + '", "logprobs": 3, "echo": true, "n": 2, "stream": true}',
+]
+_HOSTILE_SGLANG = [
+    '{"event": "request.finished", "rid": [1], "obj": [], "out": {"meta_info": []}}',
+    '{"event": "request.finished", "out": {"meta_info": {"prompt_tokens": "10", '
+    '"completion_tokens": [3]}}}',
+    '{"event": "request.finished", "timestamp": "99999-01-01", "out": {"meta_info": '
+    '{"prompt_tokens": 10, "completion_tokens": 3, "e2e_latency": "slow"}}}',
+    '{"event": "request.finished", "obj": {"sampling_params": "hot", "return_logprob": true, '
+    '"logprob_start_len": 99}, "out": {"meta_info": {"prompt_tokens": 10, "completion_tokens": 3, '
+    '"request_received_ts": 5.0}}}',
+    '{"event": "request.finished", "out": {"meta_info": {"prompt_tokens": 1e400, '
+    '"completion_tokens": 3}}}',
+    '{"event": "request.finished", "out": {"meta_info": {"prompt_tokens": 99999999999999, '
+    '"completion_tokens": 3}}}',
+    '{"event": "request.received", "rid": {"a": 1}, "timestamp": 3}',
+    '[2026-01-01 00:00:00] Finish: obj=GenerateReqInput(sampling_params={' + "[" * 5000
+    + '}, return_logprob=True, top_logprobs_num=5), out={\'meta_info\': {\'prompt_tokens\': 12, '
+    "'completion_tokens': 4}}",
+    "[2026-01-01 00:00:00] Finish: obj=GenerateReqInput(stream=True), out={'meta_info': "
+    "{'prompt_tokens': 1000000000000000000000000000000, 'completion_tokens': 4}}",
+    '{"event": "request.finished", "out": {"meta_info": {"prompt_tokens": 20, "completion_tokens": 2}}}',
+]
+
+
+@pytest.mark.parametrize("fmt, lines", [("openai", _HOSTILE_OPENAI), ("sglang-log", _HOSTILE_SGLANG)])
+def test_hostile_request_logs_convert_without_tracebacks_or_wild_values(tmp_path, fmt, lines):
+    import json as _json
+
+    for i, line in enumerate(lines):
+        p = tmp_path / f"log{i}.jsonl"
+        p.write_text(line + "\n")
+        try:
+            conv = traffic.convert(fmt, p)
+        except WarmupError as exc:
+            assert exc.message.startswith(str(p)) and "\n" not in exc.message
+            continue
+        text = traffic.dump(conv.steps)  # allow_nan=False: raises on NaN/Infinity
+        for s in traffic.load(write(tmp_path, *text.splitlines())):
+            assert max(s.prompts) <= traffic.MAX_PROMPT_TOKENS
+            assert s.max_new_tokens <= traffic.MAX_NEW_TOKENS
+            assert traffic.check_features(s.features, s.prompts) is None
+        assert "NaN" not in text and "Infinity" not in text
+        _json.loads(text.splitlines()[0])
+
+
+def test_openai_features_become_request_features(tmp_path):
+    p = tmp_path / "log.jsonl"
+    p.write_text('{"prompt": "' + "x" * 100 + '", "logprobs": 3, "echo": true, "n": 2, '
+                 '"stream": true}\n{"messages": [{"role": "user", "content": "hi"}], '
+                 '"logprobs": true, "top_logprobs": 4}\n')
+    conv = traffic.convert("openai", p)
+    assert [s.features for s in conv.steps] == [
+        {"n": 2, "stream": True, "return_logprob": True, "top_logprobs_num": 3,
+         "logprob_start_len": 0},
+        {"return_logprob": True, "top_logprobs_num": 4}]

@@ -1,0 +1,79 @@
+"""Fuzzing the traffic readers: whatever the bytes, a traffic file or a request log gives steps
+or one WarmupError line, never a traceback, and the steps it gives are in range."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from warmup.coverage import traffic
+from warmup.errors import WarmupError
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**40, 10**40),
+                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20))
+_JSON = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=5), st.dictionaries(st.sampled_from(
+        ["kind", "prompts", "max_new_tokens", "sampling", "prefix", "features", "label", "group",
+         "len", "n", "stream", "return_logprob", "logprob_start_len", "top_logprobs_num",
+         "messages", "prompt", "role", "content", "body", "url", "usage", "prompt_tokens",
+         "logprobs", "top_logprobs", "echo", "temperature", "event", "out", "meta_info", "obj",
+         "completion_tokens", "rid", "timestamp", "sampling_params"]), inner, max_size=6)),
+    max_leaves=20)
+_FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def _line(value) -> str:
+    return json.dumps(value, allow_nan=True)
+
+
+def _check(steps) -> None:
+    text = traffic.dump(steps)
+    for s in steps:
+        assert 1 <= max(s.prompts) <= traffic.MAX_PROMPT_TOKENS
+        assert 1 <= s.max_new_tokens <= traffic.MAX_NEW_TOKENS
+        assert traffic.check_features(s.features, s.prompts) is None
+    assert "NaN" not in text and "Infinity" not in text
+
+
+@_FUZZ
+@given(st.lists(_JSON, min_size=1, max_size=4))
+def test_traffic_files(tmp_path_factory, values):
+    p = tmp_path_factory.mktemp("fuzz") / "t.jsonl"
+    p.write_text("\n".join(_line(v) for v in values) + "\n")
+    try:
+        _check(traffic.load(p))
+    except WarmupError as exc:
+        assert exc.message.startswith(str(p)) and "\n" not in exc.message
+
+
+@_FUZZ
+@given(st.sampled_from(traffic.CONVERT_FORMATS), st.lists(_JSON, min_size=1, max_size=4),
+       st.booleans())
+def test_request_logs(tmp_path_factory, fmt, values, as_event):
+    p = tmp_path_factory.mktemp("fuzz") / "log.jsonl"
+    lines = []
+    for v in values:
+        if as_event and isinstance(v, dict):
+            v = dict(v, event="request.finished")
+        lines.append(_line(v))
+    p.write_text("\n".join(lines) + "\n")
+    try:
+        _check(traffic.convert(fmt, p).steps)
+    except WarmupError as exc:
+        assert exc.message.startswith(str(p)) and "\n" not in exc.message
+
+
+@_FUZZ
+@given(st.binary(max_size=300))
+def test_raw_bytes(tmp_path_factory, data):
+    p = tmp_path_factory.mktemp("fuzz") / "raw.jsonl"
+    p.write_bytes(data)
+    for read in (traffic.load, lambda q: traffic.convert("openai", q),
+                 lambda q: traffic.convert("sglang-log", q)):
+        try:
+            result = read(p)
+            _check(result if isinstance(result, list) else result.steps)
+        except WarmupError as exc:
+            assert exc.message.startswith(str(p))
