@@ -32,9 +32,7 @@ import signal
 import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -48,6 +46,7 @@ from cache_tools.compile_log import is_miss, kernel_name
 from warmup.serve.driver import Driver, RunReport
 from warmup.errors import SidecarError, TransportError, WarmupError
 from warmup.plan.model import Expansion, Plan, WarmupStep, expand
+from warmup.serve.http import HttpClient, Probe, wait_for_health
 from warmup.serve.transport import HttpTransport, Outcome
 
 logger = logging.getLogger("sglang_warmup.sidecar")
@@ -58,112 +57,6 @@ STATES: tuple[str, ...] = ("starting", "waiting", "warming", "verifying", "ready
                            "stopped")
 ENDPOINTS: tuple[str, ...] = ("/ready", "/live", "/metrics", "/report")
 _TIMELINE_MAX = 500  # events kept for /report
-
-
-# --- probes ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Probe:
-    """One HTTP probe: ``status`` (None when nothing answered) and a short ``detail``."""
-
-    status: int | None
-    detail: str
-
-    @property
-    def ok(self) -> bool:
-        return self.status == 200
-
-
-def http_get(url: str, *, timeout: float, api_key: str | None = None) -> Probe:
-    """``GET url`` within ``timeout`` seconds; never raises."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    req = urllib.request.Request(url, headers=headers, method="GET")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            resp.read()
-            return Probe(resp.status, f"HTTP {resp.status}")
-    except urllib.error.HTTPError as exc:
-        return Probe(exc.code, f"HTTP {exc.code}")
-    except urllib.error.URLError as exc:
-        return Probe(None, _reason(exc.reason, timeout))
-    except (TimeoutError, socket.timeout):
-        return Probe(None, f"no answer within {timeout:g} s")
-    except (ConnectionError, OSError) as exc:
-        return Probe(None, _reason(exc, timeout))
-
-
-def _reason(reason: Any, timeout: float) -> str:
-    if isinstance(reason, (TimeoutError, socket.timeout)):
-        return f"no answer within {timeout:g} s"
-    if isinstance(reason, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(reason, ConnectionResetError):
-        return "connection reset"
-    if isinstance(reason, OSError) and reason.strerror:
-        return reason.strerror.lower()
-    return str(reason) or type(reason).__name__
-
-
-@dataclass(frozen=True)
-class HealthWait:
-    """How a wait for health ended.  ``ended``: ``healthy``, ``deadline``, ``stopped`` or the
-    message of the ``alive`` check that ended it (e.g. the server process exited)."""
-
-    ok: bool
-    ended: str
-    waited_s: float
-    attempts: int
-    last: str
-
-
-def wait_for_health(probe: Callable[[float], Probe], deadline_s: float, *,
-                    initial_s: float = 0.5, max_s: float = 10.0, probe_timeout_s: float = 30.0,
-                    stop: threading.Event | None = None,
-                    alive: Callable[[], str | None] | None = None,
-                    what: str = "the server", log_every_s: float = 30.0) -> HealthWait:
-    """Probe until one answers 200, with exponential backoff (``initial_s`` doubling up to
-    ``max_s``) and a hard ``deadline_s``: no probe and no sleep reaches past it.  ``alive``
-    returns None while the thing probed may still come up, else why it cannot (ends the wait)."""
-    start = time.monotonic()
-    end = start + deadline_s
-    delay = initial_s
-    attempts = 0
-    last = "not probed yet"
-    next_log = start + log_every_s
-
-    def result(ok: bool, ended: str) -> HealthWait:
-        return HealthWait(ok, ended, time.monotonic() - start, attempts, last)
-
-    while True:
-        if stop is not None and stop.is_set():
-            return result(False, "stopped")
-        if alive is not None:
-            gone = alive()
-            if gone:
-                return result(False, gone)
-        remaining = end - time.monotonic()
-        if remaining <= 0:
-            return result(False, "deadline")
-        attempts += 1
-        p = probe(max(0.1, min(probe_timeout_s, remaining)))
-        last = p.detail
-        if p.ok:
-            return result(True, "healthy")
-        now = time.monotonic()
-        if now >= next_log:
-            logger.info("sglang-warmup sidecar: still waiting for %s (%d probes, last: %s; "
-                        "%.0f s of %.0f s left)", what, attempts, last, max(0.0, end - now),
-                        deadline_s)
-            next_log = now + log_every_s
-        remaining = end - now
-        if remaining <= 0:
-            return result(False, "deadline")
-        pause = min(delay, remaining)
-        delay = min(delay * 2, max_s)
-        if stop is not None:
-            if stop.wait(pause):
-                return result(False, "stopped")
-        else:
-            time.sleep(pause)
 
 
 # --- the startup-budget projection ------------------------------------------------------------
@@ -259,26 +152,18 @@ class _Pacer:
 
 # --- the transport ------------------------------------------------------------------------------
 class SidecarTransport(HttpTransport):
-    """HttpTransport with the sidecar's bounds: ``/server_info`` and ``/flush_cache`` answer
-    within stated timeouts, and every step is counted for the projection and refused once the
-    sidecar is stopping."""
+    """HttpTransport with the sidecar's bounds (``/server_info`` and ``/flush_cache`` within
+    stated timeouts), every step counted for the projection and refused once the sidecar is
+    stopping."""
 
     def __init__(self, url: str, *, request_timeout_s: float, info_timeout_s: float = 30.0,
                  flush_slack_s: float = 10.0, seed: str = "0", api_key: str | None = None,
                  stop: threading.Event | None = None) -> None:
         super().__init__(url, timeout_s=request_timeout_s, retries=2, backoff_s=0.5, seed=seed,
-                         api_key=api_key)
-        self.info_timeout_s = info_timeout_s
-        self.flush_slack_s = flush_slack_s
+                         api_key=api_key, info_timeout_s=info_timeout_s,
+                         flush_slack_s=flush_slack_s)
         self.stop = stop
         self.pacer: _Pacer | None = None
-
-    def server_info(self) -> dict[str, Any]:
-        status, payload = self._call("GET", "/server_info", retry=True, timeout=self.info_timeout_s)
-        if status == 404:  # SGLang before /server_info
-            status, payload = self._call("GET", "/get_server_info", retry=True,
-                                         timeout=self.info_timeout_s)
-        return self._json(status, payload, "/server_info")
 
     async def send(self, step: WarmupStep) -> list[Outcome]:
         if self.stop is not None and self.stop.is_set():
@@ -288,20 +173,6 @@ class SidecarTransport(HttpTransport):
         finally:
             if self.pacer is not None:
                 self.pacer.advance(step.num_requests)
-
-    async def flush(self, timeout_s: float) -> str:
-        # SGLang waits up to timeout_s for idle, then answers; the slack covers the network.
-        def call() -> tuple[int, bytes]:
-            return self._call("POST", f"/flush_cache?timeout={timeout_s:g}",
-                              timeout=timeout_s + self.flush_slack_s)
-
-        status, payload = await asyncio.to_thread(call)
-        if status != 200:
-            text = payload.decode(errors="replace").strip().replace("\n", " ")[:200]
-            raise TransportError(f"/flush_cache answered HTTP {status}: {text}",
-                                 hint="the server was not idle in time; see its log")
-        text = " ".join(payload.decode(errors="replace").split())
-        return (text[:200] + ("…" if len(text) > 200 else "")) or "flushed"
 
 
 # --- second-pass verification -------------------------------------------------------------------
@@ -482,6 +353,7 @@ class Sidecar:
     def __init__(self, config: SidecarConfig, plan: Plan | None = None) -> None:
         self.config = config
         self.plan = plan if plan is not None else config.check()
+        self.client = HttpClient(config.url, api_key=config.api_key)
         self.stop_event = threading.Event()
         self.exit_code = 0
         self.started_at = time.time()
@@ -697,7 +569,7 @@ class Sidecar:
         hw = wait_for_health(self._probe_generate, cfg.deadline_s,
                              initial_s=cfg.backoff_initial_s, max_s=cfg.backoff_max_s,
                              probe_timeout_s=cfg.probe_timeout_s, stop=self.stop_event,
-                             what=f"{cfg.url}/health_generate")
+                             what=f"{cfg.url}/health_generate", log=logger)
         with self._lock:
             self._health_wait_s = round(hw.waited_s, 3)
         if hw.ended == "stopped":
@@ -847,12 +719,10 @@ class Sidecar:
             logger.debug("sglang-warmup sidecar: phase not recorded: %s", exc)
 
     def _probe_generate(self, timeout: float) -> Probe:
-        return http_get(self.config.url.rstrip("/") + "/health_generate", timeout=timeout,
-                        api_key=self.config.api_key)
+        return self.client.probe("/health_generate", timeout)
 
     def _probe_health(self, timeout: float) -> Probe:
-        return http_get(self.config.url.rstrip("/") + "/health", timeout=timeout,
-                        api_key=self.config.api_key)
+        return self.client.probe("/health", timeout)
 
     def _watch(self) -> bool:
         """Probe ``/health`` every ``watch_interval_s``; True once ``watch_failures`` probes in a

@@ -1,6 +1,6 @@
 """warmup.sidecar.service: the readiness gate against a local stand-in of SGLang's HTTP API (a real
 process, real HTTP), with faults: never healthy, dies mid-warm-up, HTTP 500/400, hangs; the
-exit policy; the second pass with real Triton compiles and sglang-warmup's real event hooks;
+exit policy; an error body with HTTP 200; the second pass with real Triton compiles and sglang-warmup's real event hooks;
 SGLang's own managed-sidecar runner."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,8 +24,7 @@ from harness import (PLAN, PLAN_PROMPT_LENS, PLAN_REQUESTS, REPO, free_port, get
 
 from warmup.observe import phase  # noqa: E402
 from warmup.errors import SidecarError  # noqa: E402
-from warmup.sidecar.service import (Probe, Projection, Sidecar, SidecarConfig, project,  # noqa: E402
-                            wait_for_health)
+from warmup.sidecar.service import Projection, Sidecar, SidecarConfig, project  # noqa: E402
 
 PY = sys.executable
 
@@ -217,6 +215,25 @@ def test_an_error_status_on_generate_fails_the_warmup_without_retrying(standins,
     time.sleep(1.0)  # a server that stays up is not hammered: no retry until it restarts
     assert server.stats()["counts"]["/generate"] == 2
     assert get(base(sc) + "/ready")[0] == 503
+
+
+def test_an_error_body_with_http_200_fails_the_warmup_with_the_text_made_printable(
+        standins, sidecars):
+    # a proxy in front of SGLang answers 200 with {"error": ...}; its text carries a terminal
+    # escape and a carriage return, which must not reach the log or the reason raw
+    server = standins("--generate-error", "upstream overloaded\x1b[31m\rretry later",
+                      "--fail-at", "3")
+    sc = sidecars(server.url)
+    report = wait_state(sc, "failed")
+    assert report["reason"] == (
+        "warm-up failed: warm-up request failed: class short_prompts, step 2 (single: 100 tokens "
+        "(other)): /generate answered an error: upstream overloaded\\x1b[31m retry later")
+    assert report["hint"] == "fix the server or the plan; --lenient warns and goes on"
+    assert report["run"]["ok"] is False
+    assert report["counts"]["requests_ok"] == 2 and report["counts"]["requests_failed"] == 1
+    assert get(base(sc) + "/ready")[0] == 503
+    assert 'sglang_warmup_sidecar_requests_total{outcome="failed"} 1.0' in get(
+        base(sc) + "/metrics")[1]
 
 
 @pytest.mark.parametrize("code,text", [
@@ -441,34 +458,6 @@ def test_runs_as_sglangs_managed_sidecar_and_stops_cleanly(standins, tmp_path):
 
 
 # --- pieces -----------------------------------------------------------------------------------------
-def test_wait_for_health_backs_off_and_never_passes_its_deadline():
-    calls = []
-
-    def probe(timeout):
-        calls.append((time.monotonic(), timeout))
-        return Probe(503, "HTTP 503")
-
-    t0 = time.monotonic()
-    hw = wait_for_health(probe, 1.0, initial_s=0.1, max_s=0.4, probe_timeout_s=5.0)
-    elapsed = time.monotonic() - t0
-    assert (hw.ok, hw.ended, hw.last) == (False, "deadline", "HTTP 503")
-    assert 1.0 <= elapsed < 1.5
-    gaps = [b[0] - a[0] for a, b in zip(calls, calls[1:])]
-    # 0.1 s doubling, capped at 0.4 s (plus the probe's own few milliseconds)
-    for gap, pause in zip(gaps, [0.1, 0.2, 0.4, 0.4]):
-        assert pause <= gap < pause + 0.08, gaps
-    assert all(t <= 1.0 for _, t in calls)  # no probe may outlive the deadline
-
-
-def test_wait_for_health_ends_on_stop_and_on_a_dead_process():
-    stop = threading.Event()
-    stop.set()
-    assert wait_for_health(lambda t: Probe(None, "x"), 10, stop=stop).ended == "stopped"
-    hw = wait_for_health(lambda t: Probe(None, "x"), 10, alive=lambda: "exited with code 3")
-    assert (hw.ended, hw.attempts) == ("exited with code 3", 0)
-    assert wait_for_health(lambda t: Probe(200, "HTTP 200"), 10).ok
-
-
 def test_projection_from_the_rate_so_far(monkeypatch):
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
