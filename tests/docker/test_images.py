@@ -158,7 +158,7 @@ def test_copied_files_exist_and_are_in_the_build_context(name):
 def test_sidecar_image_runs_the_sidecar_as_a_non_root_user():
     ins = instructions("Dockerfile.sidecar")
     final = [(w, a) for s, w, a in ins if s == "sidecar"]
-    from warmup.sidecar.service import DEFAULT_PORT
+    from warmup.sidecar.config import DEFAULT_PORT
 
     assert ("ENTRYPOINT", '["sglang-warmup", "sidecar"]') in final
     assert ("EXPOSE", str(DEFAULT_PORT)) in final

@@ -1,7 +1,7 @@
-"""warmup.sidecar.service: the readiness gate against a local stand-in of SGLang's HTTP API (a real
-process, real HTTP), with faults: never healthy, dies mid-warm-up, HTTP 500/400, hangs; the
-exit policy; an error body with HTTP 200; the second pass with real Triton compiles and sglang-warmup's real event hooks;
-SGLang's own managed-sidecar runner."""
+"""warmup.sidecar (config, machine, projection): the readiness gate against a local stand-in of
+SGLang's HTTP API (a real process, real HTTP), with faults: never healthy, dies mid-warm-up, HTTP
+500/400, an error body with HTTP 200, hangs; the exit policy; the second pass with real Triton
+compiles and sglang-warmup's real event hooks; SGLang's own managed-sidecar runner."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ from harness import (PLAN, PLAN_PROMPT_LENS, PLAN_REQUESTS, REPO, free_port, get
 
 from warmup.observe import phase  # noqa: E402
 from warmup.errors import SidecarError  # noqa: E402
-from warmup.sidecar.service import Projection, Sidecar, SidecarConfig, project  # noqa: E402
+from warmup.sidecar.config import SidecarConfig  # noqa: E402
+from warmup.sidecar.machine import Sidecar  # noqa: E402
+from warmup.sidecar.projection import Projection, project  # noqa: E402
 
 PY = sys.executable
 
@@ -435,7 +437,7 @@ def test_second_pass_that_sees_nothing_shared_cannot_verify(standins, sidecars, 
 # --- SGLang's managed sidecar ----------------------------------------------------------------------
 def test_runs_as_sglangs_managed_sidecar_and_stops_cleanly(standins, tmp_path):
     """SGLang 0.5.22's own runner (``_run_sidecar``: main(argv) in a spawned process, stopped
-    with terminate()) drives ``warmup.sidecar.service.main``."""
+    with terminate()) drives ``warmup.cli.sidecar.main``."""
     from sglang.srt.entrypoints.sidecar import _parse_sidecar_args, _run_sidecar
 
     server = standins()
@@ -445,7 +447,7 @@ def test_runs_as_sglangs_managed_sidecar_and_stops_cleanly(standins, tmp_path):
     args, shutdown_timeout = _parse_sidecar_args(sidecar_args)  # SGLang consumes its own flag
     assert shutdown_timeout == 20.0
     proc = multiprocessing.get_context("spawn").Process(
-        target=_run_sidecar, args=("warmup.sidecar.service", args, "127.0.0.1:1"))
+        target=_run_sidecar, args=("warmup.cli.sidecar", args, "127.0.0.1:1"))
     proc.start()
     try:
         wait_until(lambda: get(f"http://127.0.0.1:{port}/ready")[0] == 200, 90, "ready")
