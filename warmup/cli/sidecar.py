@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from warmup import settings
-from warmup.sidecar.config import DEFAULT_PORT
+from warmup.sidecar.config import DEFAULT_HOST, DEFAULT_PORT
 
 
 def _configure_logging() -> None:
@@ -34,7 +34,8 @@ def sidecar_command(
     plan: Path = typer.Option(..., "--plan", help="the plan to warm"),
     url: str = typer.Option(..., "--url", help="the SGLang server, e.g. http://127.0.0.1:30000"),
     port: int = typer.Option(DEFAULT_PORT, "--port", help="port of /ready /live /metrics /report"),
-    bind: str = typer.Option("0.0.0.0", "--bind", help="address to listen on"),
+    host: str = typer.Option(DEFAULT_HOST, "--host", "--bind",
+                             help="address to listen on (0.0.0.0: every interface)"),
     deadline: float = typer.Option(1800.0, "--deadline",
                                    help="seconds to wait for the server's /health_generate"),
     second_pass: bool = typer.Option(False, "--second-pass",
@@ -69,7 +70,7 @@ def sidecar_command(
     mp_dir = settings.PROMETHEUS_MULTIPROC_DIR.get() or (
         str(Path(sdir) / "prometheus") if sdir else None)
     config = SidecarConfig(
-        plan=str(plan), url=url, port=port, bind=bind, deadline_s=deadline,
+        plan=str(plan), url=url, port=port, host=host, deadline_s=deadline,
         second_pass=second_pass, exit_on_failure=exit_on_failure, state_dir=sdir, mp_dir=mp_dir,
         startup_budget_s=startup_budget,
         request_timeout_s=request_timeout if request_timeout is not None

@@ -11,13 +11,16 @@ from warmup.plan import loader
 from warmup.plan.model import Plan
 
 DEFAULT_PORT = 8090
+#: Loopback: nothing outside the machine (or pod) reaches the endpoints unless ``--host`` says
+#: so; in Kubernetes the kubelet probes the pod's own address, so the manifest binds that.
+DEFAULT_HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
 class SidecarConfig:
     """Everything the sidecar does, decided before it starts.
 
-    ``bind`` / ``port``: where ``/ready`` ``/live`` ``/metrics`` ``/report`` listen (port 0: any
+    ``host`` / ``port``: where ``/ready`` ``/live`` ``/metrics`` ``/report`` listen (port 0: any
     free one).  ``deadline_s``: how long to wait for ``/health_generate`` per attempt.
     ``startup_budget_s``: the time the orchestrator allows for the whole start (e.g. a
     Kubernetes startup probe's ``failureThreshold * periodSeconds``), counted from the sidecar's
@@ -29,7 +32,7 @@ class SidecarConfig:
     plan: str
     url: str
     port: int = DEFAULT_PORT
-    bind: str = "0.0.0.0"
+    host: str = DEFAULT_HOST
     deadline_s: float = 1800.0
     second_pass: bool = False
     exit_on_failure: bool = False
@@ -58,6 +61,10 @@ class SidecarConfig:
         if not 0 <= self.port <= 65535:
             raise SidecarError(f"--port {self.port} is not a TCP port",
                                hint="0-65535 (0: any free port)")
+        if not self.host:
+            raise SidecarError("--host is empty",
+                               hint="an address to listen on, e.g. --host 127.0.0.1 (or 0.0.0.0 "
+                                    "for every interface)")
         for name, value in (("--deadline", self.deadline_s),
                             ("--request-timeout", self.request_timeout_s),
                             ("--flush-timeout", self.flush_timeout_s)):

@@ -103,17 +103,16 @@ class Sidecar:
         """Listen on the configured address, then start the work loop (both in threads)."""
         cfg = self.config
         try:
-            self._httpd = EndpointServer(cfg.bind, cfg.port, lambda path: route(self, path))
+            self._httpd = EndpointServer(cfg.host, cfg.port, lambda path: route(self, path))
         except OSError as exc:
-            raise SidecarError(f"cannot listen on {cfg.bind}:{cfg.port}: "
+            raise SidecarError(f"cannot listen on {cfg.host}:{cfg.port}: "
                                f"{exc.strerror or exc}",
-                               hint="choose another --port (0: any free port) or --bind") from None
+                               hint="choose another --port (0: any free port) or --host") from None
         self._http_thread = threading.Thread(target=self._httpd.serve_forever,
-                                             kwargs={"poll_interval": 0.2},
                                              name="sglang-warmup-sidecar-http", daemon=True)
         self._http_thread.start()
         logger.info("sglang-warmup sidecar: serving %s on http://%s:%d", " ".join(ENDPOINTS),
-                    cfg.bind, self.port)
+                    cfg.host, self.port)
         self._worker = threading.Thread(target=self._work, name="sglang-warmup-sidecar",
                                         daemon=True)
         self._worker.start()

@@ -65,7 +65,7 @@ def sidecars():
     started = []
 
     def start(url: str, **overrides) -> Sidecar:
-        cfg = dict(plan=str(PLAN), url=url, port=0, bind="127.0.0.1", deadline_s=10.0,
+        cfg = dict(plan=str(PLAN), url=url, port=0, host="127.0.0.1", deadline_s=10.0,
                    backoff_initial_s=0.05, backoff_max_s=0.2, probe_timeout_s=2.0,
                    watch_interval_s=0.2, watch_failures=2, request_timeout_s=5.0,
                    flush_timeout_s=2.0, flush_slack_s=1.0, progress_every_s=0.0)
@@ -301,7 +301,7 @@ def test_a_server_going_away_after_ready_turns_ready_503_until_it_is_warm_again(
 def _sidecar_cli(url: str, *extra: str, tmp_path: Path) -> subprocess.Popen:
     log = open(tmp_path / "sidecar.log", "w")
     return subprocess.Popen([PY, "-m", "warmup", "sidecar", "--plan", str(PLAN), "--url", url,
-                             "--port", "0", "--bind", "127.0.0.1", *extra],
+                             "--port", "0", "--host", "127.0.0.1", *extra],
                             stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO))
 
 
@@ -351,11 +351,11 @@ def test_bad_options_are_refused_before_anything_starts(tmp_path):
 
 def test_a_busy_port_is_refused(standins):
     server = standins()
-    sc = Sidecar(SidecarConfig(plan=str(PLAN), url=server.url, port=server.port, bind="127.0.0.1"))
+    sc = Sidecar(SidecarConfig(plan=str(PLAN), url=server.url, port=server.port, host="127.0.0.1"))
     with pytest.raises(SidecarError) as info:
         sc.start()
     assert info.value.message == f"cannot listen on 127.0.0.1:{server.port}: Address already in use"
-    assert info.value.hint == "choose another --port (0: any free port) or --bind"
+    assert info.value.hint == "choose another --port (0: any free port) or --host"
 
 
 # --- the second pass ----------------------------------------------------------------------------
@@ -443,7 +443,7 @@ def test_runs_as_sglangs_managed_sidecar_and_stops_cleanly(standins, tmp_path):
     server = standins()
     port = free_port()
     sidecar_args = ["--plan", str(PLAN), "--url", server.url, "--port", str(port),
-                    "--bind", "127.0.0.1", "--sidecar-shutdown-timeout", "20"]
+                    "--host", "127.0.0.1", "--sidecar-shutdown-timeout", "20"]
     args, shutdown_timeout = _parse_sidecar_args(sidecar_args)  # SGLang consumes its own flag
     assert shutdown_timeout == 20.0
     proc = multiprocessing.get_context("spawn").Process(
