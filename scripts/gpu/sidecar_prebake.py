@@ -148,7 +148,7 @@ def main() -> None:
     env = setup()
     try:
         import warmup.sidecar.prebake  # noqa: F401  (the wheel in .carry/wheel must be this checkout's)
-        import warmup.sidecar.service  # noqa: F401
+        import warmup.sidecar.machine  # noqa: F401
     except ImportError as exc:
         sys.exit(f"sglang-warmup without the sidecar/prebake: {exc}; rebuild .carry/wheel "
                  "(pip wheel --no-deps -w .carry/wheel .) and remove /tmp/ours")

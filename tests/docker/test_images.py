@@ -158,7 +158,7 @@ def test_copied_files_exist_and_are_in_the_build_context(name):
 def test_sidecar_image_runs_the_sidecar_as_a_non_root_user():
     ins = instructions("Dockerfile.sidecar")
     final = [(w, a) for s, w, a in ins if s == "sidecar"]
-    from warmup.sidecar.service import DEFAULT_PORT
+    from warmup.sidecar.config import DEFAULT_PORT
 
     assert ("ENTRYPOINT", '["sglang-warmup", "sidecar"]') in final
     assert ("EXPOSE", str(DEFAULT_PORT)) in final
@@ -312,6 +312,11 @@ def test_k8s_sidecar_probes_ports_and_budgets_fit_the_warmup():
     for probe, path in (("readinessProbe", "/ready"), ("startupProbe", "/ready"),
                         ("livenessProbe", "/live")):
         assert side[probe]["httpGet"] == {"path": path, "port": "warmup"}, probe
+    # the kubelet probes the pod's address, and the sidecar listens on loopback by default:
+    # the manifest binds the pod's IP from the downward API
+    assert opts["host"] == "$(POD_IP)"
+    pod_ip = next(e for e in side["env"] if e["name"] == "POD_IP")
+    assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     # the sidecar talks to the SGLang container's port over the pod's loopback
     sglang_port = {p["name"]: p["containerPort"] for p in sglang["ports"]}["http"]
     assert opts["url"] == f"http://127.0.0.1:{sglang_port}"

@@ -1,5 +1,6 @@
 """``sglang-warmup sidecar`` and ``sglang-warmup prebake``: thin commands over
-:mod:`warmup.sidecar.service` and :mod:`warmup.sidecar.prebake`."""
+:mod:`warmup.sidecar.machine` and :mod:`warmup.sidecar.prebake`; :func:`main` is SGLang's
+managed-sidecar entry (``--sidecar warmup.cli.sidecar``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Optional
 import typer
 
 from warmup import settings
-from warmup.sidecar.service import DEFAULT_PORT
+from warmup.sidecar.config import DEFAULT_HOST, DEFAULT_PORT
 
 
 def _configure_logging() -> None:
@@ -33,7 +34,8 @@ def sidecar_command(
     plan: Path = typer.Option(..., "--plan", help="the plan to warm"),
     url: str = typer.Option(..., "--url", help="the SGLang server, e.g. http://127.0.0.1:30000"),
     port: int = typer.Option(DEFAULT_PORT, "--port", help="port of /ready /live /metrics /report"),
-    bind: str = typer.Option("0.0.0.0", "--bind", help="address to listen on"),
+    host: str = typer.Option(DEFAULT_HOST, "--host", "--bind",
+                             help="address to listen on (0.0.0.0: every interface)"),
     deadline: float = typer.Option(1800.0, "--deadline",
                                    help="seconds to wait for the server's /health_generate"),
     second_pass: bool = typer.Option(False, "--second-pass",
@@ -60,14 +62,15 @@ def sidecar_command(
                                               "(0: do not watch)"),
 ) -> None:
     """Warm a server started by someone else over HTTP; serve /ready /live /metrics /report."""
-    from warmup.sidecar.service import Sidecar, SidecarConfig
+    from warmup.sidecar.config import SidecarConfig
+    from warmup.sidecar.machine import Sidecar
 
     _configure_logging()
     sdir = str(state_dir) if state_dir else (settings.STATE_DIR.get() or None)
     mp_dir = settings.PROMETHEUS_MULTIPROC_DIR.get() or (
         str(Path(sdir) / "prometheus") if sdir else None)
     config = SidecarConfig(
-        plan=str(plan), url=url, port=port, bind=bind, deadline_s=deadline,
+        plan=str(plan), url=url, port=port, host=host, deadline_s=deadline,
         second_pass=second_pass, exit_on_failure=exit_on_failure, state_dir=sdir, mp_dir=mp_dir,
         startup_budget_s=startup_budget,
         request_timeout_s=request_timeout if request_timeout is not None
@@ -98,6 +101,16 @@ def sidecar_command(
                            f"{status['reason'] or 'see the log'}",
                            hint=status["hint"] or "see the log above; --stay keeps the sidecar "
                                                   "up with /ready at 503 instead")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """SGLang's managed-sidecar entry: ``--sidecar warmup.cli.sidecar --sidecar-args
+    '["--plan", "P", "--url", "http://127.0.0.1:30000", ...]'`` (SGLang imports this module and
+    calls ``main(argv)``).  The same options as ``sglang-warmup sidecar``; exits with its
+    status (0 after SIGTERM)."""
+    from warmup.cli import main as cli_main
+
+    cli_main(["sidecar", *(sys.argv[1:] if argv is None else list(argv))])
 
 
 def prebake_command(

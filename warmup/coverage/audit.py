@@ -35,6 +35,7 @@ from warmup.coverage.classes import KeyEvents, aggregate
 from warmup.errors import TransportError, WarmupError
 from warmup.render import table
 from warmup.coverage.traffic import TrafficStep
+from warmup.serve.http import snippet
 
 logger = logging.getLogger("sglang_warmup.audit")
 
@@ -235,7 +236,7 @@ def parse_metrics(text: str) -> ServingCounts | None:
 
 
 def _read_metrics(transport: Any) -> tuple[int, str]:
-    status, payload = transport._call("GET", "/metrics", retry=True, timeout=30)
+    status, payload = transport.client.request("GET", "/metrics", retry=True, timeout=30)
     return status, payload.decode(errors="replace")
 
 
@@ -247,7 +248,7 @@ def serving_counts(transport: Any) -> ServingCounts:
                           hint="start SGLang with --enable-metrics, or pass --state-dir with the "
                                "server's state directory")
     if status != 200:
-        raise TransportError(f"{transport.url}/metrics answered HTTP {status}: {text[:200]}",
+        raise TransportError(f"{transport.url}/metrics answered HTTP {status}: {snippet(text)}",
                              hint="see the server log")
     counts = parse_metrics(text)
     if counts is None:

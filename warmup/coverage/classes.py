@@ -6,27 +6,20 @@ hash covers signature, constexprs, alignment attributes, options and target), or
 module.  The compile log (:mod:`cache_tools.compile_log`) holds one record per compile,
 disk-cache load, device load or JIT build, stamped with the phase and the shape class in flight.
 
-:func:`compute` turns the compile-log records of two replays into a :class:`Coverage`;
-:func:`run` is what the registered warm-up (or a sidecar) calls instead of ``Driver.run`` to
-get the second replay.  Records are split between the replays by byte offsets in the log files
-(a :class:`cache_tools.compile_log.Cursor`), so no clock is compared across processes.
+:func:`compute` turns the compile-log records of two replays into a :class:`Coverage`; the
+replays themselves are run by :mod:`warmup.coverage.second_pass` (for the ``--warmups`` hook and
+the sidecar alike), which splits the records between them by byte offsets in the log files.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from cache_tools import compile_log
 from warmup.render import table
-
-logger = logging.getLogger("sglang_warmup.coverage")
-
 
 # --------------------------------------------------------------------------------------------
 # compile keys
@@ -307,85 +300,6 @@ def compute(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, An
                     classes=tuple(ClassCoverage(c, tuple(aggregate(by1[c])), tuple(aggregate(by2[c])))
                                   for c in wanted),
                     outside_first=tuple(aggregate(other1)), outside_second=tuple(aggregate(other2)))
-
-
-async def run(driver: Any, exp: Any, *, second_pass: bool | None = None,
-              state_dir: str | os.PathLike[str] | None = None) -> Any:
-    """Run the expansion with ``driver``; with ``second_pass`` (default: WARMUP_SECOND_PASS),
-    replay it once more through the same transport and attach the :class:`Coverage` to the
-    returned first-replay ``RunReport`` (``report.coverage``, also written as
-    ``<state_dir>/coverage.json``).
-
-    The second replay sends fresh token ids (the transport's token salt changes), records no
-    plan metrics, and ends with the plan's flush as the first did.  Its failures never fail
-    the warm-up: they are listed in the coverage.  Without a state directory there is no
-    compile log to read; the second replay is skipped and the coverage says so.
-    """
-    from warmup import settings
-
-    if second_pass is None:
-        second_pass = settings.SECOND_PASS.get()
-    if not second_pass:
-        return await driver.run(exp)
-    sdir = state_dir if state_dir is not None else getattr(driver, "state_dir", None)
-    if not sdir:
-        sdir = settings.STATE_DIR.get() or None
-    if not sdir:
-        report = await driver.run(exp)
-        cov = Coverage(plan=exp.plan, classes=(), note="no state directory: the "
-                       "compile log that coverage reads is not written; second replay skipped")
-        _attach(report, cov, None)
-        return report
-    cursor = compile_log.Cursor(sdir)
-    m0 = cursor.mark()
-    report = await driver.run(exp)
-    if getattr(report, "skipped_reason", None):
-        return report
-    m1 = cursor.mark()
-    second = type(driver)(driver.transport, lenient=True, flush_timeout_s=driver.flush_timeout_s,
-                          state_dir=driver.state_dir, metrics=None, progress=driver.progress)
-    tokens = getattr(driver.transport, "tokens", None)
-    old_salt = getattr(tokens, "salt", None)
-    if tokens is not None:
-        tokens.salt = f"{old_salt or ''}second-pass"
-    driver.progress("sglang-warmup: second replay of the plan (coverage)")
-    try:
-        report2 = await second.run(exp)
-        failures = tuple(report2.failures)
-    except Exception as exc:  # lenient: only an unexpected error lands here
-        failures = (f"{type(exc).__name__}: {exc}",)
-    finally:
-        if tokens is not None:
-            tokens.salt = old_salt
-    m2 = cursor.mark()
-    cov = compute(cursor.read(m0, m1), cursor.read(m1, m2), classes=[s.shape_class for s in exp.steps],
-                  plan=exp.plan)
-    cov = replace(cov, second_pass_failures=failures)
-    _attach(report, cov, sdir)
-    metrics = getattr(driver, "metrics", None)
-    if metrics is not None:
-        try:
-            metrics.ready(time.time())  # ready is after the second replay
-        except Exception:
-            pass
-    for line in cov.render().splitlines():
-        driver.progress(line)
-    return report
-
-
-def _attach(report: Any, cov: Coverage, state_dir: Any) -> None:
-    try:
-        report.coverage = cov.to_json()
-    except Exception as exc:  # a report type without the field
-        logger.debug("sglang-warmup: coverage not attached to the report: %s", exc)
-    if state_dir:
-        path = Path(state_dir) / "coverage.json"
-        try:
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(cov.to_json(), indent=2) + "\n")
-            tmp.replace(path)
-        except OSError as exc:
-            logger.warning("sglang-warmup: cannot write %s: %s", path, exc)
 
 
 def load(path: str | os.PathLike[str]) -> Coverage:

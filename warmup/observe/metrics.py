@@ -21,7 +21,8 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from warmup.observe.phase import PHASES
 
@@ -44,6 +45,12 @@ PLAN_CLASS_STATES: tuple[str, ...] = ("done", "skipped", "failed")
 HOOKS: tuple[str, ...] = ("compilation_listener", "jit_cache_hook", "jit_post_compile_hook",
                           "kernel_load_start_hook", "kernel_load_end_hook", "sglang_jit",
                           "compile_log", "metrics")
+
+#: The sidecar's states, in the order a successful start goes through them.
+SIDECAR_STATES: tuple[str, ...] = ("starting", "waiting", "warming", "verifying", "ready",
+                                   "failed", "stopped")
+#: A sidecar's warm-up attempt, or one of its requests: succeeded or failed.
+SIDECAR_OUTCOMES: tuple[str, ...] = ("ok", "failed")
 
 #: Compile durations (seconds): from 10 ms (a small kernel, or a disk hit) to 120 s (a large
 #: autotuned kernel or an nvcc build of a CUTLASS template).
@@ -265,6 +272,99 @@ def render(path: str | os.PathLike | None = None, *, prefix: str | None = PREFIX
     else:
         registry.register(_PrefixCollector(MultiProcessCollector(None, path=directory), prefix))
     return generate_latest(registry)
+
+
+def compile_misses(path: str | os.PathLike | None) -> float | None:
+    """Compile misses summed over every process of a multiprocess directory; None when there
+    is no such directory or it holds no sglang-warmup compile metrics yet."""
+    if not path or not os.path.isdir(path) or not any(Path(path).glob("*.db")):
+        return None
+    collected = collect(path)
+    name = "sglang_warmup_compile_events_total"
+    if name not in collected:
+        return None
+    return total(collected, name, outcome="miss")
+
+
+# --- the sidecar's metrics ------------------------------------------------------------------
+@dataclass(frozen=True)
+class SidecarSample:
+    """The sidecar's values at one scrape.  ``runs_*``: warm-up attempts; ``requests_*``:
+    warm-up requests sent; the optional gauges are left out while None."""
+
+    state: str
+    runs_ok: int = 0
+    runs_failed: int = 0
+    requests_ok: int = 0
+    requests_failed: int = 0
+    health_wait_s: float | None = None
+    warmup_s: float | None = None
+    ready_at: float | None = None
+    second_pass_misses: int | None = None
+    projected_remaining_s: float | None = None
+
+
+class SidecarCollector:
+    """The sidecar's own metrics, computed from ``sample()`` at scrape time.  No metric
+    objects: prometheus-client may be in multiprocess mode in that process, and the sidecar's
+    values must not land in SGLang's directory."""
+
+    def __init__(self, sample: Callable[[], SidecarSample]) -> None:
+        self.sample = sample
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        v = self.sample()
+        _check("state", v.state, SIDECAR_STATES)
+        yield GaugeMetricFamily("sglang_warmup_sidecar_ready",
+                                "1 while the sidecar's /ready answers 200.",
+                                value=1.0 if v.state == "ready" else 0.0)
+        state = GaugeMetricFamily("sglang_warmup_sidecar_state",
+                                  "The sidecar's state (1 for the current one).", labels=["state"])
+        for s in SIDECAR_STATES:
+            state.add_metric([s], 1.0 if s == v.state else 0.0)
+        yield state
+        runs = CounterMetricFamily("sglang_warmup_sidecar_runs",
+                                   "Warm-up attempts by outcome.", labels=["outcome"])
+        runs.add_metric(["ok"], v.runs_ok)
+        runs.add_metric(["failed"], v.runs_failed)
+        yield runs
+        reqs = CounterMetricFamily("sglang_warmup_sidecar_requests",
+                                   "Warm-up requests sent by the sidecar, by outcome.",
+                                   labels=["outcome"])
+        reqs.add_metric(["ok"], v.requests_ok)
+        reqs.add_metric(["failed"], v.requests_failed)
+        yield reqs
+        for name, value, text in (
+                ("sglang_warmup_sidecar_health_wait_seconds", v.health_wait_s,
+                 "Seconds the last attempt waited for /health_generate."),
+                ("sglang_warmup_sidecar_warmup_seconds", v.warmup_s,
+                 "Seconds the last successful warm-up took (both passes with --second-pass)."),
+                ("sglang_warmup_sidecar_ready_timestamp_seconds", v.ready_at,
+                 "Unix time at which /ready last turned 200."),
+                ("sglang_warmup_sidecar_second_pass_misses", v.second_pass_misses,
+                 "Compile misses seen during the last second pass."),
+                ("sglang_warmup_sidecar_projected_remaining_seconds", v.projected_remaining_s,
+                 "Projected seconds until the warm-up ends, at the rate so far.")):
+            if value is not None:
+                yield GaugeMetricFamily(name, text, value=float(value))
+
+
+def sidecar_exposition(sample: Callable[[], SidecarSample], mp_dir: str | None) -> bytes:
+    """The sidecar's ``/metrics`` body: its own metrics, then sglang-warmup's metrics from the
+    multiprocess directory the SGLang processes share (their compile events), if any."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SidecarCollector(sample))
+    out = generate_latest(registry)
+    if mp_dir and os.path.isdir(mp_dir) and any(Path(mp_dir).glob("*.db")):
+        try:
+            out += render(mp_dir)
+        except Exception as exc:  # a torn file must not take /metrics down
+            out += f"# sglang-warmup sidecar: cannot read {mp_dir}: {exc}\n".encode()
+    return out
 
 
 class _PrefixCollector:

@@ -1,5 +1,5 @@
 """The driver: sends an expansion's steps in order through a transport, then flushes the cache,
-and returns a :class:`RunReport`.
+and returns a frozen :class:`~warmup.serve.report.RunReport`.
 
 Strict by default: a failed request or a failed flush raises :class:`DriverError` naming the
 shape class and the step, which (inside ``--warmups``) makes SGLang's startup fail instead of
@@ -11,27 +11,24 @@ stamped with the class that caused it; when it ends, the phase turns to ``servin
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 from cache_tools import compile_log
-from cache_tools.compile_log import is_miss, kernel_name
 from warmup.observe import phase as phase_mod
 from warmup.errors import DriverError, TransportError
 from warmup.plan.model import Expansion, WarmupStep
-from warmup.render import bar, table
+from warmup.serve.report import ClassReport, RunReport
 
 logger = logging.getLogger("sglang_warmup.driver")
 
 
 @dataclass
-class ClassReport:
-    """Per shape class: what was sent, how long it took, what failed, what compiled."""
+class _Tally:
+    """A class's counts while the driver runs (frozen into a ClassReport at the end)."""
 
     shape_class: str
     phase: str
@@ -41,108 +38,13 @@ class ClassReport:
     failures: int = 0
     total_ms: float = 0.0
     max_step_ms: float = 0.0
-    compiles: int = 0  # Triton misses stamped with this class (from the compile log)
-    disk_hits: int = 0
-    jit_builds: int = 0
-    kernels: list[str] = field(default_factory=list)  # distinct kernel names that compiled
     errors: list[str] = field(default_factory=list)
 
-    @property
-    def ms_per_request(self) -> float:
-        return self.total_ms / self.requests if self.requests else 0.0
-
-
-@dataclass
-class RunReport:
-    """The outcome of one warm-up run (JSON via :meth:`to_dict`, a table via :meth:`render`)."""
-
-    plan: str
-    plan_sha256: str
-    expansion_digest: str
-    transport: str
-    started_at: float
-    ok: bool = True
-    skipped_reason: str | None = None
-    duration_s: float = 0.0
-    flush: str | None = None
-    classes: list[ClassReport] = field(default_factory=list)
-    skipped: list[dict[str, str]] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    facts: dict[str, Any] = field(default_factory=dict)
-    compiles_total: int = 0
-    compiles_by_phase: dict[str, int] = field(default_factory=dict)
-    # Set by warmup.coverage.classes.run when the plan is replayed a second time (JSON of a Coverage).
-    coverage: dict[str, Any] | None = None
-
-    @property
-    def requests(self) -> int:
-        return sum(c.requests for c in self.classes)
-
-    def count_compiles(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Set the compile counts from compile-log records: per phase, and per class for
-        the warm-up's own (``compiles``, ``jit_builds``, ``disk_hits``, kernel names)."""
-        by_class = {c.shape_class: c for c in self.classes}
-        for c in self.classes:
-            c.compiles = c.jit_builds = c.disk_hits = 0
-            c.kernels = []
-        self.compiles_by_phase = {}
-        self.compiles_total = 0
-        for r in records:
-            c = by_class.get(r.get("shape_class") or "")
-            if not is_miss(r):
-                if r.get("event") == "hit" and c is not None:
-                    c.disk_hits += 1
-                continue
-            ph = r.get("phase") or "init"
-            self.compiles_by_phase[ph] = self.compiles_by_phase.get(ph, 0) + 1
-            self.compiles_total += 1
-            if c is None or ph != "warmup":
-                continue
-            if r.get("event") == "jit_build":
-                c.jit_builds += 1
-            else:
-                c.compiles += 1
-            name = kernel_name(r)
-            if name not in c.kernels:
-                c.kernels.append(name)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["requests"] = self.requests
-        for c, cd in zip(self.classes, d["classes"]):
-            cd["ms_per_request"] = round(c.ms_per_request, 2)
-        return d
-
-    def write(self, path: str | Path) -> None:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
-        tmp.replace(p)
-
-    def render(self) -> str:
-        if self.skipped_reason:
-            return f"warm-up {self.plan}: skipped ({self.skipped_reason})"
-        longest = max((c.total_ms for c in self.classes), default=0.0)
-        rows = [[c.phase, c.shape_class, c.requests, round(c.total_ms), round(c.ms_per_request, 1),
-                 c.failures, c.compiles, bar(c.total_ms, longest, 20)] for c in self.classes]
-        head = (f"warm-up {self.plan}: {'ok' if self.ok else 'FAILED'}, {self.requests} requests "
-                f"in {self.duration_s:.1f} s via {self.transport}"
-                + (f"; flush: {self.flush}" if self.flush else ""))
-        out = [head, table(["phase", "class", "requests", "total ms", "ms/request", "failed",
-                            "compiles", ""], rows, align="llrrrrrl")]
-        if self.compiles_by_phase:
-            out.append("compiles by phase: " + ", ".join(f"{k}={v}" for k, v in self.compiles_by_phase.items()))
-        if self.skipped:
-            out.append(f"{len(self.skipped)} item(s) skipped by the expansion "
-                       "(`sglang-warmup plan show` lists them)")
-        for f in self.failures:
-            out.append(f"failure: {f}")
-        if self.coverage is not None:
-            from warmup.coverage.classes import Coverage
-
-            out.append(Coverage.from_json(self.coverage).render())
-        return "\n".join(out)
+    def freeze(self) -> ClassReport:
+        return ClassReport(self.shape_class, self.phase, self.kind, steps=self.steps,
+                           requests=self.requests, failures=self.failures,
+                           total_ms=self.total_ms, max_step_ms=self.max_step_ms,
+                           errors=tuple(self.errors))
 
 
 class Driver:
@@ -159,19 +61,29 @@ class Driver:
         self.progress = progress or (lambda line: logger.info("%s", line))
 
     async def run(self, exp: Expansion) -> RunReport:
-        report = RunReport(plan=exp.plan, plan_sha256=exp.plan_sha256, expansion_digest=exp.digest(),
-                           transport=type(self.transport).__name__, started_at=time.time(),
-                           facts=exp.facts.to_dict(),
-                           skipped=[{"phase": s.phase, "class": s.shape_class, "item": s.item,
-                                     "reason": s.reason} for s in exp.skipped])
+        """Send every step, then flush; the returned report is final.  A DriverError (strict
+        mode) carries the report so far as ``.report``."""
+        base = RunReport(plan=exp.plan, plan_sha256=exp.plan_sha256, expansion_digest=exp.digest(),
+                         transport=type(self.transport).__name__, started_at=time.time(),
+                         facts=exp.facts.to_dict(),
+                         skipped=tuple({"phase": s.phase, "class": s.shape_class, "item": s.item,
+                                        "reason": s.reason} for s in exp.skipped))
         if exp.facts.disaggregation:
-            report.skipped_reason = (f"PD disaggregation ({exp.facts.disaggregation_mode}): "
-                                     "warm-up requests would need a bootstrap peer")
-            self.progress(f"sglang-warmup: {report.skipped_reason}; not warming")
+            reason = (f"PD disaggregation ({exp.facts.disaggregation_mode}): "
+                      "warm-up requests would need a bootstrap peer")
+            self.progress(f"sglang-warmup: {reason}; not warming")
             self._set_phase("serving")
-            return report
+            return replace(base, skipped_reason=reason)
         t0 = time.perf_counter()
-        classes: "OrderedDict[str, ClassReport]" = OrderedDict()
+        classes: "OrderedDict[str, _Tally]" = OrderedDict()
+        failures: list[str] = []
+        flush: str | None = None
+
+        def final() -> RunReport:
+            return self._count_compiles(replace(
+                base, ok=not failures, duration_s=time.perf_counter() - t0, flush=flush,
+                classes=tuple(c.freeze() for c in classes.values()), failures=tuple(failures)))
+
         phases = list(OrderedDict.fromkeys(s.phase for s in exp.steps))
         try:
             for pi, ph in enumerate(phases, 1):
@@ -183,36 +95,29 @@ class Driver:
                 for step in steps:
                     c = classes.get(step.shape_class)
                     if c is None:
-                        c = classes[step.shape_class] = ClassReport(step.shape_class, step.phase, step.kind)
-                    await self._step(step, c, report)
+                        c = classes[step.shape_class] = _Tally(step.shape_class, step.phase, step.kind)
+                    await self._step(step, c, failures)
                 self.progress(f"sglang-warmup [{pi}/{len(phases)}] phase {ph}: done in "
                               f"{time.perf_counter() - p0:.1f} s")
         except DriverError as exc:
-            report.classes = list(classes.values())
-            report.duration_s = time.perf_counter() - t0
-            self._attach_compiles(report)
-            exc.report = report  # type: ignore[attr-defined]
+            exc.report = final()  # type: ignore[attr-defined]
             raise
-        report.classes = list(classes.values())
         self._set_phase("warmup", "flush")
         if exp.flush:
             try:
-                report.flush = await self.transport.flush(self.flush_timeout_s)
-                self.progress(f"sglang-warmup: cache flush: {report.flush}")
+                flush = await self.transport.flush(self.flush_timeout_s)
+                self.progress(f"sglang-warmup: cache flush: {flush}")
             except Exception as exc:
                 msg = f"cache flush failed: {_describe(exc)}"
-                report.failures.append(msg)
-                report.ok = False
+                failures.append(msg)
                 if not self.lenient:
-                    report.duration_s = time.perf_counter() - t0
                     err = DriverError(f"warm-up {exp.plan}: {msg}",
                                       hint="the server would start with warm-up prefixes in its "
                                            "cache; see the scheduler log (--lenient to go on)")
-                    err.report = report  # type: ignore[attr-defined]
+                    err.report = final()  # type: ignore[attr-defined]
                     raise err from None
                 logger.warning("sglang-warmup: %s (lenient: going on)", msg)
-        report.duration_s = time.perf_counter() - t0
-        self._attach_compiles(report)
+        report = final()
         self._record_metrics(report, exp)
         self._set_phase("serving")
         if self.metrics is not None:
@@ -222,7 +127,7 @@ class Driver:
                 pass
         return report
 
-    async def _step(self, step: WarmupStep, c: ClassReport, report: RunReport) -> None:
+    async def _step(self, step: WarmupStep, c: _Tally, failures: list[str]) -> None:
         self._set_phase("warmup", step.shape_class, step.index)
         t = time.perf_counter()
         try:
@@ -233,8 +138,7 @@ class Driver:
             msg = (f"class {step.shape_class}, step {step.index} ({step.mode}: {step.note}): "
                    f"{_describe(exc)}")
             c.errors.append(msg)
-            report.failures.append(msg)
-            report.ok = False
+            failures.append(msg)
             if not self.lenient:
                 c.steps += 1
                 c.requests += step.num_requests
@@ -255,26 +159,24 @@ class Driver:
         except Exception as exc:  # bookkeeping never stops the warm-up
             logger.debug("sglang-warmup: phase not recorded: %s", exc)
 
-    def _attach_compiles(self, report: RunReport) -> None:
-        """Count compile-log records per class (written by the scheduler processes)."""
+    def _count_compiles(self, report: RunReport) -> RunReport:
+        """The report counted over the compile log (written by the scheduler processes)."""
         if self.state_dir is None:
-            return
+            return report
         try:
             records = compile_log.read_dir(self.state_dir)
-        except Exception:
-            return
-        report.count_compiles(records)
+        except Exception:  # bookkeeping never fails the warm-up
+            return report
+        return report.with_compiles(records)
 
     def _record_metrics(self, report: RunReport, exp: Expansion) -> None:
         if self.metrics is None:
             return
         try:
-            ok = sum(c.requests - c.failures for c in report.classes)
-            failed = sum(c.failures for c in report.classes)
-            if ok:
-                self.metrics.plan_request("ok", ok)
-            if failed:
-                self.metrics.plan_request("failed", failed)
+            if report.requests_ok:
+                self.metrics.plan_request("ok", report.requests_ok)
+            if report.requests_failed:
+                self.metrics.plan_request("failed", report.requests_failed)
             skipped_classes = {s.shape_class for s in exp.skipped if not s.item}
             self.metrics.plan_coverage(done=sum(1 for c in report.classes if not c.failures),
                                        skipped=len(skipped_classes),

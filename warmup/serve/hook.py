@@ -4,6 +4,10 @@ process before the HTTP port opens, and makes sure they really run.
 SGLang only logs a warning for an unknown ``--warmups`` name and starts cold.  We refuse to:
 ``guard_execute_warmups`` wraps SGLang's ``execute_warmups`` so that an unknown name, or a
 configured plan missing from ``--warmups``, raises inside the lifespan and startup fails.
+
+The registered warm-up runs the plan with a *runner*: ``Driver.run`` unless the caller passes
+another (the plugin passes the second-pass check of :mod:`warmup.coverage.second_pass` with
+``WARMUP_SECOND_PASS=1``), so this layer never imports the layers above it.
 """
 
 from __future__ import annotations
@@ -14,14 +18,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import yaml
 
-from warmup.plan import loader
-
 from warmup import settings
 from warmup.errors import RegistrationError, WarmupError
+from warmup.plan import loader
+from warmup.serve.report import RunReport, render, write_json
 
 logger = logging.getLogger("sglang_warmup.hook")
 
@@ -29,11 +33,18 @@ _GUARD_MARK = "__sglang_warmup_guard__"
 _registered: dict[str, str] = {}  # name -> plan file
 _failed: list[str] = []  # registrations that failed in this process, with the reason
 
+#: Runs an expansion with a driver: ``(driver, expansion) -> awaitable result``.  The result is
+#: the RunReport, or an object around it with ``.run`` (the RunReport) and ``.to_dict()`` (the
+#: JSON document written as the report); a DriverError carries ``.report`` either way.
+Runner = Callable[[Any, Any], Awaitable[Any]]
+
 
 def register(plan_path: str | os.PathLike[str], *, name: str | None = None,
-             report_path: str | None = None, lenient: bool | None = None) -> str:
+             report_path: str | None = None, lenient: bool | None = None,
+             runner: Runner | None = None) -> str:
     """Load ``plan_path`` (it is validated now, not at warm-up time) and register it as a
-    ``--warmups`` entry; return the name.  Verifies that SGLang's registry holds it."""
+    ``--warmups`` entry; return the name.  Verifies that SGLang's registry holds it.
+    ``runner``: how the expansion is run (default: the driver alone)."""
     plan = loader.load(plan_path)
     entry = name or plan.name
     from sglang.srt.entrypoints import warmup as sglang_warmup
@@ -41,7 +52,8 @@ def register(plan_path: str | os.PathLike[str], *, name: str | None = None,
     async def run_plan(disaggregation_mode: str, tokenizer_manager: Any) -> None:
         await _run(plan, entry, disaggregation_mode, tokenizer_manager,
                    report_path=report_path if report_path is not None else settings.REPORT.get(),
-                   lenient=lenient if lenient is not None else settings.LENIENT.get())
+                   lenient=lenient if lenient is not None else settings.LENIENT.get(),
+                   runner=runner)
 
     run_plan.__qualname__ = f"sglang_warmup[{entry}]"
     registry = getattr(sglang_warmup, "_warmup_registry", None)
@@ -65,9 +77,9 @@ def register(plan_path: str | os.PathLike[str], *, name: str | None = None,
     return entry
 
 
-def register_from_env() -> str | None:
+def register_from_env(runner: Runner | None = None) -> str | None:
     """The plugin's step: register WARMUP_PLAN in SGLang's main process (not in its spawned
-    workers), and make sure the launch command lists it in ``--warmups``."""
+    workers) with ``runner``, and make sure the launch command lists it in ``--warmups``."""
     plan_path = settings.PLAN.get()
     if not plan_path or multiprocessing.parent_process() is not None:
         return None
@@ -75,7 +87,7 @@ def register_from_env() -> str | None:
     # (SGLang's plugin loader only logs exceptions raised here).
     guard_execute_warmups()
     try:
-        name = register(plan_path, name=settings.WARMUP_NAME.get() or None)
+        name = register(plan_path, name=settings.WARMUP_NAME.get() or None, runner=runner)
     except WarmupError as exc:
         _failed.append(f"{exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
         logger.error("sglang-warmup: %s", exc.message)
@@ -167,11 +179,11 @@ def guard_execute_warmups() -> None:
 
 
 async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manager: Any, *,
-               report_path: str, lenient: bool) -> None:
+               report_path: str, lenient: bool, runner: Runner | None = None) -> None:
     """The registered warm-up: facts from the live server, expansion, driver, report."""
     from warmup.plan import facts as facts_mod
-    from warmup.serve.driver import Driver
     from warmup.plan.model import expand
+    from warmup.serve.driver import Driver
     from warmup.serve.transport import InProcessTransport
 
     t0 = time.perf_counter()
@@ -195,32 +207,29 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
             logger.warning("sglang-warmup: metrics unavailable: %s", exc)
     driver = Driver(transport, lenient=lenient, flush_timeout_s=settings.FLUSH_TIMEOUT_S.get(),
                     state_dir=settings.STATE_DIR.get() or None, metrics=metrics)
-    report = None
+    result: Any = None
     try:
-        from warmup.coverage import classes as coverage
-
-        # With WARMUP_SECOND_PASS=1, the plan is replayed once more and the run report says
-        # whether the plan is closed (the replay compiled nothing) or lists what still compiles.
-        report = await coverage.run(driver, exp)
+        result = await (runner(driver, exp) if runner is not None else driver.run(exp))
     except WarmupError as exc:
-        report = getattr(exc, "report", None)
+        result = getattr(exc, "report", None)
         raise
     finally:
-        if report is not None:
-            _write_report(report, report_path)
-            for line in report.render().splitlines():
+        if result is not None:
+            report = result if isinstance(result, RunReport) else result.run
+            _write_report(result.to_dict(), report_path)
+            for line in render(report).splitlines():
                 logger.info("%s", line)
     logger.info("sglang-warmup: %s finished in %.1f s", entry, time.perf_counter() - t0)
 
 
-def _write_report(report: Any, report_path: str) -> None:
+def _write_report(document: dict[str, Any], report_path: str) -> None:
     targets = [report_path] if report_path else []
     state_dir = settings.STATE_DIR.get()
     if state_dir:
         targets.append(str(Path(state_dir) / "report.json"))
     for target in targets:
         try:
-            report.write(target)
+            write_json(document, target)
         except OSError as exc:
             logger.warning("sglang-warmup: cannot write the run report to %s: %s", target, exc)
 

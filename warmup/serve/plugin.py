@@ -87,4 +87,7 @@ def _register_plan() -> None:
         return
     from warmup.serve import hook
 
-    hook.register_from_env()
+    runner = None
+    if settings.SECOND_PASS.get():  # the entry point wires the coverage layer into the hook
+        from warmup.coverage.second_pass import run as runner
+    hook.register_from_env(runner=runner)

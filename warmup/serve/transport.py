@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import random
+import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from warmup.errors import TransportError
 from warmup.plan.facts import ServerFacts
 from warmup.plan.model import WarmupRequest, WarmupStep
+from warmup.serve.http import HttpClient, error_message
+
+T = TypeVar("T")
 
 logger = logging.getLogger("sglang_warmup.transport")
 
@@ -212,7 +212,8 @@ def _outcome(out: Any, latency: float) -> Outcome:
     ftype = finish.get("type") if isinstance(finish, dict) else finish
     if ftype == "abort":
         msg = finish.get("message") if isinstance(finish, dict) else ""
-        raise TransportError(f"SGLang aborted the request: {msg or 'no reason given'}",
+        raise TransportError(f"SGLang aborted the request: "
+                             f"{error_message(msg) if msg else 'no reason given'}",
                              hint="see the server log; check the plan's sizes against the server's limits")
     n = meta.get("completion_tokens")
     if n is None:
@@ -221,83 +222,42 @@ def _outcome(out: Any, latency: float) -> Outcome:
 
 
 # --- HTTP ---------------------------------------------------------------------------------------
+#: The most requests of one step the HTTP transport has in flight at once; a wider concurrent
+#: or mixed step is sent in waves of this many (each in flight uses a thread and a socket).
+MAX_IN_FLIGHT = 1024
+
+
 class HttpTransport:
-    """Requests over SGLang's HTTP API: ``/health_generate``, ``/server_info``, ``/generate``,
-    ``/flush_cache``.  Blocking stdlib HTTP in worker threads (no extra dependency); every call
-    has a timeout, and idempotent reads retry with backoff."""
+    """Requests over SGLang's HTTP API (``/health_generate``, ``/server_info``, ``/generate``,
+    ``/flush_cache``) through one :class:`~warmup.serve.http.HttpClient`.
+
+    Blocking standard-library HTTP, one daemon thread per request: every request of a concurrent
+    or mixed step is in flight at once (up to ``max_in_flight``), as SGLang would see them from
+    separate clients; a request that hangs past its timeout never holds up the process's exit.
+    ``info_timeout_s``: per try of ``/server_info`` (default ``min(60 s, timeout_s)``);
+    ``flush_slack_s``: added to the flush's own timeout for the network.
+    """
 
     def __init__(self, url: str, *, timeout_s: float = 600.0, retries: int = 3,
                  backoff_s: float = 0.5, seed: str = "0", api_key: str | None = None,
-                 vocab_size: int | None = None) -> None:
-        parsed = urllib.parse.urlparse(url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise TransportError(f"{url!r} is not an http(s) URL",
-                                 hint="e.g. --url http://127.0.0.1:30000")
-        self.url = url.rstrip("/")
+                 vocab_size: int | None = None, info_timeout_s: float | None = None,
+                 flush_slack_s: float = 30.0, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+        self.client = HttpClient(url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
+                                 api_key=api_key)
+        self.url = self.client.url
         self.timeout_s = timeout_s
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self.api_key = api_key
+        self.info_timeout_s = info_timeout_s
+        self.flush_slack_s = flush_slack_s
+        self.max_in_flight = max(1, int(max_in_flight))
         self.tokens = TokenMaker(vocab_size or 32000, seed)
-
-    # -- plumbing
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        return headers
-
-    def _call(self, method: str, path: str, body: Any = None, *, timeout: float | None = None,
-              retry: bool = False) -> tuple[int, bytes]:
-        data = None if body is None else json.dumps(body).encode()
-        headers = self._headers()
-        attempts = self.retries + 1 if retry else 1
-        last: Exception | None = None
-        for attempt in range(attempts):
-            req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
-            try:
-                with urllib.request.urlopen(req, timeout=timeout or self.timeout_s) as resp:
-                    return resp.status, resp.read()
-            except urllib.error.HTTPError as exc:
-                payload = exc.read()
-                if retry and exc.code >= 500 and attempt + 1 < attempts:
-                    last = exc
-                else:
-                    return exc.code, payload
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-                last = exc
-                if attempt + 1 >= attempts:
-                    break
-            time.sleep(self.backoff_s * (2 ** attempt))
-        reason = getattr(last, "reason", last)
-        raise TransportError(f"{method} {self.url}{path} failed: {reason}",
-                             hint="is the server up and reachable from here?")
-
-    def _json(self, status: int, payload: bytes, what: str) -> Any:
-        if status != 200:
-            raise TransportError(f"{what} answered HTTP {status}: {_snippet(payload)}",
-                                 hint="see the server log")
-        try:
-            return json.loads(payload)
-        except ValueError:
-            raise TransportError(f"{what} answered non-JSON: {_snippet(payload)}",
-                                 hint="is --url an SGLang server?") from None
 
     # -- API
     def health(self, timeout: float = 30.0) -> bool:
         """True when ``/health_generate`` answers 200 (the server can generate)."""
-        try:
-            status, _ = self._call("GET", "/health_generate", timeout=timeout)
-        except TransportError:
-            return False
-        return status == 200
+        return self.client.health(timeout)
 
     def server_info(self) -> dict[str, Any]:
-        timeout = min(60.0, self.timeout_s)
-        status, payload = self._call("GET", "/server_info", retry=True, timeout=timeout)
-        if status == 404:  # older servers
-            status, payload = self._call("GET", "/get_server_info", retry=True, timeout=timeout)
-        return self._json(status, payload, "/server_info")
+        return self.client.server_info(self.info_timeout_s)
 
     def facts_sync(self) -> ServerFacts:
         from warmup.plan import facts
@@ -309,30 +269,27 @@ class HttpTransport:
         return f
 
     async def facts(self) -> ServerFacts:
-        return await asyncio.to_thread(self.facts_sync)
+        return await _in_thread(self.facts_sync)
 
     def generate_sync(self, input_ids: Any, params: Any, timeout: float | None = None) -> list[dict[str, Any]]:
-        status, payload = self._call("POST", "/generate",
-                                     {"input_ids": input_ids, "sampling_params": params,
-                                      "stream": False}, timeout=timeout)
-        if status != 200:
-            raise TransportError(f"/generate answered HTTP {status}: {_snippet(payload)}",
-                                 hint="see the server log")
-        out = self._json(status, payload, "/generate")
-        return out if isinstance(out, list) else [out]
+        return self.client.generate({"input_ids": input_ids, "sampling_params": params,
+                                     "stream": False}, timeout=timeout)
 
     async def send(self, step: WarmupStep) -> list[Outcome]:
         t0 = time.perf_counter()
         if step.mode == "batch":
             ids = [self.tokens.ids(step, i, r) for i, r in enumerate(step.requests)]
             params = [sampling_params(r) for r in step.requests]
-            outs = await asyncio.to_thread(self.generate_sync, ids, params)
+            outs = await _in_thread(self.generate_sync, ids, params)
             return [_outcome(o, time.perf_counter() - t0) for o in outs]
         if step.mode == "mixed":
             return await self._send_mixed(step, t0)
+        slots = asyncio.Semaphore(self.max_in_flight)
 
         async def one(i: int, r: WarmupRequest) -> Outcome:
-            outs = await asyncio.to_thread(self.generate_sync, self.tokens.ids(step, i, r), sampling_params(r))
+            async with slots:
+                outs = await _in_thread(self.generate_sync, self.tokens.ids(step, i, r),
+                                        sampling_params(r))
             return _outcome(outs[0], time.perf_counter() - t0)
 
         return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(step.requests))))
@@ -340,67 +297,74 @@ class HttpTransport:
     async def _send_mixed(self, step: WarmupStep, t0: float) -> list[Outcome]:
         started = [asyncio.Event() for _ in step.background]
         loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(self.max_in_flight)
 
         def stream(i: int, req: WarmupRequest) -> dict[str, Any]:
-            body = {"input_ids": self.tokens.ids(step, 1000 + i, req), "sampling_params": sampling_params(req),
-                    "stream": True}
-            r = urllib.request.Request(self.url + "/generate", data=json.dumps(body).encode(),
-                                       headers=self._headers(), method="POST")
-            last: dict[str, Any] = {}
-            try:
-                with urllib.request.urlopen(r, timeout=self.timeout_s) as resp:
-                    for raw in resp:
-                        line = raw.decode(errors="replace").strip()
-                        if not line.startswith("data:") or line == "data: [DONE]":
-                            continue
-                        last = json.loads(line[5:])
-                        if isinstance(last, dict) and "error" in last:
-                            # SGLang reports a failure inside the stream, after a 200
-                            raise TransportError(f"/generate (stream) answered an error: "
-                                                 f"{_error_message(last['error'])}", hint="see the server log")
-                        loop.call_soon_threadsafe(started[i].set)
-            except urllib.error.HTTPError as exc:
-                raise TransportError(f"/generate answered HTTP {exc.code}: {_snippet(exc.read())}",
-                                     hint="see the server log") from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-                raise TransportError(f"POST {self.url}/generate failed: {getattr(exc, 'reason', exc)}",
-                                     hint="is the server up and reachable from here?") from None
-            loop.call_soon_threadsafe(started[i].set)
+            body = {"input_ids": self.tokens.ids(step, 1000 + i, req),
+                    "sampling_params": sampling_params(req), "stream": True}
+            last = self.client.stream(body, lambda _: _call_soon(loop, started[i].set))
+            _call_soon(loop, started[i].set)
             return last
 
-        tasks = [asyncio.ensure_future(asyncio.to_thread(stream, i, r)) for i, r in enumerate(step.background)]
-        await asyncio.wait_for(_decoders_started(started, tasks), self.timeout_s)
-        prompt = []
-        for r in step.requests:
-            outs = await asyncio.to_thread(self.generate_sync, self.tokens.ids(step, 0, r), sampling_params(r))
-            prompt.append(_outcome(outs[0], time.perf_counter() - t0))
-        finals = await asyncio.gather(*tasks)
+        async def decoder(i: int, req: WarmupRequest) -> dict[str, Any]:
+            async with slots:
+                return await _in_thread(stream, i, req)
+
+        tasks = [asyncio.ensure_future(decoder(i, r)) for i, r in enumerate(step.background)]
+        try:
+            await asyncio.wait_for(_decoders_started(started, tasks), self.timeout_s)
+            prompt = []
+            for r in step.requests:
+                outs = await _in_thread(self.generate_sync, self.tokens.ids(step, 0, r),
+                                        sampling_params(r))
+                prompt.append(_outcome(outs[0], time.perf_counter() - t0))
+            finals = await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
         return prompt + [_outcome(f, time.perf_counter() - t0) for f in finals]
 
     async def flush(self, timeout_s: float) -> str:
-        def call() -> tuple[int, bytes]:
-            return self._call("POST", f"/flush_cache?timeout={timeout_s:g}", timeout=timeout_s + 30)
-
-        status, payload = await asyncio.to_thread(call)
-        if status != 200:
-            raise TransportError(f"/flush_cache answered HTTP {status}: {_snippet(payload)}",
-                                 hint="the server was not idle in time; see its log")
-        return _snippet(payload) or "flushed"
+        return await _in_thread(self.client.flush, timeout_s, self.flush_slack_s)
 
     async def close(self) -> None:
         return None
 
 
-def _error_message(error: Any) -> str:
-    """The text of an SGLang ``{"error": ...}`` payload (a string or ``{"message": ...}``)."""
-    if isinstance(error, dict) and error.get("message"):
-        return str(error["message"])
-    return str(error)
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a daemon thread of its own (not the loop's default pool, which holds
+    min(32, CPUs + 4) threads and would queue the rest of a wide step)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def work() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the awaiting coroutine
+            _call_soon(loop, _settle, future, None, exc)
+        else:
+            _call_soon(loop, _settle, future, result, None)
+
+    threading.Thread(target=work, name="sglang-warmup-http", daemon=True).start()
+    return await future
 
 
-def _snippet(payload: bytes, limit: int = 200) -> str:
-    text = payload.decode(errors="replace").strip().replace("\n", " ")
-    return text if len(text) <= limit else text[:limit] + "…"
+def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
+    if future.done():  # the awaiting step was cancelled meanwhile
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    """``loop.call_soon_threadsafe`` that ignores a loop already closed (a request that
+    outlived its step)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass
 
 
 Transport = InProcessTransport | HttpTransport

@@ -31,10 +31,10 @@ from cache_tools import archive, locations
 from cache_tools.locations import Location
 from cache_tools.progress import Progress
 from cache_tools.scan import size_str
-from warmup.serve import launch
 from warmup.errors import SidecarError, WarmupError
 from warmup.render import table
-from warmup.sidecar.service import http_get, wait_for_health
+from warmup.serve import launch
+from warmup.serve.http import HttpClient, Probe, wait_for_health
 
 logger = logging.getLogger("sglang_warmup.prebake")
 
@@ -244,8 +244,10 @@ class PrebakePlan:
             rc = proc.poll()
             return None if rc is None else f"exited with code {rc}"
 
-        def probe(timeout: float):
-            return http_get(self.url + "/health_generate", timeout=timeout, api_key=self.api_key)
+        client = HttpClient(self.url, api_key=self.api_key)
+
+        def probe(timeout: float) -> Probe:
+            return client.probe("/health_generate", timeout)
 
         hw = wait_for_health(probe, self.deadline_s, initial_s=1.0, max_s=10.0,
                              probe_timeout_s=30.0, alive=alive, what="SGLang")

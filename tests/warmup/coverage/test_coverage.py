@@ -1,5 +1,6 @@
-"""warmup.coverage.classes: compile keys per plan class over two replays of a plan, from records that
-warmup.observe.events writes for real Triton compiles (CPU, sm_90), through the real Driver."""
+"""warmup.coverage.classes and warmup.coverage.second_pass: compile keys per plan class over two
+replays of a plan, from records that warmup.observe.events writes for real Triton compiles (CPU,
+sm_90), through the real Driver; and the --warmups hook running the second pass."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import pytest
 from _sglang_standin import Forward, recording, standin_sample  # noqa: F401 (fixture)
 
 from warmup.coverage import classes as coverage
+from warmup.coverage import second_pass
 
 from warmup.plan import facts as facts_mod, loader
 from warmup.cli import main
 from warmup.serve.driver import Driver
+from warmup.serve.report import render
 from warmup.errors import WarmupError
 from warmup.plan.model import expand
 from warmup.serve.transport import Outcome, TokenMaker
@@ -89,8 +92,10 @@ def keys(cls) -> list[tuple[str, str]]:
 def test_a_second_replay_that_compiles_nothing_closes_the_plan(recording):
     driver = Driver(ForwardTransport(Forward()), state_dir=str(recording.state_dir),
                     progress=lambda line: None)
-    report = asyncio.run(coverage.run(driver, expansion(), second_pass=True))
-    cov = coverage.Coverage.from_json(report.coverage)
+    result = asyncio.run(second_pass.run(driver, expansion(), second_pass=True))
+    report = result.run
+    cov = coverage.Coverage.from_json(result.to_dict()["coverage"])
+    assert result.coverage.to_json() == cov.to_json()
     assert cov.closed and cov.open_classes == ()
     by = {c.shape_class: c for c in cov.classes}
     assert list(by) == ["lengths", "hits", "batches"]
@@ -117,20 +122,22 @@ def test_a_second_replay_that_compiles_nothing_closes_the_plan(recording):
     assert cov.outside_first == () and cov.outside_second == ()
     assert cov.summary() == ("plan cov closed: a second replay in the same server compiled and "
                              "loaded nothing")
-    # The first replay's report carries the coverage; the state directory has coverage.json.
-    assert report.to_dict()["coverage"] == cov.to_json()
+    # The result's JSON is the first replay's report plus the coverage; the state directory
+    # has coverage.json.
+    assert result.to_dict()["coverage"] == cov.to_json()
+    assert {k: v for k, v in result.to_dict().items() if k != "coverage"} == report.to_dict()
     assert json.loads((recording.state_dir / "coverage.json").read_text()) == cov.to_json()
     assert [(c.shape_class, c.compiles) for c in report.classes] == [
         ("lengths", 4), ("hits", 2), ("batches", 5)]
-    text = report.render().splitlines()
+    text = render(report).splitlines() + cov.render().splitlines()
     assert "plan cov closed: a second replay in the same server compiled and loaded nothing" in text
 
 
 def test_what_still_compiles_on_the_second_replay_is_listed(recording, capsys):
     transport = ForwardTransport(Forward(), leak=("hits",))
     driver = Driver(transport, state_dir=str(recording.state_dir), progress=lambda line: None)
-    report = asyncio.run(coverage.run(driver, expansion(), second_pass=True))
-    cov = coverage.Coverage.from_json(report.coverage)
+    result = asyncio.run(second_pass.run(driver, expansion(), second_pass=True))
+    cov = coverage.Coverage.from_json(result.to_dict()["coverage"])
     assert not cov.closed and cov.open_classes == ("hits",)
     by = {c.shape_class: c for c in cov.classes}
     # three steps in hits (base, +1, +37): a new counter-keyed compile per step and replay
@@ -198,18 +205,20 @@ def test_without_a_state_dir_the_second_replay_is_skipped(recording, monkeypatch
     transport = ForwardTransport(Forward())
     driver = Driver(transport, progress=lambda line: None)
     monkeypatch.setenv("WARMUP_SECOND_PASS", "1")
-    report = asyncio.run(coverage.run(driver, expansion()))  # second_pass from the variable
-    assert report.coverage["note"] == ("no state directory: the compile log that coverage "
-                                       "reads is not written; second replay skipped")
-    assert report.coverage["classes"] == []
+    result = asyncio.run(second_pass.run(driver, expansion()))  # second_pass from the variable
+    assert result.to_dict()["coverage"]["note"] == (
+        "no state directory: the compile log that coverage reads is not written; second replay "
+        "skipped")
+    assert result.to_dict()["coverage"]["classes"] == []
 
 
 def test_without_second_pass_it_is_the_plain_driver_run(recording, monkeypatch):
     monkeypatch.setenv("WARMUP_SECOND_PASS", "0")
     driver = Driver(ForwardTransport(Forward()), state_dir=str(recording.state_dir),
                     progress=lambda line: None)
-    report = asyncio.run(coverage.run(driver, expansion()))
-    assert report.coverage is None and report.ok
+    result = asyncio.run(second_pass.run(driver, expansion()))
+    assert result.coverage is None and result.run.ok
+    assert result.to_dict()["coverage"] is None
     assert not (recording.state_dir / "coverage.json").exists()
 
 

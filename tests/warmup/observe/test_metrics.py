@@ -121,6 +121,45 @@ def test_labels_are_closed_sets(m, call, message):
     assert str(err.value) == message
 
 
+def test_the_sidecars_metrics_come_from_its_sample(registry):
+    sample = metrics.SidecarSample(state="warming", runs_ok=1, runs_failed=2, requests_ok=7,
+                                   requests_failed=1, health_wait_s=3.5,
+                                   projected_remaining_s=12.0)
+    registry.register(metrics.SidecarCollector(lambda: sample))
+    assert value(registry, "sglang_warmup_sidecar_ready") == 0.0
+    assert [value(registry, "sglang_warmup_sidecar_state", state=s)
+            for s in metrics.SIDECAR_STATES] == [0, 0, 1, 0, 0, 0, 0]
+    assert value(registry, "sglang_warmup_sidecar_runs_total", outcome="ok") == 1
+    assert value(registry, "sglang_warmup_sidecar_runs_total", outcome="failed") == 2
+    assert value(registry, "sglang_warmup_sidecar_requests_total", outcome="ok") == 7
+    assert value(registry, "sglang_warmup_sidecar_requests_total", outcome="failed") == 1
+    assert value(registry, "sglang_warmup_sidecar_health_wait_seconds") == 3.5
+    assert value(registry, "sglang_warmup_sidecar_projected_remaining_seconds") == 12.0
+    # gauges without a value yet are left out, not exported as 0
+    for name in ("warmup_seconds", "ready_timestamp_seconds", "second_pass_misses"):
+        assert value(registry, f"sglang_warmup_sidecar_{name}") is None
+    every = {fam.name for fam in registry.collect()}
+    assert all(name.startswith(metrics.PREFIX) for name in every)
+
+
+def test_the_sidecars_states_are_a_closed_set(registry):
+    registry.register(metrics.SidecarCollector(lambda: metrics.SidecarSample(state="sleeping")))
+    with pytest.raises(ValueError) as err:
+        list(registry.collect())
+    assert str(err.value) == ("label state='sleeping' is not one of starting, waiting, warming, "
+                              "verifying, ready, failed, stopped")
+
+
+def test_sidecar_exposition_without_a_shared_directory(tmp_path):
+    text = metrics.sidecar_exposition(lambda: metrics.SidecarSample(state="ready", ready_at=5.0),
+                                      str(tmp_path / "none")).decode()
+    assert "sglang_warmup_sidecar_ready 1.0" in text
+    assert "sglang_warmup_sidecar_ready_timestamp_seconds 5.0" in text
+    assert "sglang_warmup_compile_events" not in text
+    assert metrics.compile_misses(str(tmp_path)) is None  # no *.db files: nothing counted yet
+    assert metrics.compile_misses(None) is None
+
+
 def test_collect_needs_a_directory(monkeypatch, tmp_path):
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     with pytest.raises(WarmupError) as err:
@@ -177,9 +216,15 @@ def test_counts_from_several_processes_are_aggregated(tmp_path):
     assert metrics.total(collected, "sglang_warmup_plan_classes", state="done") == 3
     assert not any(name.startswith("sglang:") for name in collected)
 
+    assert metrics.compile_misses(str(tmp_path)) == 3
     text = metrics.render(tmp_path).decode()
     assert ('sglang_warmup_compile_events_total{compiler="triton",outcome="miss",'
             'phase="warmup"} 3.0') in text
+    side = metrics.sidecar_exposition(lambda: metrics.SidecarSample(state="ready"),
+                                      str(tmp_path)).decode()
+    assert side.startswith("# HELP sglang_warmup_sidecar_ready ")
+    assert ('sglang_warmup_compile_events_total{compiler="triton",outcome="miss",'
+            'phase="warmup"} 3.0') in side and "sglang:num_requests" not in side
     assert "sglang:num_requests" not in text
     assert "sglang:num_requests_total 3.0" in metrics.render(tmp_path, prefix=None).decode()
 

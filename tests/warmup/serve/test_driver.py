@@ -5,6 +5,7 @@ request normalized and verified by SGLang's own classes), with faults injected t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from dataclasses import replace
@@ -14,7 +15,8 @@ import pytest
 from warmup.plan import facts as facts_mod
 from warmup.plan import loader
 from warmup.observe import phase
-from warmup.serve.driver import ClassReport, Driver, RunReport
+from warmup.serve.driver import Driver
+from warmup.serve.report import ClassReport, RunReport, render
 from warmup.errors import DriverError
 from warmup.plan.model import expand
 from warmup.serve.transport import InProcessTransport, sampling_params
@@ -94,7 +96,7 @@ def test_a_plan_runs_as_sglang_requests_in_order_then_flushes(fake_tokenizer_man
                     progress=lines.append)
     report = run(driver, exp)
 
-    assert report.ok and report.failures == [] and report.skipped_reason is None
+    assert report.ok and report.failures == () and report.skipped_reason is None
     assert report.requests == exp.num_requests == len(tm.items) == 28
     assert [c.shape_class for c in report.classes] == CLASSES
     # one GenerateReqInput per request, except a batch: one per step
@@ -243,7 +245,7 @@ def test_lenient_warns_and_goes_on(fake_tokenizer_manager, tiny_plan_path, caplo
         "class concurrent, step 7 (concurrent: 4 at once: 19+32+45+58 = 154 tokens): ValueError: "
         "injected rejection of a 45-token prompt",
     ]
-    assert report.ok is False and report.failures == failures
+    assert report.ok is False and report.failures == tuple(failures)
     assert [r.getMessage() for r in caplog.records] == [f"sglang-warmup: {f} (lenient: going on)" for f in failures]
     # every step was still sent, and the flush ran
     assert len(tm.starts()) == len(tm.objs) == 24
@@ -251,7 +253,7 @@ def test_lenient_warns_and_goes_on(fake_tokenizer_manager, tiny_plan_path, caplo
     by_class = {c.shape_class: c for c in report.classes}
     assert (by_class["extends"].requests, by_class["extends"].failures) == (3, 2)
     assert (by_class["concurrent"].requests, by_class["concurrent"].failures) == (4, 4)
-    assert by_class["extends"].errors == failures[:2]
+    assert by_class["extends"].errors == tuple(failures[:2])
     assert sum(c.failures for c in report.classes) == 6
     # the failed group's other requests were withdrawn: nothing of step 7 is still running
     # when the first batch (object 11) arrives
@@ -282,8 +284,8 @@ def test_flush_failure_when_lenient_is_reported(fake_tokenizer_manager, tiny_pla
     report = run(Driver(InProcessTransport(tm, vocab_size=TINY_VOCAB), lenient=True,
                         state_dir=str(warmup_isolated)), exp)
     assert report.ok is False and report.flush is None
-    assert report.failures == ["cache flush failed: cache flush failed on 1 of 2 rank(s): rank 1: "
-                               "Timed out waiting for idle state."]
+    assert report.failures == ("cache flush failed: cache flush failed on 1 of 2 rank(s): rank 1: "
+                               "Timed out waiting for idle state.",)
     assert phase.current(state_dir=str(warmup_isolated)).phase == "serving"
 
 
@@ -297,9 +299,9 @@ def test_pd_disaggregation_is_skipped_with_one_log_line(fake_tokenizer_manager, 
     assert [r.getMessage() for r in caplog.records] == [
         "sglang-warmup: PD disaggregation (prefill): warm-up requests would need a bootstrap peer; not warming"]
     assert report.skipped_reason == "PD disaggregation (prefill): warm-up requests would need a bootstrap peer"
-    assert report.ok and report.classes == [] and report.requests == 0
+    assert report.ok and report.classes == () and report.requests == 0
     assert tm.objs == [] and tm.flush_requests == []
-    assert report.render() == ("warm-up tiny_plan: skipped (PD disaggregation (prefill): warm-up requests "
+    assert render(report) == ("warm-up tiny_plan: skipped (PD disaggregation (prefill): warm-up requests "
                                "would need a bootstrap peer)")
     assert phase.current(state_dir=str(warmup_isolated)).phase == "serving"
 
@@ -326,7 +328,7 @@ def test_the_run_report_as_json_and_table(fake_tokenizer_manager, tiny_plan_path
     report.write(path)
     assert json.loads(path.read_text()) == json.loads(json.dumps(d))
 
-    lines = report.render().splitlines()
+    lines = render(report).splitlines()
     assert lines[0].startswith("warm-up tiny_plan: FAILED, 28 requests in ")
     assert lines[0].endswith(" s via InProcessTransport; flush: flushed on 1 rank(s)")
     assert lines[1].split() == ["phase", "class", "requests", "total", "ms", "ms/request", "failed", "compiles"]
@@ -375,18 +377,18 @@ def test_real_compiles_during_a_step_are_counted_for_its_class(fake_tokenizer_ma
     finally:
         events.uninstall()
     by_class = {c.shape_class: c for c in report.classes}
-    assert (by_class["chunked"].compiles, by_class["chunked"].kernels) == (1, ["warm_add_kernel"])
+    assert (by_class["chunked"].compiles, by_class["chunked"].kernels) == (1, ("warm_add_kernel",))
     assert by_class["extends"].compiles == 0
     assert report.compiles_by_phase == {"warmup": 1} and report.compiles_total == 1
-    assert "compiles by phase: warmup=1" in report.render()
+    assert "compiles by phase: warmup=1" in render(report)
 
 
 def test_count_compiles_from_manifest_records():
     """The one counting rule the driver (whole manifest) and the sidecar (its own pass) share:
     misses and nvcc builds per phase; per class only the warm-up's; counts are replaced."""
-    report = RunReport(plan="p", plan_sha256="", expansion_digest="", transport="t", started_at=0)
-    report.classes = [ClassReport("a", "ph", "extend"), ClassReport("b", "ph", "batch")]
-    report.classes[0].compiles = 7  # from an earlier count: replaced, not added to
+    report = RunReport(plan="p", plan_sha256="", expansion_digest="", transport="t", started_at=0,
+                       classes=(ClassReport("a", "ph", "extend", compiles=7),  # from an earlier
+                                ClassReport("b", "ph", "batch")))          # count: replaced
     records = [
         {"event": "miss", "phase": "init", "kernel": {"name": "capture_k"}},
         {"event": "miss", "phase": "warmup", "shape_class": "a", "kernel": {"name": "k1"}},
@@ -400,9 +402,13 @@ def test_count_compiles_from_manifest_records():
         {"event": "miss", "phase": "serving", "shape_class": "b", "kernel": {"name": "late"}},
         {"event": "miss", "phase": "warmup", "shape_class": "flush", "kernel": {"name": "f"}},
     ]
-    report.count_compiles(records)
-    a, b = report.classes
-    assert (a.compiles, a.jit_builds, a.disk_hits, a.kernels) == (2, 0, 1, ["k1"])
-    assert (b.compiles, b.jit_builds, b.disk_hits, b.kernels) == (0, 1, 0, ["sgl_kernel_jit_x"])
-    assert report.compiles_by_phase == {"init": 1, "warmup": 4, "serving": 1}
-    assert report.compiles_total == 6
+    counted = report.with_compiles(records)
+    a, b = counted.classes
+    assert (a.compiles, a.jit_builds, a.disk_hits, a.kernels) == (2, 0, 1, ("k1",))
+    assert (b.compiles, b.jit_builds, b.disk_hits, b.kernels) == (0, 1, 0, ("sgl_kernel_jit_x",))
+    assert counted.compiles_by_phase == {"init": 1, "warmup": 4, "serving": 1}
+    assert counted.compiles_total == 6
+    # the report itself is frozen and unchanged: a copy carries the counts
+    assert report.classes[0].compiles == 7 and report.compiles_total == 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.ok = False  # type: ignore[misc]

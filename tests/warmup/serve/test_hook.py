@@ -187,6 +187,61 @@ def test_pd_disaggregation_from_sglang_skips_the_plan(sglang_warmups, tiny_plan_
     assert tm.objs == [] and tm.flush_requests == []
 
 
+def test_a_runner_decides_how_the_plan_runs_and_what_is_written(sglang_warmups, tiny_plan_path,
+                                                                fake_tokenizer_manager,
+                                                                warmup_isolated, caplog):
+    """The hook runs the plan with the runner it was given (the layer above it measures
+    around the driver's report) and writes the runner's document; the log shows the report."""
+    from dataclasses import dataclass
+
+    from warmup.serve.report import RunReport
+
+    @dataclass(frozen=True)
+    class Measured:
+        run: RunReport
+        note: str
+
+        def to_dict(self):
+            return {**self.run.to_dict(), "note": self.note}
+
+    seen = []
+
+    async def runner(driver, exp):
+        seen.append((type(driver).__name__, exp.plan))
+        return Measured(await driver.run(exp), "measured around the report")
+
+    hook.register(tiny_plan_path, runner=runner)
+    tm = fake_tokenizer_manager()
+    with caplog.at_level(logging.INFO):
+        asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
+    assert seen == [("Driver", "tiny_plan")]
+    report = json.loads((warmup_isolated / "report.json").read_text())
+    assert report["note"] == "measured around the report"
+    assert report["ok"] is True and report["requests"] == 28
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("warm-up tiny_plan: ok, 28 requests in ") for m in messages), messages
+
+
+def test_the_plugin_hands_the_second_pass_to_the_hook(sglang_warmups, tiny_plan_path,
+                                                     fake_tokenizer_manager, warmup_isolated,
+                                                     monkeypatch):
+    """WARMUP_SECOND_PASS=1: the plugin wires warmup.coverage.second_pass into the hook (which
+    imports nothing above it); the report gets the coverage, the plan is sent twice."""
+    from warmup.serve import plugin
+
+    monkeypatch.setenv("WARMUP_PLAN", str(tiny_plan_path))
+    monkeypatch.setenv("WARMUP_SECOND_PASS", "1")
+    monkeypatch.setattr(sys, "argv", ["sglang.launch_server", "--model-path", "/models/m"])
+    plugin._register_plan()
+    tm = fake_tokenizer_manager()
+    asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
+    report = json.loads((warmup_isolated / "report.json").read_text())
+    assert report["ok"] is True and report["requests"] == 28 and len(tm.items) == 56
+    assert report["coverage"]["plan"] == "tiny_plan" and report["coverage"]["closed"] is True
+    assert (warmup_isolated / "coverage.json").exists()
+    assert len(tm.flush_requests) == 2
+
+
 # --- from the environment (the plugin's step) --------------------------------------------------------
 def test_register_from_env_registers_and_lists_the_plan(sglang_warmups, tiny_plan_path, monkeypatch):
     monkeypatch.setenv("WARMUP_PLAN", str(tiny_plan_path))

@@ -547,3 +547,117 @@ def test_a_whole_plan_over_http(sglang_http, tiny_plan_path):
     assert report.transport == "HttpTransport" and report.flush.startswith("Cache flushed.")
     assert all(i.return_logprob is False for i in sglang_http.tm.items)
     assert facts_mod.from_server_info(sglang_http.server_info()).chunked_prefill_size == 256
+
+
+# --- HTTP: concurrency -------------------------------------------------------------------------------
+class InFlightServer:
+    """A local ``/generate`` that holds every request until ``expected`` are in flight together
+    (or ``hold_s`` passed), and records the most it ever had in flight."""
+
+    def __init__(self, expected: int, hold_s: float = 5.0) -> None:
+        self.expected = expected
+        self.hold_s = hold_s
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.arrived = 0
+        self.cond = threading.Condition()
+        app = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                n = body["sampling_params"]["max_new_tokens"]
+                with app.cond:
+                    app.in_flight += 1
+                    app.arrived += 1
+                    app.max_in_flight = max(app.max_in_flight, app.in_flight)
+                    app.cond.notify_all()
+                if body.get("stream"):  # a decoder: its first token now, the rest after the hold
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.wfile.write(b"data: " + out(1, None) + b"\n\n")
+                    self.wfile.flush()
+                with app.cond:
+                    app.cond.wait_for(lambda: app.arrived >= app.expected, app.hold_s)
+                    app.in_flight -= 1
+                if body.get("stream"):
+                    self.wfile.write(b"data: " + out(n, "length") + b"\n\ndata: [DONE]\n\n")
+                    self.close_connection = True
+                    return
+                data = out(n, "length")
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        def out(n: int, finish: str | None) -> bytes:
+            return json.dumps({"output_ids": [7] * n, "meta_info": {
+                "completion_tokens": n,
+                "finish_reason": {"type": finish} if finish else None}}).encode()
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 256  # the test measures the client, not this server's backlog
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
+                         daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_http_a_64_request_concurrent_step_has_all_64_in_flight_at_once():
+    server = InFlightServer(expected=64)
+    try:
+        t = HttpTransport(server.url, vocab_size=VOCAB, timeout_s=30)
+        t0 = time.perf_counter()
+        outs = asyncio.run(t.send(step("concurrent", [req(10 + i % 7, mnt=2) for i in range(64)])))
+        took = time.perf_counter() - t0
+    finally:
+        server.close()
+    assert [o.output_tokens for o in outs] == [2] * 64
+    assert server.max_in_flight == 64
+    assert took < server.hold_s  # nobody waited for the hold to run out
+
+
+def test_http_in_flight_is_bounded_by_max_in_flight():
+    server = InFlightServer(expected=10**6, hold_s=0.2)  # never all: each is held 0.2 s
+    try:
+        t = HttpTransport(server.url, vocab_size=VOCAB, timeout_s=30, max_in_flight=8)
+        outs = asyncio.run(t.send(step("concurrent", [req(10) for _ in range(20)])))
+    finally:
+        server.close()
+    assert len(outs) == 20 and server.max_in_flight == 8
+
+
+def test_http_mixed_decoders_are_all_in_flight_with_the_prompt():
+    # 40 streaming decoders and the prompt: 41 requests, far past the default thread pool
+    server = InFlightServer(expected=41)
+    try:
+        t = HttpTransport(server.url, vocab_size=VOCAB, timeout_s=30)
+        t0 = time.perf_counter()
+        outs = asyncio.run(t.send(step("mixed", [req(50)], background=[req(10, mnt=3)] * 40)))
+        took = time.perf_counter() - t0
+    finally:
+        server.close()
+    assert [o.output_tokens for o in outs] == [1] + [3] * 40
+    assert server.max_in_flight == 41 and took < server.hold_s
+
+
+def test_http_generate_200_with_an_error_body_fails_the_step(sglang_http):
+    sglang_http.script["/generate"] = [(200, b'{"error": {"message": "upstream busy\\u001b[1m"}}')]
+    t = HttpTransport(sglang_http.url, vocab_size=VOCAB)
+    with pytest.raises(TransportError) as err:
+        asyncio.run(t.send(step("single", [req(10)])))
+    assert err.value.message == "/generate answered an error: upstream busy\\x1b[1m"

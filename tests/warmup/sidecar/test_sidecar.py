@@ -1,7 +1,7 @@
-"""warmup.sidecar.service: the readiness gate against a local stand-in of SGLang's HTTP API (a real
-process, real HTTP), with faults: never healthy, dies mid-warm-up, HTTP 500/400, hangs; the
-exit policy; the second pass with real Triton compiles and sglang-warmup's real event hooks;
-SGLang's own managed-sidecar runner."""
+"""warmup.sidecar (config, machine, projection): the readiness gate against a local stand-in of
+SGLang's HTTP API (a real process, real HTTP), with faults: never healthy, dies mid-warm-up, HTTP
+500/400, an error body with HTTP 200, hangs; the exit policy; the second pass with real Triton
+compiles and sglang-warmup's real event hooks; SGLang's own managed-sidecar runner."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,8 +24,9 @@ from harness import (PLAN, PLAN_PROMPT_LENS, PLAN_REQUESTS, REPO, free_port, get
 
 from warmup.observe import phase  # noqa: E402
 from warmup.errors import SidecarError  # noqa: E402
-from warmup.sidecar.service import (Probe, Projection, Sidecar, SidecarConfig, project,  # noqa: E402
-                            wait_for_health)
+from warmup.sidecar.config import SidecarConfig  # noqa: E402
+from warmup.sidecar.machine import Sidecar  # noqa: E402
+from warmup.sidecar.projection import Projection, project  # noqa: E402
 
 PY = sys.executable
 
@@ -65,7 +65,7 @@ def sidecars():
     started = []
 
     def start(url: str, **overrides) -> Sidecar:
-        cfg = dict(plan=str(PLAN), url=url, port=0, bind="127.0.0.1", deadline_s=10.0,
+        cfg = dict(plan=str(PLAN), url=url, port=0, host="127.0.0.1", deadline_s=10.0,
                    backoff_initial_s=0.05, backoff_max_s=0.2, probe_timeout_s=2.0,
                    watch_interval_s=0.2, watch_failures=2, request_timeout_s=5.0,
                    flush_timeout_s=2.0, flush_slack_s=1.0, progress_every_s=0.0)
@@ -219,6 +219,25 @@ def test_an_error_status_on_generate_fails_the_warmup_without_retrying(standins,
     assert get(base(sc) + "/ready")[0] == 503
 
 
+def test_an_error_body_with_http_200_fails_the_warmup_with_the_text_made_printable(
+        standins, sidecars):
+    # a proxy in front of SGLang answers 200 with {"error": ...}; its text carries a terminal
+    # escape and a carriage return, which must not reach the log or the reason raw
+    server = standins("--generate-error", "upstream overloaded\x1b[31m\rretry later",
+                      "--fail-at", "3")
+    sc = sidecars(server.url)
+    report = wait_state(sc, "failed")
+    assert report["reason"] == (
+        "warm-up failed: warm-up request failed: class short_prompts, step 2 (single: 100 tokens "
+        "(other)): /generate answered an error: upstream overloaded\\x1b[31m retry later")
+    assert report["hint"] == "fix the server or the plan; --lenient warns and goes on"
+    assert report["run"]["ok"] is False
+    assert report["counts"]["requests_ok"] == 2 and report["counts"]["requests_failed"] == 1
+    assert get(base(sc) + "/ready")[0] == 503
+    assert 'sglang_warmup_sidecar_requests_total{outcome="failed"} 1.0' in get(
+        base(sc) + "/metrics")[1]
+
+
 @pytest.mark.parametrize("code,text", [
     (400, "Cache not flushed. Please check for pending requests. (There are running or waiting "
           "requests.)"),
@@ -282,7 +301,7 @@ def test_a_server_going_away_after_ready_turns_ready_503_until_it_is_warm_again(
 def _sidecar_cli(url: str, *extra: str, tmp_path: Path) -> subprocess.Popen:
     log = open(tmp_path / "sidecar.log", "w")
     return subprocess.Popen([PY, "-m", "warmup", "sidecar", "--plan", str(PLAN), "--url", url,
-                             "--port", "0", "--bind", "127.0.0.1", *extra],
+                             "--port", "0", "--host", "127.0.0.1", *extra],
                             stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO))
 
 
@@ -332,11 +351,11 @@ def test_bad_options_are_refused_before_anything_starts(tmp_path):
 
 def test_a_busy_port_is_refused(standins):
     server = standins()
-    sc = Sidecar(SidecarConfig(plan=str(PLAN), url=server.url, port=server.port, bind="127.0.0.1"))
+    sc = Sidecar(SidecarConfig(plan=str(PLAN), url=server.url, port=server.port, host="127.0.0.1"))
     with pytest.raises(SidecarError) as info:
         sc.start()
     assert info.value.message == f"cannot listen on 127.0.0.1:{server.port}: Address already in use"
-    assert info.value.hint == "choose another --port (0: any free port) or --bind"
+    assert info.value.hint == "choose another --port (0: any free port) or --host"
 
 
 # --- the second pass ----------------------------------------------------------------------------
@@ -418,17 +437,17 @@ def test_second_pass_that_sees_nothing_shared_cannot_verify(standins, sidecars, 
 # --- SGLang's managed sidecar ----------------------------------------------------------------------
 def test_runs_as_sglangs_managed_sidecar_and_stops_cleanly(standins, tmp_path):
     """SGLang 0.5.22's own runner (``_run_sidecar``: main(argv) in a spawned process, stopped
-    with terminate()) drives ``warmup.sidecar.service.main``."""
+    with terminate()) drives ``warmup.cli.sidecar.main``."""
     from sglang.srt.entrypoints.sidecar import _parse_sidecar_args, _run_sidecar
 
     server = standins()
     port = free_port()
     sidecar_args = ["--plan", str(PLAN), "--url", server.url, "--port", str(port),
-                    "--bind", "127.0.0.1", "--sidecar-shutdown-timeout", "20"]
+                    "--host", "127.0.0.1", "--sidecar-shutdown-timeout", "20"]
     args, shutdown_timeout = _parse_sidecar_args(sidecar_args)  # SGLang consumes its own flag
     assert shutdown_timeout == 20.0
     proc = multiprocessing.get_context("spawn").Process(
-        target=_run_sidecar, args=("warmup.sidecar.service", args, "127.0.0.1:1"))
+        target=_run_sidecar, args=("warmup.cli.sidecar", args, "127.0.0.1:1"))
     proc.start()
     try:
         wait_until(lambda: get(f"http://127.0.0.1:{port}/ready")[0] == 200, 90, "ready")
@@ -441,34 +460,6 @@ def test_runs_as_sglangs_managed_sidecar_and_stops_cleanly(standins, tmp_path):
 
 
 # --- pieces -----------------------------------------------------------------------------------------
-def test_wait_for_health_backs_off_and_never_passes_its_deadline():
-    calls = []
-
-    def probe(timeout):
-        calls.append((time.monotonic(), timeout))
-        return Probe(503, "HTTP 503")
-
-    t0 = time.monotonic()
-    hw = wait_for_health(probe, 1.0, initial_s=0.1, max_s=0.4, probe_timeout_s=5.0)
-    elapsed = time.monotonic() - t0
-    assert (hw.ok, hw.ended, hw.last) == (False, "deadline", "HTTP 503")
-    assert 1.0 <= elapsed < 1.5
-    gaps = [b[0] - a[0] for a, b in zip(calls, calls[1:])]
-    # 0.1 s doubling, capped at 0.4 s (plus the probe's own few milliseconds)
-    for gap, pause in zip(gaps, [0.1, 0.2, 0.4, 0.4]):
-        assert pause <= gap < pause + 0.08, gaps
-    assert all(t <= 1.0 for _, t in calls)  # no probe may outlive the deadline
-
-
-def test_wait_for_health_ends_on_stop_and_on_a_dead_process():
-    stop = threading.Event()
-    stop.set()
-    assert wait_for_health(lambda t: Probe(None, "x"), 10, stop=stop).ended == "stopped"
-    hw = wait_for_health(lambda t: Probe(None, "x"), 10, alive=lambda: "exited with code 3")
-    assert (hw.ended, hw.attempts) == ("exited with code 3", 0)
-    assert wait_for_health(lambda t: Probe(200, "HTTP 200"), 10).ok
-
-
 def test_projection_from_the_rate_so_far(monkeypatch):
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()

@@ -15,7 +15,8 @@ nothing; ``--drift-after-flush`` makes the classes shift after the first flush, 
 pass compiles new kernels (a plan that does not reproduce its shapes).
 
 Faults: ``--never-healthy``, ``--healthy-after S``, ``--generate-status CODE --fail-at N``
-(the Nth /generate answers CODE), ``--flush-status CODE``, ``--hang PATH`` (an endpoint that
+(the Nth /generate answers CODE), ``--generate-error TEXT --fail-at N`` (the Nth /generate
+answers HTTP 200 with an error body, as a proxy does), ``--flush-status CODE``, ``--hang PATH`` (an endpoint that
 never answers), ``--die-at N`` (the process exits during the Nth /generate, dropping the
 connection, as a crashed SGLang does).
 
@@ -163,6 +164,10 @@ class Handler(BaseHTTPRequestHandler):
         body = self._body() or {}
         if a.die_at and n >= a.die_at:
             os._exit(17)  # a crashed server: the connection drops without an answer
+        if a.generate_error is not None and n >= a.fail_at:
+            # a proxy in front of SGLang: HTTP 200 with an error body
+            self._send(200, {"error": {"message": a.generate_error}})
+            return
         if a.generate_status != 200 and n >= a.fail_at:
             self._send(a.generate_status, {"error": {"message": f"injected HTTP {a.generate_status}"
                                                                 f" on /generate #{n}"}})
@@ -242,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--healthy-after", type=float, default=0.0)
     ap.add_argument("--generate-status", type=int, default=200)
     ap.add_argument("--fail-at", type=int, default=1)
+    ap.add_argument("--generate-error", default=None,
+                    help="the Nth /generate answers HTTP 200 with {\"error\": {\"message\": TEXT}}")
     ap.add_argument("--flush-status", type=int, default=200)
     ap.add_argument("--hang", action="append", default=[], help="an endpoint path that never answers")
     ap.add_argument("--hang-s", type=float, default=3600.0)

@@ -1,0 +1,252 @@
+"""The second-pass check: run a plan, run it again in the same server with fresh prompts, and
+read what the SGLang processes compiled during each pass.
+
+One implementation for both users: the ``--warmups`` hook (through :func:`run`, the runner the
+plugin hands to :mod:`warmup.serve.hook` with ``WARMUP_SECOND_PASS=1``), which reports the
+plan's coverage, and the sidecar (through :func:`run_passes`), which gates ``/ready`` on a
+second pass that compiled nothing.
+
+What a pass compiled is read from what the SGLang processes wrote: the bytes appended to the
+compile log during the pass (a :class:`cache_tools.compile_log.Cursor`, so no clock is compared
+across processes), else the ``sglang_warmup_compile_events_total{outcome="miss"}`` counters of
+the Prometheus multiprocess directory before and after.  The driver's report is never changed:
+a :class:`PassResult` holds it with what was measured around it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from cache_tools import compile_log
+from cache_tools.compile_log import is_miss, kernel_name
+from warmup.coverage.classes import Coverage, compute
+from warmup.errors import WarmupError
+from warmup.observe import metrics
+from warmup.serve.report import RunReport
+
+logger = logging.getLogger("sglang_warmup.coverage")
+
+
+@dataclass(frozen=True)
+class PassCheck:
+    """The compile misses of one pass, read from what the SGLang processes wrote.
+
+    ``verified``: False when nothing shared could be read (then ``misses`` means nothing).
+    ``source``: ``compile_log`` (``<state_dir>/compile_log``) or ``metrics`` (the
+    multiprocess directory).  ``kernels``: ``class: kernel (compiler)`` per miss, from the
+    compile log only.
+    """
+
+    verified: bool
+    misses: int
+    source: str
+    kernels: tuple[str, ...] = ()
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verified": self.verified, "misses": self.misses, "source": self.source,
+                "kernels": list(self.kernels), "detail": self.detail}
+
+
+class PassWindow:
+    """What the SGLang processes write from now until :meth:`close`: the new bytes of the
+    compile log, and the multiprocess miss counter before and after."""
+
+    def __init__(self, state_dir: str | os.PathLike[str] | None, mp_dir: str | None) -> None:
+        self.state_dir = str(state_dir) if state_dir else None
+        self.mp_dir = mp_dir
+        self.cursor = compile_log.Cursor(self.state_dir) if self.state_dir else None
+        self.start = self.cursor.mark() if self.cursor is not None else {}
+        self.misses_before = metrics.compile_misses(mp_dir)
+        #: the compile-log records of the window; None without a shared compile log
+        self.records: tuple[dict, ...] | None = None
+
+    def close(self) -> PassCheck:
+        """End the window; the misses of the pass, from the compile log when SGLang writes one
+        into the shared state directory, else from the multiprocess metrics."""
+        end = self.cursor.mark() if self.cursor is not None else None
+        misses_after = metrics.compile_misses(self.mp_dir)
+        if self.cursor is not None and compile_log.files(self.state_dir):
+            self.records = tuple(self.cursor.read(self.start, end))
+            missed = [r for r in self.records if is_miss(r)]
+            kernels = tuple(f"{r.get('shape_class') or r.get('phase') or '?'}: "
+                            f"{kernel_name(r)} ({r.get('compiler') or '?'})" for r in missed)
+            return PassCheck(True, len(missed), "compile_log", kernels,
+                             f"{len(self.records)} records of the pass in "
+                             f"{compile_log.directory(self.state_dir)}")
+        if misses_after is not None:  # none before the pass: none had been counted yet
+            before = self.misses_before or 0.0
+            return PassCheck(True, int(round(misses_after - before)), "metrics", (),
+                             f"sglang_warmup_compile_events_total{{outcome=\"miss\"}} in "
+                             f"{self.mp_dir}")
+        where = [f"no compile log under {compile_log.directory(self.state_dir)}"
+                 if self.state_dir else "no shared state directory",
+                 f"no sglang-warmup compile metrics in {self.mp_dir}" if self.mp_dir
+                 else "no Prometheus multiprocess directory"]
+        return PassCheck(False, 0, "", (), "; ".join(where))
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """One pass of the plan.  ``report``: the driver's report as it returned it (or as its
+    DriverError carried it; None when the pass ended otherwise); ``error``: what ended the pass
+    early; ``check``: its compile misses; ``records``: its compile-log records (None without a
+    shared compile log)."""
+
+    report: RunReport | None
+    error: Exception | None
+    check: PassCheck
+    records: tuple[dict, ...] | None
+
+    @property
+    def pass_report(self) -> RunReport | None:
+        """The report counted over this pass's records only (the driver counts the whole
+        compile log: earlier passes and earlier server lifetimes included)."""
+        if self.report is None or self.records is None:
+            return self.report
+        return self.report.with_compiles(self.records)
+
+
+@dataclass(frozen=True)
+class Passes:
+    """The first pass, the second (None when it did not run: the first failed or skipped the
+    plan, or none was asked for) and the coverage of both (None without both compile logs)."""
+
+    first: PassResult
+    second: PassResult | None = None
+    coverage: Coverage | None = None
+
+
+async def _one_pass(driver: Any, exp: Any, state_dir: Any, mp_dir: str | None) -> PassResult:
+    window = PassWindow(state_dir, mp_dir)
+    report: RunReport | None = None
+    error: Exception | None = None
+    try:
+        report = await driver.run(exp)
+    except Exception as exc:  # the caller decides: a WarmupError carries the report so far
+        report, error = getattr(exc, "report", None), exc
+    check = window.close()
+    return PassResult(report, error, check, window.records)
+
+
+async def run_passes(driver: Any, exp: Any, *, second: Any = None,
+                     state_dir: str | os.PathLike[str] | None = None, mp_dir: str | None = None,
+                     salt: str = "second-pass",
+                     on_pass: Callable[[int, PassResult], None] | None = None) -> Passes:
+    """Run ``exp`` with ``driver``, then (when ``second`` is a driver and the first pass sent
+    the plan) once more with ``second``: fresh token ids (the transport's token salt gets
+    ``salt`` appended for the pass, then is restored), so no radix-cache entry of the first
+    pass is hit.  ``on_pass(n, result)`` runs after each pass."""
+    first = await _one_pass(driver, exp, state_dir, mp_dir)
+    if on_pass is not None:
+        on_pass(1, first)
+    if second is None or first.error is not None or first.report is None \
+            or first.report.skipped_reason:
+        return Passes(first)
+    tokens = getattr(second.transport, "tokens", None)
+    old_salt = getattr(tokens, "salt", None)
+    if tokens is not None:
+        tokens.salt = f"{old_salt or ''}{salt}"
+    try:
+        again = await _one_pass(second, exp, state_dir, mp_dir)
+    finally:
+        if tokens is not None:
+            tokens.salt = old_salt
+    if on_pass is not None:
+        on_pass(2, again)
+    cov = None
+    if first.records is not None and again.records is not None:
+        cov = compute(first.records, again.records, classes=exp.classes, plan=exp.plan)
+    return Passes(first, again, cov)
+
+
+# --- the --warmups hook's runner ----------------------------------------------------------------
+@dataclass(frozen=True)
+class CoverageReport:
+    """The first replay's run report and the coverage measured around it (None when no second
+    replay was asked for).  JSON: the run report's fields plus ``coverage``."""
+
+    run: RunReport
+    coverage: Coverage | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.run.to_dict()
+        d["coverage"] = self.coverage.to_json() if self.coverage is not None else None
+        return d
+
+
+async def run(driver: Any, exp: Any, *, second_pass: bool | None = None,
+              state_dir: str | os.PathLike[str] | None = None) -> CoverageReport:
+    """Run the expansion with ``driver``; with ``second_pass`` (default: WARMUP_SECOND_PASS),
+    replay it once more through the same transport and measure the :class:`Coverage` (also
+    written as ``<state_dir>/coverage.json``).
+
+    The second replay is lenient, sends fresh token ids, records no plan metrics, and ends
+    with the plan's flush as the first did.  Its failures never fail the warm-up: they are
+    listed in the coverage.  Without a state directory there is no compile log to read; the
+    second replay is skipped and the coverage says so.  A failure of the first replay raises
+    as the driver raised it.
+    """
+    from warmup import settings
+
+    if second_pass is None:
+        second_pass = settings.SECOND_PASS.get()
+    if not second_pass:
+        return CoverageReport(await driver.run(exp))
+    sdir = state_dir if state_dir is not None else getattr(driver, "state_dir", None)
+    if not sdir:
+        sdir = settings.STATE_DIR.get() or None
+    if not sdir:
+        return CoverageReport(await driver.run(exp), Coverage(
+            plan=exp.plan, classes=(), note="no state directory: the compile log that coverage "
+            "reads is not written; second replay skipped"))
+    replay = type(driver)(driver.transport, lenient=True, flush_timeout_s=driver.flush_timeout_s,
+                          state_dir=driver.state_dir, metrics=None, progress=driver.progress)
+
+    def announce(n: int, result: PassResult) -> None:
+        if n == 1 and result.error is None and result.report is not None \
+                and not result.report.skipped_reason:
+            driver.progress("sglang-warmup: second replay of the plan (coverage)")
+
+    passes = await run_passes(driver, exp, second=replay, state_dir=sdir, salt="second-pass",
+                              on_pass=announce)
+    first = passes.first
+    if first.error is not None:
+        raise first.error
+    assert first.report is not None  # a pass without an error returned its report
+    if passes.second is None:  # the plan was skipped (PD disaggregation)
+        return CoverageReport(first.report)
+    second = passes.second
+    if second.error is not None:  # lenient: only an unexpected error lands here
+        failures: tuple[str, ...] = (f"{type(second.error).__name__}: {second.error}",)
+    else:
+        failures = tuple(second.report.failures) if second.report is not None else ()
+    cov = passes.coverage or compute((), (), classes=exp.classes, plan=exp.plan)
+    cov = replace(cov, second_pass_failures=failures)
+    _write(cov, sdir)
+    recorder = getattr(driver, "metrics", None)
+    if recorder is not None:
+        try:
+            recorder.ready(time.time())  # ready is after the second replay
+        except Exception:
+            pass
+    for line in cov.render().splitlines():
+        driver.progress(line)
+    return CoverageReport(first.report, cov)
+
+
+def _write(cov: Coverage, state_dir: Any) -> None:
+    path = Path(state_dir) / "coverage.json"
+    try:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(cov.to_json(), indent=2) + "\n")
+        tmp.replace(path)
+    except OSError as exc:
+        logger.warning("sglang-warmup: cannot write %s: %s", path, exc)
+

@@ -1,0 +1,167 @@
+"""The run report: what one warm-up run sent per shape class, how long it took, what failed and
+what compiled; frozen once the driver returns it, and its one text rendering.
+
+Layers above the driver (the second-pass check, the sidecar) build their own objects around a
+:class:`RunReport` instead of changing it; :meth:`RunReport.with_compiles` returns a copy
+counted over other compile-log records (e.g. those of one pass only).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from cache_tools.compile_log import is_miss, kernel_name
+from warmup.render import bar, table
+
+
+@dataclass(frozen=True)
+class ClassReport:
+    """Per shape class: what was sent, how long it took, what failed, what compiled.
+
+    ``compiles``: Triton misses stamped with this class during the warm-up (from the compile
+    log); ``jit_builds``: nvcc/tvm-ffi builds; ``disk_hits``: loads from the disk cache;
+    ``kernels``: distinct names of what compiled; ``errors``: one line per failed step.
+    """
+
+    shape_class: str
+    phase: str
+    kind: str
+    steps: int = 0
+    requests: int = 0
+    failures: int = 0
+    total_ms: float = 0.0
+    max_step_ms: float = 0.0
+    compiles: int = 0
+    disk_hits: int = 0
+    jit_builds: int = 0
+    kernels: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    @property
+    def ms_per_request(self) -> float:
+        return self.total_ms / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """The outcome of one warm-up run (JSON via :meth:`to_dict`; text via :func:`render`).
+
+    ``skipped_reason``: why nothing was sent (PD disaggregation); ``flush``: the flush's answer;
+    ``skipped``: items the expansion left out; ``failures``: one line per failed step or flush;
+    ``compiles_by_phase``: compile misses per phase over the records counted.
+    """
+
+    plan: str
+    plan_sha256: str
+    expansion_digest: str
+    transport: str
+    started_at: float
+    ok: bool = True
+    skipped_reason: str | None = None
+    duration_s: float = 0.0
+    flush: str | None = None
+    classes: tuple[ClassReport, ...] = ()
+    skipped: tuple[Mapping[str, str], ...] = ()
+    failures: tuple[str, ...] = ()
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    compiles_total: int = 0
+    compiles_by_phase: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def requests(self) -> int:
+        return sum(c.requests for c in self.classes)
+
+    @property
+    def requests_ok(self) -> int:
+        return sum(c.requests - c.failures for c in self.classes)
+
+    @property
+    def requests_failed(self) -> int:
+        return sum(c.failures for c in self.classes)
+
+    def with_compiles(self, records: Iterable[Mapping[str, Any]]) -> "RunReport":
+        """A copy whose compile counts come from ``records`` (compile-log records): per phase,
+        and per class for the warm-up's own (``compiles``, ``jit_builds``, ``disk_hits``,
+        kernel names).  Earlier counts are replaced, not added to."""
+        tallies = {c.shape_class: {"compiles": 0, "jit_builds": 0, "disk_hits": 0,
+                                   "kernels": []} for c in self.classes}
+        by_phase: dict[str, int] = {}
+        total = 0
+        for r in records:
+            t = tallies.get(r.get("shape_class") or "")
+            if not is_miss(r):
+                if r.get("event") == "hit" and t is not None:
+                    t["disk_hits"] += 1
+                continue
+            ph = r.get("phase") or "init"
+            by_phase[ph] = by_phase.get(ph, 0) + 1
+            total += 1
+            if t is None or ph != "warmup":
+                continue
+            t["jit_builds" if r.get("event") == "jit_build" else "compiles"] += 1
+            name = kernel_name(r)
+            if name not in t["kernels"]:
+                t["kernels"].append(name)
+        classes = tuple(replace(c, compiles=tallies[c.shape_class]["compiles"],
+                                jit_builds=tallies[c.shape_class]["jit_builds"],
+                                disk_hits=tallies[c.shape_class]["disk_hits"],
+                                kernels=tuple(tallies[c.shape_class]["kernels"]))
+                        for c in self.classes)
+        return replace(self, classes=classes, compiles_total=total, compiles_by_phase=by_phase)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON: every field (tuples as lists), plus ``requests`` and per class
+        ``ms_per_request``."""
+        d = _plain(asdict(self))
+        d["requests"] = self.requests
+        for c, cd in zip(self.classes, d["classes"]):
+            cd["ms_per_request"] = round(c.ms_per_request, 2)
+        return d
+
+    def write(self, path: str | Path) -> None:
+        write_json(self.to_dict(), path)
+
+
+def write_json(document: Mapping[str, Any], path: str | Path) -> None:
+    """Write a report document as indented JSON, replacing the file in one step."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    tmp.replace(p)
+
+
+def _plain(value: Any) -> Any:
+    """``asdict`` output with tuples as lists and mappings as dicts (JSON's shapes)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def render(report: RunReport) -> str:
+    """The run report as text: a head line, one table row per class, compiles by phase, the
+    failures (used by the CLI and by the ``--warmups`` hook's log lines)."""
+    if report.skipped_reason:
+        return f"warm-up {report.plan}: skipped ({report.skipped_reason})"
+    longest = max((c.total_ms for c in report.classes), default=0.0)
+    rows = [[c.phase, c.shape_class, c.requests, round(c.total_ms), round(c.ms_per_request, 1),
+             c.failures, c.compiles, bar(c.total_ms, longest, 20)] for c in report.classes]
+    head = (f"warm-up {report.plan}: {'ok' if report.ok else 'FAILED'}, {report.requests} "
+            f"requests in {report.duration_s:.1f} s via {report.transport}"
+            + (f"; flush: {report.flush}" if report.flush else ""))
+    out = [head, table(["phase", "class", "requests", "total ms", "ms/request", "failed",
+                        "compiles", ""], rows, align="llrrrrrl")]
+    if report.compiles_by_phase:
+        out.append("compiles by phase: " + ", ".join(f"{k}={v}" for k, v in
+                                                     report.compiles_by_phase.items()))
+    if report.skipped:
+        out.append(f"{len(report.skipped)} item(s) skipped by the expansion "
+                   "(`sglang-warmup plan show` lists them)")
+    for f in report.failures:
+        out.append(f"failure: {f}")
+    return "\n".join(out)
