@@ -12,6 +12,10 @@ Launch kinds (``name:gpu``; names may repeat a kind with a suffix, e.g. ``bcg2:1
   tp2    bcg at --tp 2 over GPUs "0,1" (gpu field ignored), --cuda-graph-max-bs 16
   quick  no CUDA graphs, --skip-server-warmup, --fp8-gemm-backend triton, mHC prewarm off: the
          shortest cold start (for a short device call)
+  plan   eager, launched by ``sglang-warmup serve --plan deepseek_v4_serving_shapes`` (the project
+         installed from the wheel carried in .carry/wheel/): the DSv4 plan warmed before ready
+With ``--separate-caches`` every launch has its own JIT cache (a fair cold comparison); with
+``--passes 2`` the traffic is sent twice (new token ids, same lengths) and first/second compared.
 
 Does not use the ``warmup`` package.  Writes, under --out (at most 8 files come back):
   dsv4_smoke.json       everything measured (rewritten after each phase, so a timeout keeps it)
@@ -72,6 +76,9 @@ def sh(cmd: str, timeout: float = 120) -> tuple[int, str]:
 
 
 # ---------------------------------------------------------------------------------------------
+OURS = Path("/tmp/ours")
+
+
 def setup() -> dict[str, str]:
     t = time.time()
     carry = ROOT / ".carry"
@@ -86,8 +93,12 @@ def setup() -> dict[str, str]:
         (dest / f".unpacked-{name}").touch()
     RESULT["phases"]["unpack_s"] = round(time.time() - t, 1)
     RESULT["carry_bytes"] = {p.name: p.stat().st_size for p in carry.glob("*.tar.xz")}
+    wheels = sorted((carry / "wheel").glob("sglang_warmup-*.whl"))
+    if wheels and not OURS.exists():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                        "--target", str(OURS), str(wheels[-1])], check=True)
     env = dict(os.environ)
-    env["PYTHONPATH"] = f"{SITE_TF}:{SITE}"
+    env["PYTHONPATH"] = f"{SITE_TF}:{SITE}" + (f":{OURS}" if OURS.exists() else "")
     env["PATH"] = "/usr/local/cuda/bin:" + env.get("PATH", "")
     env.setdefault("CUDA_HOME", "/usr/local/cuda")
     env["PYTHONUNBUFFERED"] = "1"
@@ -166,7 +177,7 @@ def server_argv(kind: str, port: int, mem_frac: float = 0.5) -> list[str]:
             a += ["--cuda-graph-prefill-max-context", str(GRAPH_CONTEXT)]
         if has_flag("cuda_graph_max_seq_len_prefill"):
             a += ["--cuda-graph-max-seq-len-prefill", str(GRAPH_CONTEXT)]
-    elif kind == "eager":
+    elif kind in ("eager", "plan"):
         a += ["--disable-prefill-cuda-graph"]
     elif kind == "quick":
         # Fastest cold start: no graphs, no startup warm-up request, Triton FP8 GEMMs instead of
@@ -178,6 +189,16 @@ def server_argv(kind: str, port: int, mem_frac: float = 0.5) -> list[str]:
         a += ["--tp", "2"]
         a[a.index("--cuda-graph-max-bs-decode") + 1] = "16"  # --cuda-graph-max-bs 16 at TP 2
     return a
+
+
+def plan_argv(argv: list[str], base: Path) -> list[str]:
+    """The same launch through ``sglang-warmup serve`` with the shipped DeepSeek-V4 plan."""
+    plan = ROOT / "plans" / "deepseek_v4_serving_shapes.yaml"
+    if not plan.exists():
+        plan = ROOT / "warmup" / "plans" / "deepseek_v4_serving_shapes.yaml"
+    return [sys.executable, "-m", "warmup", "serve", "--plan", str(plan), "--lenient",
+            "--state-dir", str(base / "state"), "--report", str(base / "report.json"), "--",
+            *argv[3:]]
 
 
 def cache_env(base: Path) -> dict[str, str]:
@@ -211,10 +232,16 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = self.base / "server.log"
         self.argv = server_argv(kind, port, mem_frac)
+        if kind == "plan":
+            self.argv = plan_argv(self.argv, self.base)
         # One JIT cache for all launches of a run (DeepGEMM, SGLang's JIT and TileLang lock or
-        # write atomically): what one launch compiles, the others load.
-        self.cache = Path(env.get("DSV4_SMOKE_CACHE", "/tmp/dsv4_cache"))
+        # write atomically): what one launch compiles, the others load.  --separate-caches:
+        # one each (a fair cold comparison).
+        self.cache = (self.base / "cache" if env.get("DSV4_SEPARATE_CACHES") == "1"
+                      else Path(env.get("DSV4_SMOKE_CACHE", "/tmp/dsv4_cache")))
         e = dict(env, CUDA_VISIBLE_DEVICES=gpus, **cache_env(self.cache))
+        if kind == "plan":
+            e["WARMUP_STATE_DIR"] = str(self.base / "state")
         if kind == "quick":
             e["SGLANG_DSV4_MHC_PREWARM"] = "0"
         self.t0 = time.time()
@@ -311,9 +338,9 @@ class Server:
                 "\n\n== last 80 lines ==\n" + "\n".join(ln[:600] for ln in lines[-80:]))
 
 
-def traffic(s: Server, deadline: float) -> None:
+def traffic(s: Server, deadline: float, seed: int = 1234, key: str = "requests") -> None:
     """Requests: short, 8K, past a 16K graph context, a prefix hit, 12 concurrent, repeats."""
-    rng = random.Random(1234)
+    rng = random.Random(seed)
 
     def rand_ids(n: int) -> list[int]:
         return [rng.randrange(1000, 65535) for _ in range(n)]
@@ -329,7 +356,7 @@ def traffic(s: Server, deadline: float) -> None:
                 ("p2000", base2k), ("prefix_hit_2000+100", base2k + rand_ids(100)), ("p8k", base8k)]
         conc_sizes = [64]
     reqs: dict = {}
-    s.res["requests"] = reqs
+    s.res[key] = reqs
     first_short = plan[0][1]
     for name, ids in plan:
         if time.time() > deadline - 20:
@@ -359,7 +386,7 @@ def traffic(s: Server, deadline: float) -> None:
         reqs["concurrent_12"] = {"skipped": "budget"}
     if time.time() < deadline - 15:
         reqs["repeat_p8k_exact"] = s.generate(base8k)
-    s.res["artifacts_after_traffic"] = count_artifacts(s.cache)
+    s.res[f"artifacts_after_{key}"] = count_artifacts(s.cache)
     save()
 
 
@@ -370,7 +397,11 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/dsv4_out"))
     ap.add_argument("--launches", default="bcg:0,eager:1")
     ap.add_argument("--budget", type=float, default=500.0)
+    ap.add_argument("--passes", type=int, default=1)
+    ap.add_argument("--separate-caches", action="store_true")
     a = ap.parse_args()
+    if a.separate_caches:
+        os.environ["DSV4_SEPARATE_CACHES"] = "1"
     OUT = Path(a.out)
     OUT.mkdir(parents=True, exist_ok=True)
     deadline = DEADLINE = T0 + a.budget
@@ -395,6 +426,10 @@ def main() -> None:
             servers.append(Server(name, kind, gpus, port, env, frac))
             port += 10
         threading.Thread(target=probe, args=(env,), daemon=True).start()
+        if OURS.exists():  # which prefill-graph fixes this SGLang needs (0.5.17: none exist)
+            threading.Thread(target=lambda: RESULT.__setitem__("patches_status", sh(
+                f"cd /tmp && PYTHONPATH={env['PYTHONPATH']} {sys.executable} -m warmup patches "
+                "status --json --detect-only", timeout=240)[1]), daemon=True).start()
 
         def snapshots() -> None:  # log excerpts come back even if the call is cut short
             while True:
@@ -410,6 +445,13 @@ def main() -> None:
             save()
             if ok:
                 traffic(s, deadline)
+                for n in range(2, a.passes + 1):
+                    if time.time() < deadline - 30:
+                        traffic(s, deadline, seed=1234 + n, key=f"requests_pass{n}")
+                rep = s.base / "report.json"
+                if rep.exists():
+                    s.res["warmup_report"] = json.loads(rep.read_text())
+                    save()
 
         th = [threading.Thread(target=run_one, args=(s,)) for s in servers]
         for t in th:
