@@ -13,7 +13,7 @@ from warmup.plan import facts as facts_mod
 from warmup.plan import loader
 from warmup.errors import FactsError
 from warmup.plan.model import Expansion, expand
-from warmup.render import table
+from cache_tools.render import table
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from cache_tools import compile_log
-from warmup.render import table
+from cache_tools.render import table
 
 logger = logging.getLogger("sglang_warmup.coverage")
 

@@ -24,7 +24,7 @@ from cache_tools.compile_log import is_miss, kernel_name
 from warmup.observe import phase as phase_mod
 from warmup.errors import DriverError, TransportError
 from warmup.plan.model import Expansion, WarmupStep
-from warmup.render import bar, table
+from cache_tools.render import bar, table
 
 logger = logging.getLogger("sglang_warmup.driver")
 

@@ -33,7 +33,7 @@ from cache_tools.progress import Progress
 from cache_tools.scan import size_str
 from warmup.serve import launch
 from warmup.errors import SidecarError, WarmupError
-from warmup.render import table
+from cache_tools.render import table
 from warmup.sidecar.service import http_get, wait_for_health
 
 logger = logging.getLogger("sglang_warmup.prebake")
