@@ -1,26 +1,74 @@
-"""Rendering of cache_tools results for people (tables, sentences) and scripts (JSON, env files).
-Pure functions from result objects to text or JSON-ready data; nothing here does work."""
+"""Rendering for people (tables, sentences) and scripts (JSON, env files): the one table
+renderer of the project, and every cache_tools result as text or JSON-ready data.  Pure
+functions; nothing here does work.  Text renderers return the data only: the ``*_warnings``
+functions return the ``warning:`` lines a command prints on stderr."""
 
 from __future__ import annotations
 
 import datetime
 import json
 import shlex
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from cache_tools.archive import MergeResult, PackResult, RestorePlan, RestoreResult, VerifyReport
-from cache_tools.fingerprint import HARDWARE_FIELDS, SOFTWARE_FIELDS, Compatibility, Fingerprint
-from cache_tools.locations import Exports, SGLangProfile
-from cache_tools.prune import PruneResult, PruneStrategy
-from cache_tools.remote import PullPlan, PushResult
-from cache_tools.scan import CacheInfo, age_str, size_str
+from cache_tools.fingerprint import HARDWARE_FIELDS, SOFTWARE_FIELDS
+from cache_tools.scan import age_str, size_str
+
+if TYPE_CHECKING:  # annotations only: importing the archive machinery here would make every
+    # user of table() (the driver, in SGLang's main process) pay for tarfile and hashlib.
+    from cache_tools.archive import (MergeResult, PackResult, RestorePlan, RestoreResult,
+                                     VerifyReport)
+    from cache_tools.fingerprint import Compatibility, Fingerprint
+    from cache_tools.locations import Exports, SGLangProfile
+    from cache_tools.prune import PruneResult, PruneStrategy
+    from cache_tools.remote import PullPlan, PushResult
+    from cache_tools.scan import CacheInfo
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
-             for r in [headers, ["-" * w for w in widths], *rows]]
+# --- tables -------------------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, align: str = "") -> str:
+    """A fixed-width table: header, a dashed rule, one line per row, trailing spaces stripped.
+
+    ``align`` holds one of ``l``/``r`` per column; by default numbers go right and text left.
+    Cells: ``None`` is ``-``, ints get thousands separators, floats one decimal."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, c in enumerate(row):
+            widths[i] = max(widths[i], len(c))
+
+    def just(i: int, text: str, raw: Any) -> str:
+        right = align[i] == "r" if i < len(align) else isinstance(raw, (int, float))
+        return text.rjust(widths[i]) if right else text.ljust(widths[i])
+
+    lines = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    for raw, row in zip(rows, cells):
+        lines.append("  ".join(just(i, c, raw[i]) for i, c in enumerate(row)).rstrip())
     return "\n".join(lines)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.1f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+def bar(value: float, maximum: float, width: int = 24) -> str:
+    """A horizontal bar for a value out of ``maximum`` (per-class timings)."""
+    if maximum <= 0:
+        return ""
+    return "█" * int(round(width * min(value, maximum) / maximum))
+
+
+def _warnings_json(warnings: Sequence[Any]) -> list[dict[str, str]]:
+    """Scan warnings (``CacheWarning``) as data."""
+    return [{"kind": w.kind, "path": str(w.path), "message": w.message} for w in warnings]
 
 
 def _iso(ts: float) -> str | None:
@@ -75,8 +123,7 @@ def ls_json(info: CacheInfo, profile: SGLangProfile | None = None) -> dict[str, 
         })
     return {"sglang": (profile.version if profile else None),
             "size_on_disk": info.size_on_disk, "size_on_disk_str": info.size_on_disk_str,
-            "kinds": kinds, "warnings": [{"kind": w.kind, "path": str(w.path),
-                                          "message": w.message} for w in info.warnings]}
+            "kinds": kinds, "warnings": _warnings_json(info.warnings)}
 
 
 def ls_text(info: CacheInfo, profile: SGLangProfile | None = None) -> str:
@@ -100,9 +147,11 @@ def ls_text(info: CacheInfo, profile: SGLangProfile | None = None) -> str:
                    f"({info.size_on_disk} bytes) in total.")
     if profile is not None and profile.version is None:
         out.append("SGLang is not installed here: locations follow the SGLang 0.5.22 rules.")
-    for w in info.warnings:
-        out.append(f"warning: {w}")
     return "\n".join(out)
+
+
+def ls_warnings(info: CacheInfo) -> list[str]:
+    return [f"warning: {w}" for w in info.warnings]
 
 
 # --- fingerprint --------------------------------------------------------------------------------
@@ -150,8 +199,19 @@ def pack_text(r: PackResult) -> str:
     else:
         head = (f"Packed {len(m.entries)} entries ({m.nb_files} files, {size_str(m.size)}) into "
                 f"{r.path}: {size_str(r.archive_bytes)} in {r.seconds:.1f}s.")
-    lines = [head] + [f"warning: {w}" for w in r.warnings]
-    return "\n".join(lines)
+    return head
+
+
+def pack_warnings(r: PackResult) -> list[str]:
+    return [f"warning: {w}" for w in r.warnings]
+
+
+def pack_json(r: PackResult) -> dict[str, Any]:
+    m = r.manifest
+    return {"path": str(r.path), "archive_bytes": r.archive_bytes, "entries": len(m.entries),
+            "files": m.nb_files, "bytes": m.size, "seconds": round(r.seconds, 3),
+            "fingerprint": m.fingerprint.hash,
+            "warnings": _warnings_json(r.warnings)}
 
 
 def verify_text(r: VerifyReport) -> str:
@@ -181,7 +241,7 @@ def verify_json(r: VerifyReport) -> dict[str, Any]:
 
 
 def plan_text(plan: RestorePlan | PullPlan, source: str) -> str:
-    if isinstance(plan, PullPlan) and plan.fingerprint is None:
+    if getattr(plan, "namespace", None) is not None and plan.fingerprint is None:  # a PullPlan
         return f"Nothing to pull: the shared store holds no entries under {plan.namespace}."
     items = plan.items
     if not items:
@@ -225,12 +285,16 @@ def result_text(r: RestoreResult, verb: str = "Restored") -> str:
     added, filled = r.count("added"), r.count("completed")
     present, blocked = r.count("present"), r.count("blocked")
     written = sum(o.entry.size for o in r.outcomes if o.status in ("added", "completed"))
-    text = (f"{verb} {added} entries ({size_str(written)}), completed {filled}, "
+    return (f"{verb} {added} entries ({size_str(written)}), completed {filled}, "
             f"{present} appeared meanwhile (left as they are) in {r.seconds:.1f}s.")
-    if blocked:
-        text += f"\nwarning: {blocked} entries left alone: an incomplete copy is in place."
-        text += "".join(f"\n  {o.target}" for o in r.outcomes if o.status == "blocked")
-    return text
+
+
+def result_warnings(r: RestoreResult) -> list[str]:
+    blocked = [o for o in r.outcomes if o.status == "blocked"]
+    if not blocked:
+        return []
+    return ([f"warning: {len(blocked)} entries left alone: an incomplete copy is in place."]
+            + [f"  {o.target}" for o in blocked])
 
 
 def merge_text(r: MergeResult) -> str:
@@ -239,6 +303,13 @@ def merge_text(r: MergeResult) -> str:
              f"{r.duplicates} duplicates kept once; {size_str(r.archive_bytes)}."]
     lines += [f"note: {n}" for n in r.notes]
     return "\n".join(lines)
+
+
+def merge_json(r: MergeResult) -> dict[str, Any]:
+    m = r.manifest
+    return {"path": str(r.path), "archive_bytes": r.archive_bytes, "entries": len(m.entries),
+            "files": m.nb_files, "bytes": m.size, "duplicates": r.duplicates,
+            "fingerprint": m.fingerprint.hash, "notes": list(r.notes)}
 
 
 # --- prune / push -------------------------------------------------------------------------------
@@ -261,11 +332,27 @@ def prune_text(s: PruneStrategy) -> str:
     return text
 
 
+def prune_json(s: PruneStrategy) -> dict[str, Any]:
+    return {"candidates": [{"kind": c.entry.kind, "name": c.entry.name,
+                            "size_on_disk": c.entry.size_on_disk,
+                            "last_used": _iso(c.entry.last_used), "reasons": list(c.reasons)}
+                           for c in s.candidates],
+            "size_before": s.size_before, "size_after": s.size_after,
+            "expected_freed_size": s.expected_freed_size,
+            "unknown_toolchain": s.unknown_toolchain}
+
+
 def prune_result_text(r: PruneResult) -> str:
-    text = f"Deleted {r.removed} entries, freed {size_str(r.freed)}."
-    for path, err in r.failed:
-        text += f"\nwarning: {path}: {err}"
-    return text
+    return f"Deleted {r.removed} entries, freed {size_str(r.freed)}."
+
+
+def prune_result_warnings(r: PruneResult) -> list[str]:
+    return [f"warning: {path}: {err}" for path, err in r.failed]
+
+
+def prune_result_json(r: PruneResult) -> dict[str, Any]:
+    return {"removed": r.removed, "freed": r.freed,
+            "failed": [{"path": str(path), "error": err} for path, err in r.failed]}
 
 
 def push_text(r: PushResult) -> str:
@@ -274,10 +361,19 @@ def push_text(r: PushResult) -> str:
     else:
         text = (f"Pushed {r.pushed} entries ({size_str(r.bytes_sent)}) to {r.namespace}; "
                 f"{r.present} were already there; {r.seconds:.1f}s.")
-    for key in r.conflicts:
-        text += f"\nwarning: {key}: the store holds different content (kept the store's)"
-    for key in r.too_large:
-        text += f"\nwarning: {key}: larger than the per-entry limit; not pushed"
-    for w in r.warnings:
-        text += f"\nwarning: {w}"
     return text
+
+
+def push_warnings(r: PushResult) -> list[str]:
+    return ([f"warning: {key}: the store holds different content (kept the store's)"
+             for key in r.conflicts]
+            + [f"warning: {key}: larger than the per-entry limit; not pushed"
+               for key in r.too_large]
+            + [f"warning: {w}" for w in r.warnings])
+
+
+def push_json(r: PushResult) -> dict[str, Any]:
+    return {"namespace": r.namespace, "pushed": r.pushed, "present": r.present,
+            "bytes_sent": r.bytes_sent, "conflicts": list(r.conflicts),
+            "too_large": list(r.too_large), "seconds": round(r.seconds, 3),
+            "warnings": _warnings_json(r.warnings)}

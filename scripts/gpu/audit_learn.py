@@ -8,7 +8,7 @@
    cache directories (the tiny random-weight MoE of e2e_warmup.py).
 2. For each synthetic traffic kind (chat, rag, agent, batch) run ``sglang-warmup audit
    --state-dir S1``: every compile after ready attributed to its traffic step.
-3. ``sglang-warmup learn --manifest S1 --plan plans/default.yaml --write OUT/learned.yaml``.
+3. ``sglang-warmup learn --audits S1 --plan plans/default.yaml --write OUT/learned.yaml``.
 4. Stop the server; launch again with the learned plan, fresh caches and a fresh state
    directory; audit the same four samples again.
 
@@ -160,7 +160,7 @@ def main() -> None:
             result["notes"].append("the first server was not ready in time")
             return
         result["before"]["audits"] = audit_all(first, env, samples, start + 0.62 * a.deadline)
-        rc, stdout, stderr = cli(env, ["learn", "--manifest", str(first.workdir / "state"),
+        rc, stdout, stderr = cli(env, ["learn", "--audits", str(first.workdir / "state"),
                                        "--plan", str(plan), "--write", str(learned), "--json"],
                                  timeout=60)
         try:

@@ -17,7 +17,8 @@ from cache_tools.errors import ArchiveError, IncompatibleError
 from cache_tools.fingerprint import Fingerprint
 from cache_tools.manifest import MANIFEST_NAME
 from cache_tools.progress import Progress
-from cache_tools.render import merge_text, pack_text, plan_text, result_text, verify_text
+from cache_tools.render import (merge_text, pack_text, pack_warnings, plan_text, result_text,
+                                verify_text)
 from cache_tools.scan import scan_kind
 
 
@@ -154,7 +155,7 @@ def test_pack_leaves_out_incomplete_entries_and_temp_files(triton_cache, tmp_pat
     assert sorted(w.message for w in result.warnings) == [
         "in-flight or abandoned temporary file; skipped",
         "incomplete: no __grp__*.json group file (compile in flight or interrupted)"]
-    assert pack_text(result).splitlines()[1].startswith("warning: triton: ")
+    assert pack_warnings(result)[0].startswith("warning: triton: ")
 
 
 def test_an_archive_of_another_toolchain_is_refused_unless_forced(triton_cache, tmp_path, fp):

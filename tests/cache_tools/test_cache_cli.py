@@ -1,7 +1,9 @@
-"""cli.py: the `sglang-warmup cache` commands end to end, and the CLI error boundary."""
+"""warmup/cli/cache.py: the `sglang-warmup cache` commands end to end (data on stdout, progress
+and warnings on stderr, no overwrite without -y), and the CLI error boundary."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -13,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cache_helpers import compile_into
+from warmup.cli import main
 from warmup.cli.cache import app
-from cache_tools.errors import CacheError
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[2]
@@ -36,12 +38,31 @@ def test_env_formats():
     assert out[-1] == "export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/cache/flash_attn_4"
 
 
-def test_bad_choices_are_cache_errors():
-    result = runner.invoke(app, ["env", "--format", "yaml"])
-    assert isinstance(result.exception, CacheError)
-    assert result.exception.message == "--format 'yaml': expected one of sh, dockerfile, k8s"
-    result = runner.invoke(app, ["prune", "--fingerprint", "mine", "-y"])
-    assert result.exception.message == "--fingerprint 'mine': expected one of other"
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of ``sglang-warmup cache ARGS`` in this process."""
+    code = 0
+    try:
+        main(["cache", *args])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_bad_choices_are_usage_errors(capsys):
+    code, out, err = _main(capsys, "env", "--format", "yaml")
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "error: invalid value for '--format': 'yaml' is not one of 'sh', 'dockerfile', 'k8s'.",
+        "hint: usage: sglang-warmup cache env [OPTIONS]; see `sglang-warmup cache env --help`"]
+    code, out, err = _main(capsys, "prune", "--fingerprint", "mine", "-y")
+    assert (code, out) == (2, "")
+    assert err.splitlines()[0] == ("error: invalid value for '--fingerprint': 'mine' is not one "
+                                   "of 'other'.")
+    code, _, err = _main(capsys, "ls", "--format", "yaml")
+    assert code == 2
+    assert err.splitlines()[0] == ("error: invalid value for '--format': 'yaml' is not one of "
+                                   "'table', 'json'.")
 
 
 def test_ls_pack_verify_restore_round_trip(triton_cache, tmp_path):
@@ -82,6 +103,25 @@ def test_prune_asks_unless_yes(triton_cache):
     assert list(triton_cache.iterdir()) == []
 
 
+def test_prune_json_and_a_refusal_through_the_boundary(triton_cache, capsys, monkeypatch):
+    root = str(triton_cache.parent)
+    monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
+    code, out, err = _main(capsys, "prune", "--root", root, "--max-size", "0", "--format", "json")
+    assert (code, out) == (1, "")  # the question went to stderr: stdout stays data
+    assert err.splitlines() == ["Delete these entries? [y/N]: ",
+                                "error: aborted"]
+    assert len(list(triton_cache.iterdir())) == 3
+    dry = json.loads(_ok("prune", "--root", root, "--max-size", "0", "--format", "json",
+                         "--dry-run").stdout)
+    assert len(dry["plan"]["candidates"]) == 3 and dry["result"] is None
+    assert dry["plan"]["size_after"] == 0
+    done = json.loads(_ok("prune", "--root", root, "--max-size", "0", "--format", "json",
+                          "-y").stdout)
+    assert done["result"] == {"removed": 3, "freed": dry["plan"]["expected_freed_size"],
+                              "failed": []}
+    assert list(triton_cache.iterdir()) == []
+
+
 def test_merge_command(triton_cache, tmp_path):
     root = str(triton_cache.parent)
     _ok("pack", str(tmp_path / "a.tar"), "--root", root)
@@ -90,6 +130,42 @@ def test_merge_command(triton_cache, tmp_path):
                  str(tmp_path / "b.tar"))
     assert merged.stdout.startswith(f"Merged into {tmp_path / 'm.tar'}: 3 entries")
     assert "3 duplicates kept once" in merged.stdout
+    again = json.loads(_ok("merge", str(tmp_path / "m.tar"), str(tmp_path / "a.tar"),
+                           "--format", "json", "-y", "-q").stdout)
+    assert (again["entries"], again["duplicates"]) == (3, 0)
+
+
+def test_pack_and_merge_refuse_to_overwrite_without_yes(triton_cache, tmp_path, capsys):
+    root = str(triton_cache.parent)
+    out = tmp_path / "c.tar"
+    out.write_bytes(b"precious")
+    for args in (("pack", str(out), "--root", root), ("merge", str(out), str(out))):
+        code, stdout, err = _main(capsys, *args)
+        assert (code, stdout) == (1, "")
+        assert err.splitlines() == [f"error: OUT {out} exists",
+                                    "hint: pass -y to overwrite it, or choose another OUT"]
+        assert out.read_bytes() == b"precious"
+    code, stdout, err = _main(capsys, "pack", str(out), "--root", root, "-y", "--format", "json",
+                              "--quiet")
+    assert (code, err) == (0, "")
+    packed = json.loads(stdout)
+    assert (packed["path"], packed["entries"], packed["warnings"]) == (str(out), 3, [])
+    assert packed["archive_bytes"] == out.stat().st_size
+
+
+def test_warnings_go_to_stderr_and_data_to_stdout(triton_cache, tmp_path, capsys):
+    root = str(triton_cache.parent)
+    (triton_cache / "half").mkdir()  # an entry without its group file: a compile in flight
+    (triton_cache / "half" / "k.cubin").write_bytes(b"x")
+    code, out, err = _main(capsys, "ls", "--root", root, "--kinds", "triton")
+    assert code == 0
+    assert "warning:" not in out and out.splitlines()[-1].startswith("3 complete entries, ")
+    assert err.splitlines() == [f"warning: triton: {triton_cache / 'half'}: incomplete: no "
+                                "__grp__*.json group file (compile in flight or interrupted)"]
+    code, out, err = _main(capsys, "pack", str(tmp_path / "c.tar"), "--root", root, "-q")
+    assert code == 0 and out.startswith("Packed 3 entries (") and len(out.splitlines()) == 1
+    assert err.splitlines() == [f"warning: triton: {triton_cache / 'half'}: incomplete: no "
+                                "__grp__*.json group file (compile in flight or interrupted)"]
 
 
 @pytest.mark.skipif(not os.environ.get("WARMUP_TEST_REDIS_URL"),
@@ -102,6 +178,13 @@ def test_push_pull_commands(triton_cache, tmp_path):
     pulled = _ok("pull", "--url", url, "--dest", str(dest), "--namespace", ns)
     assert pulled.stdout.splitlines()[-1].startswith("Pulled 3 entries")
     assert compile_into(dest / "triton") == [True, True, True]
+    again = json.loads(_ok("push", "--url", url, "--root", str(triton_cache.parent),
+                           "--namespace", ns, "--format", "json").stdout)
+    assert (again["pushed"], again["present"], again["conflicts"]) == (0, 3, [])
+    plan = json.loads(_ok("pull", "--url", url, "--dest", str(dest), "--namespace", ns,
+                          "--format", "json").stdout)
+    assert [e["action"] for e in plan["plan"]["entries"]] == ["skip"] * 3
+    assert plan["outcomes"] == []
     import redis
 
     client = redis.Redis.from_url(url)

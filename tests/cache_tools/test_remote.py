@@ -16,7 +16,7 @@ from cache_helpers import compile_into, triton_location
 from cache_tools import remote
 from cache_tools.errors import IncompatibleError, RemoteError
 from cache_tools.fingerprint import Fingerprint
-from cache_tools.render import plan_text, push_text, result_text
+from cache_tools.render import plan_text, push_text, push_warnings, result_text
 
 URL = os.environ.get("WARMUP_TEST_REDIS_URL")
 pytestmark = pytest.mark.skipif(
@@ -73,8 +73,8 @@ def test_identical_content_is_stored_once_and_first_writer_wins(triton_cache, tm
     ttir.write_text(ttir.read_text() + "\n")
     second = remote.push(URL, [triton_location(triton_cache)], namespace=ns, fingerprint=fp)
     assert second.conflicts == (f"triton:{victim.name}",) and second.present == 2
-    assert push_text(second).splitlines()[1] == (f"warning: triton:{victim.name}: the store "
-                                                 "holds different content (kept the store's)")
+    assert push_warnings(second) == [f"warning: triton:{victim.name}: the store holds "
+                                     "different content (kept the store's)"]
     import redis
 
     r = redis.Redis.from_url(URL)

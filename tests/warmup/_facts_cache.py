@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import subprocess
 import sys
 import tempfile
@@ -13,10 +14,22 @@ from warmup.plan import facts as F
 DATA = Path(__file__).parent / "data"
 
 
+def _resolve(flags) -> F.ServerFacts:
+    """``from_launch_flags``, with the root logger left as it was: SGLang's resolution adds a
+    handler on the sys.stderr of the moment, a test's capture that is closed after that test
+    (a later test's log lines then print "--- Logging error ---" into its own stderr)."""
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    try:
+        return F.from_launch_flags(flags)
+    finally:
+        root.handlers[:] = handlers
+
+
 @functools.lru_cache(maxsize=None)
 def pr44627() -> F.ServerFacts:
     """PR #44627's launch command, resolved by SGLang 0.5.22 with the shipped stand-in config."""
-    return F.from_launch_flags((DATA / "pr44627.flags").read_text())
+    return _resolve((DATA / "pr44627.flags").read_text())
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,4 +49,4 @@ def tiny_model_dir() -> Path:
 @functools.lru_cache(maxsize=None)
 def small_model() -> F.ServerFacts:
     """A small Qwen3-MoE with SGLang's defaults (no flags but the model path)."""
-    return F.from_launch_flags(["--model-path", str(tiny_model_dir())])
+    return _resolve(["--model-path", str(tiny_model_dir())])

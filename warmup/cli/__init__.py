@@ -1,83 +1,157 @@
-"""The ``sglang-warmup`` command line: thin commands over library calls, and the one error
-boundary that turns a WarmupError or CacheError (both HintedErrors) into ``error: message``
-+ ``hint: fix`` and an exit code."""
+"""The ``sglang-warmup`` command line: the typer app, one module per command group, and the one
+error boundary that turns every expected failure into ``error:`` + ``hint:`` lines on stderr
+and an exit status, never a traceback (unless WARMUP_DEBUG=1).
+
+Exit statuses: 0 ok; 1 an error (a ``HintedError`` without its own status, a failed check);
+2 a usage error or a bad plan or facts; 3 an audit above ``--max-misses`` or a bad archive;
+4 an archive of another toolchain; 5 the shared cache store failed; 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 
 from cache_tools.errors import HintedError
+from cache_tools.versions import dist_version
 from warmup import settings
+from warmup.cli import (audit, cache, coverage, doctor, learn, patches, plan, prebake, serve,
+                        sidecar, traffic)
+
+PROG = "sglang-warmup"
 
 app = typer.Typer(
-    name="sglang-warmup",
+    name=PROG,
     help="Warm SGLang's JIT kernels before the server listens; persist and audit the caches.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 
-# --- sub-applications (each module owns its commands) ---------------------------------------
-# MOUNTS: one line per sub-app; keep this block sorted.
-from warmup.cli.cache import app as _cache_app  # noqa: E402
-from warmup.cli import audit as _audit_cli  # noqa: E402
-from warmup.observe.doctor import doctor_command as _doctor_command  # noqa: E402
-from warmup.cli.patches import app as _patches_app  # noqa: E402
-from warmup.cli.plan import app as _plan_app  # noqa: E402
-from warmup.cli.serve import serve as _serve_command  # noqa: E402
-from warmup.cli.sidecar import prebake_command as _prebake_command  # noqa: E402
-from warmup.cli.sidecar import sidecar_command as _sidecar_command  # noqa: E402
+#: ``serve`` and ``prebake`` pass everything after ``--`` to SGLang unparsed.
+_PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
-app.command("audit")(_audit_cli.audit_command)
-app.command("coverage")(_audit_cli.coverage_command)
-app.command("learn")(_audit_cli.learn_command)
-app.add_typer(_audit_cli.traffic_app, name="traffic",
-              help="Traffic samples to audit with: synth (synthetic), convert (from request logs).")
-app.command("doctor")(_doctor_command)
-app.command("sidecar", help="Warm a server started by someone else over HTTP and gate "
-                            "readiness: /ready /live /metrics /report")(_sidecar_command)
 
-app.add_typer(_cache_app, name="cache",
+def _version(value: bool) -> None:
+    if value:
+        sglang = dist_version("sglang")  # metadata only: importing SGLang takes seconds
+        typer.echo(f"{PROG} {dist_version(PROG) or 'unknown (not installed)'} "
+                   f"(sglang {sglang or 'not installed'})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                       help="print the version of sglang-warmup and of the "
+                                            "installed SGLang, and exit")) -> None:
+    """Warm SGLang's JIT kernels before the server listens; persist and audit the caches."""
+
+
+# One line per command or group, sorted; each module owns its commands' options.
+app.command("audit")(audit.audit_command)
+app.add_typer(cache.app, name="cache",
               help="Persist, verify, relocate and share the JIT caches (pack, restore, push, ...).")
-
-app.add_typer(_patches_app, name="patches",
+app.command("coverage")(coverage.coverage_command)
+app.command("doctor")(doctor.doctor_command)
+app.command("learn")(learn.learn_command)
+app.add_typer(patches.app, name="patches",
               help="Report the prefill-graph fixes for the installed SGLang.")
-app.add_typer(_plan_app, name="plan", help="Check and expand shape plans.")
-app.command("prebake", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+app.add_typer(plan.app, name="plan", help="Check and expand shape plans.")
+app.command("prebake", context_settings=_PASS_THROUGH,
             help="Run SGLang once with a plan against empty caches and pack what it compiled: "
-                 "prebake --plan P --out A -- <sglang args>")(_prebake_command)
-app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-            help="Run SGLang with a plan warmed before the port opens: serve --plan P -- <sglang args>"
-            )(_serve_command)
+                 "prebake --plan P --out A -- <sglang args>")(prebake.prebake_command)
+app.command("serve", context_settings=_PASS_THROUGH,
+            help="Run SGLang with a plan warmed before the port opens: "
+                 "serve --plan P -- <sglang args>")(serve.serve_command)
+app.command("sidecar", help="Warm a server started by someone else over HTTP and gate "
+                            "readiness: /ready /live /metrics /report")(sidecar.sidecar_command)
+app.add_typer(traffic.app, name="traffic",
+              help="Traffic samples to audit with: synth (synthetic), convert (from request logs).")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the console script and of ``python -m warmup``."""
+    """The console script ``sglang-warmup`` and ``python -m warmup``: run the app inside the one
+    error boundary; exits with the status the module docstring lists (returns on 0)."""
     try:
-        rc = app(args=argv, prog_name="sglang-warmup", standalone_mode=False)
-        # standalone_mode=False returns typer.Exit's code instead of exiting with it.
-        if isinstance(rc, int) and rc:
-            sys.exit(rc)
+        rc = app(args=argv, prog_name=PROG, standalone_mode=False)
     except HintedError as exc:
         if settings.DEBUG.get():
             raise
-        print(f"error: {exc.message}", file=sys.stderr)
+        _say(f"error: {exc.message}")
         if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
+            _say(f"hint: {exc.hint}")
         sys.exit(exc.exit_code)
-    except SystemExit:
-        raise
-    except Exception as exc:  # click usage errors and the like
-        import click
+    except Exception as exc:
+        kind = _click_kind(exc)
+        if kind is None or settings.DEBUG.get():
+            raise  # a bug: the traceback is the report
+        sys.exit(_click_exit(kind, exc))
+    # standalone_mode=False returns typer.Exit's code (130 after Ctrl-C) instead of exiting.
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)
 
-        if isinstance(exc, click.exceptions.Exit):
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
-            print("aborted", file=sys.stderr)
-            sys.exit(130)
-        raise
+
+def _click_kind(exc: BaseException) -> str | None:
+    """What a command-line-parser exception is: ``help``, ``usage``, ``click``, ``exit`` or
+    ``abort``; None for anything else.
+
+    Typer 0.29 raises the exceptions of its own bundled copy of click (``typer._click``), older
+    typers those of the ``click`` package; both keep click's class names, so the classes are
+    recognised by name along the MRO, from either package."""
+    for cls in type(exc).__mro__:
+        if cls.__module__.split(".")[0] not in ("click", "typer"):
+            continue
+        kind = {"NoArgsIsHelpError": "help", "UsageError": "usage", "ClickException": "click",
+                "TyperException": "click", "Exit": "exit", "Abort": "abort"}.get(cls.__name__)
+        if kind:
+            return kind
+    return None
+
+
+def _click_exit(kind: str, exc: Any) -> int:
+    """Print a parser exception the way every error is printed; its exit status."""
+    if kind == "exit":
+        return int(getattr(exc, "exit_code", 0) or 0)
+    if kind == "abort":  # a confirmation answered no, or stdin closed before the answer
+        _say("error: aborted")
+        return 1
+    if kind == "help":  # a group called without a command: its help (click's status 2)
+        exc.show()
+        return 2
+    _say(f"error: {_message(exc)}")
+    ctx = getattr(exc, "ctx", None)
+    if kind == "usage":
+        if ctx is not None:
+            usage = " ".join(ctx.get_usage().split())  # "Usage: sglang-warmup plan show [...]"
+            _say(f"hint: {usage[0].lower()}{usage[1:]}; see `{ctx.command_path} --help`")
+        else:
+            _say(f"hint: `{PROG} --help` lists the commands")
+    return int(getattr(exc, "exit_code", 2 if kind == "usage" else 1))
+
+
+def _message(exc: Any) -> str:
+    """click's message, made to read like ours: lower-case start, the rejected value named
+    (typer 0.29 validates values with pydantic, whose messages omit it), no pydantic prefix."""
+    text = exc.format_message()
+    errors = getattr(exc.__cause__, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+        except Exception:  # not pydantic's ValidationError after all
+            first = {}
+        raw = str(first.get("msg", ""))
+        if raw and raw in text:
+            shown = raw.removeprefix("Value error, ")
+            value = repr(first.get("input"))
+            if "input" in first and value not in shown:
+                shown = f"{value}: {shown[:1].lower()}{shown[1:]}"
+            text = text.replace(raw, shown)
+    if text[:1].isupper() and text[1:2].islower():
+        text = text[:1].lower() + text[1:]
+    return text
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import typer
 
+from cache_tools.render import table
+from warmup.cli import options, output
+from warmup.cli.options import Format
 from warmup.errors import PatchError
 from warmup.patches.status import FixStatus
 
@@ -61,23 +63,22 @@ def build_report(*, apply: bool) -> PatchReport:
 
 
 def render_table(report: PatchReport) -> str:
-    """Human-readable rows: fix, verdict, detection, and why."""
+    """Human-readable rows: fix, verdict, detection, and under each row why."""
     how = ("applied and verified in this process, as a server process does"
            if report.applied_in_process else "detection only; nothing was patched")
-    lines = [f"SGLang {report.sglang_version} ({report.sglang_path}): {how}", ""]
-    header = ("FIX", "NAME", "MODE", "VERDICT", "DETECTED")
     rows = [(str(r.number), r.name, r.mode, r.verdict, r.detected or "-") for r in report.fixes]
-    widths = [max(len(x) for x in column) for column in zip(header, *rows)]
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
-    for row, status in zip(rows, report.fixes):
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-        lines.append(f"    {status.reason}")
-    return "\n".join(lines)
+    header, rule, *lines = table(("FIX", "NAME", "MODE", "VERDICT", "DETECTED"),
+                                 rows).splitlines()
+    out = [f"SGLang {report.sglang_version} ({report.sglang_path}): {how}", "", header, rule]
+    for line, status in zip(lines, report.fixes):
+        out += [line, f"    {status.reason}"]
+    return "\n".join(out)
 
 
 @app.command("status")
 def status_command(
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    fmt: Format = options.FORMAT,
+    json_alias: bool = options.JSON_ALIAS,
     detect_only: bool = typer.Option(
         False, "--detect-only", help="Only detect; do not apply the fixes in this process."),
 ) -> None:
@@ -87,11 +88,7 @@ def status_command(
     applied and verified inside this short-lived process, exactly as in a server process.
     """
     report = build_report(apply=not detect_only)
-    if as_json:
-        typer.echo(json.dumps(report.to_json(), indent=2))
+    if options.output_format(fmt, json_alias) == "json":
+        output.data_json(report.to_json())
     else:
-        typer.echo(render_table(report))
-
-
-if __name__ == "__main__":  # pragma: no cover - ``python -m warmup.cli.patches``
-    app()
+        output.data(render_table(report))

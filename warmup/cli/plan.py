@@ -2,32 +2,40 @@
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from cache_tools.render import table
+from warmup.cli import options, output
+from warmup.cli.options import Format
+from warmup.errors import FactsError
 from warmup.plan import facts as facts_mod
 from warmup.plan import loader
-from warmup.errors import FactsError
 from warmup.plan.model import Expansion, expand
-from warmup.render import table
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
 
 @app.command("check")
-def check(plans: list[Path] = typer.Argument(..., help="plan files")) -> None:
+def check(plans: list[Path] = typer.Argument(..., help="plan files"),
+          fmt: Format = options.FORMAT) -> None:
     """Validate plan files (syntax, keys, expressions); nothing is sent anywhere."""
-    for path in plans:
-        p = loader.load(path)
-        typer.echo(f"{path}: ok ({p.name}: {len(p.phases)} phases, {len(p.shapes)} shape classes)")
+    loaded = [(path, loader.load(path)) for path in plans]
+    if fmt == "json":
+        output.data_json([{"path": str(path), "plan": p.name, "phases": len(p.phases),
+                           "shape_classes": len(p.shapes)} for path, p in loaded])
+        return
+    for path, p in loaded:
+        output.data(f"{path}: ok ({p.name}: {len(p.phases)} phases, "
+                    f"{len(p.shapes)} shape classes)")
 
 
 def get_facts(server_args: Optional[str], facts_file: Optional[Path], url: Optional[str],
-              model_config: Optional[str]) -> facts_mod.ServerFacts:
+              model_config: Optional[str], api_key: Optional[str] = None
+              ) -> facts_mod.ServerFacts:
     """One of the three fact sources, exactly one given."""
     given = [x for x in (server_args, facts_file, url) if x]
     if len(given) != 1:
@@ -39,7 +47,7 @@ def get_facts(server_args: Optional[str], facts_file: Optional[Path], url: Optio
         return facts_mod.from_file(facts_file)
     from warmup.serve.transport import HttpTransport
 
-    return HttpTransport(url).facts_sync()
+    return HttpTransport(url, api_key=options.api_key(api_key)).facts_sync()
 
 
 _SERVER_ARGS = typer.Option(None, "--server-args", help="SGLang launch flags, resolved offline by SGLang")
@@ -56,19 +64,18 @@ def show(
     facts_file: Optional[Path] = _FACTS,
     url: Optional[str] = _URL,
     model_config: Optional[str] = _MODEL_CONFIG,
-    fmt: str = typer.Option("table", "--format", help="table | json"),
+    api_key: Optional[str] = options.API_KEY,
+    fmt: Format = options.FORMAT,
     steps: bool = typer.Option(False, "--steps", help="list every step, not only the classes"),
 ) -> None:
     """Expand a plan against a server's facts: requests grouped by class, with token counts."""
-    if fmt not in ("table", "json"):
-        raise typer.BadParameter("--format is table or json")
     p = loader.load(plan)
-    f = get_facts(server_args, facts_file, url, model_config)
+    f = get_facts(server_args, facts_file, url, model_config, api_key)
     exp = expand(p, f)
     if fmt == "json":
-        typer.echo(json.dumps(exp.to_dict(), indent=2))
+        output.data_json(exp.to_dict())
         return
-    typer.echo(render_expansion(exp, steps=steps))
+    output.data(render_expansion(exp, steps=steps))
 
 
 @app.command("facts")
@@ -77,19 +84,21 @@ def show_facts(
     facts_file: Optional[Path] = _FACTS,
     url: Optional[str] = _URL,
     model_config: Optional[str] = _MODEL_CONFIG,
+    api_key: Optional[str] = options.API_KEY,
 ) -> None:
     """Print the server facts a plan can read (JSON; usable as a --facts file)."""
-    f = get_facts(server_args, facts_file, url, model_config)
-    typer.echo(facts_mod.dump(f))
+    f = get_facts(server_args, facts_file, url, model_config, api_key)
+    output.data(facts_mod.dump(f))
 
 
 @app.command("schema")
 def schema() -> None:
     """Print the JSON Schema of plan files (plans/schema.json)."""
-    typer.echo(loader.schema_text(), nl=False)
+    output.data(loader.schema_text(), nl=False)
 
 
 def render_expansion(exp: Expansion, *, steps: bool = False) -> str:
+    """The expansion for people: facts, then one row per class (and per step with --steps)."""
     f = exp.facts
     out = [f"plan {exp.plan}: {len(exp.steps)} steps, {exp.num_requests} requests, "
            f"{sum(s.tokens for s in exp.steps):,} prompt tokens"

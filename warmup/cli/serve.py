@@ -8,13 +8,15 @@ from typing import Optional
 
 import typer
 
+from warmup.cli import output
 from warmup.serve import launch
 
 
-def serve(
+def serve_command(
     ctx: typer.Context,
     plan: Path = typer.Option(..., "--plan", help="the plan to warm before the port opens"),
-    report: Optional[Path] = typer.Option(None, "--report", help="write the run report (JSON) here"),
+    report: Optional[Path] = typer.Option(None, "--report", help="write the run report (JSON) "
+                                          "here; rewritten at every start of the server"),
     lenient: bool = typer.Option(False, "--lenient", help="warn and go on when a warm-up request fails"),
     state_dir: Optional[Path] = typer.Option(None, "--state-dir",
                                              help="phase file, compile manifest and metrics (default: a new temp dir)"),
@@ -29,9 +31,9 @@ def serve(
                         state_dir=str(state_dir) if state_dir else None, name=name,
                         second_pass=second_pass)
     shown = {k: v for k, v in spec.env.items() if k.startswith("WARMUP_") or k == "PROMETHEUS_MULTIPROC_DIR"}
-    typer.echo("sglang-warmup: " + " ".join(f"{k}={_shown_value(k, v)}" for k, v in sorted(shown.items())),
-               err=True)
-    typer.echo("sglang-warmup: exec " + shlex.join(spec.argv), err=True)
+    output.note("sglang-warmup: " + " ".join(f"{k}={_shown_value(k, v)}"
+                                             for k, v in sorted(shown.items())))
+    output.note("sglang-warmup: exec " + shlex.join(spec.argv))
     if dry_run:
         return
     launch.exec_launch(spec)

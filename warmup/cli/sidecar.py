@@ -1,10 +1,8 @@
-"""``sglang-warmup sidecar`` and ``sglang-warmup prebake``: thin commands over
-:mod:`warmup.sidecar.machine` and :mod:`warmup.sidecar.prebake`; :func:`main` is SGLang's
-managed-sidecar entry (``--sidecar warmup.cli.sidecar``)."""
+"""``sglang-warmup sidecar``: the command over :mod:`warmup.sidecar.machine`; :func:`main` is
+SGLang's managed-sidecar entry (``--sidecar warmup.cli.sidecar``)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -14,20 +12,8 @@ from typing import Optional
 import typer
 
 from warmup import settings
+from warmup.cli import output
 from warmup.sidecar.config import DEFAULT_HOST, DEFAULT_PORT
-
-
-def _configure_logging() -> None:
-    """Our log lines on stderr with a timestamp (SGLang's managed sidecar process and a bare
-    container have no logging configured)."""
-    root = logging.getLogger("sglang_warmup")
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
-                                               "%Y-%m-%d %H:%M:%S"))
-        root.addHandler(handler)
-        root.propagate = False
-    root.setLevel(logging.DEBUG if settings.DEBUG.get() else logging.INFO)
 
 
 def sidecar_command(
@@ -65,7 +51,7 @@ def sidecar_command(
     from warmup.sidecar.config import SidecarConfig
     from warmup.sidecar.machine import Sidecar
 
-    _configure_logging()
+    output.configure_logging()
     sdir = str(state_dir) if state_dir else (settings.STATE_DIR.get() or None)
     mp_dir = settings.PROMETHEUS_MULTIPROC_DIR.get() or (
         str(Path(sdir) / "prometheus") if sdir else None)
@@ -111,47 +97,3 @@ def main(argv: list[str] | None = None) -> None:
     from warmup.cli import main as cli_main
 
     cli_main(["sidecar", *(sys.argv[1:] if argv is None else list(argv))])
-
-
-def prebake_command(
-    ctx: typer.Context,
-    plan: Path = typer.Option(..., "--plan", help="the plan SGLang runs before it listens"),
-    out: Path = typer.Option(..., "--out", help="the archive to write (.tar, or .tar.zst with --zstd)"),
-    port: Optional[int] = typer.Option(None, "--port", help="SGLang's port (default: its --port, "
-                                       "else 30000)"),
-    deadline: float = typer.Option(1800.0, "--deadline",
-                                   help="seconds for SGLang to load, warm and answer "
-                                        "/health_generate"),
-    stop_timeout: float = typer.Option(60.0, "--stop-timeout",
-                                       help="seconds between SIGTERM and SIGKILL"),
-    work_dir: Optional[Path] = typer.Option(None, "--work-dir",
-                                            help="empty directory for cache/, state/ and the "
-                                                 "server log (default: a temporary one)"),
-    keep: bool = typer.Option(False, "--keep", help="keep the temporary work directory"),
-    zstd: bool = typer.Option(False, "--zstd", help="compress the archive with zstd"),
-    fmt: str = typer.Option("table", "--format", help="table | json"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (directories, "
-                                 "environment, command) and stop"),
-    yes: bool = typer.Option(False, "-y", "--yes", help="overwrite an existing --out"),
-) -> None:
-    """Run SGLang once with a plan against empty caches and pack what it compiled:
-    prebake --plan P --out A -- <sglang launch_server args>."""
-    from cache_tools.progress import Progress
-    from warmup.sidecar import prebake
-    from warmup.errors import WarmupError
-
-    if fmt not in ("table", "json"):
-        raise WarmupError(f"--format {fmt!r}: expected one of table, json",
-                          hint="for example --format json")
-    _configure_logging()
-    spec = prebake.prepare(plan, out, list(ctx.args), port=port, deadline_s=deadline,
-                           stop_timeout_s=stop_timeout, work_dir=work_dir, zstd=zstd, keep=keep,
-                           overwrite=yes)
-    if dry_run:
-        try:
-            typer.echo(json.dumps(spec.to_dict(), indent=2) if fmt == "json" else spec.describe())
-        finally:
-            spec.discard()
-        return
-    result = spec.execute(progress=Progress(), echo=lambda line: typer.echo(line, err=True))
-    typer.echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else result.render())

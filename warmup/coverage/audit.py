@@ -33,7 +33,7 @@ from cache_tools import compile_log
 from cache_tools.compile_log import is_compile_event
 from warmup.coverage.classes import KeyEvents, aggregate
 from warmup.errors import TransportError, WarmupError
-from warmup.render import table
+from cache_tools.render import table
 from warmup.coverage.traffic import TrafficStep
 from warmup.serve.http import snippet
 

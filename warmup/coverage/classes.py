@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from warmup.render import table
+from cache_tools.render import table
 
 # --------------------------------------------------------------------------------------------
 # compile keys

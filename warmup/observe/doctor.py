@@ -24,8 +24,6 @@ from importlib import metadata as _metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-import typer
-
 from cache_tools import compile_log
 from cache_tools.locations import environment
 
@@ -520,7 +518,7 @@ def _dist_version(name: str) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
-# rendering and the command
+# rendering (the command is warmup/cli/doctor.py)
 # --------------------------------------------------------------------------------------------
 
 def render_text(report: DoctorReport) -> str:
@@ -556,22 +554,3 @@ def render_text(report: DoctorReport) -> str:
 def render_json(report: DoctorReport) -> str:
     """The report for scripts."""
     return json.dumps(report.to_json(), indent=2, sort_keys=True, default=str)
-
-
-def doctor_command(
-    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", min=1.0,
-                                  help="Seconds the check process may take."),
-    keep_dir: str = typer.Option("", "--keep-dir", metavar="DIR",
-                                 help="Keep the check's Triton cache, phase file, compile log, "
-                                      "metrics files and process log in DIR (default: a "
-                                      "temporary directory, removed)."),
-) -> None:
-    """Check that compile events are hooked, phased and counted as they will be in SGLang."""
-    report = run(timeout_s=timeout, keep_dir=keep_dir or None)
-    typer.echo(render_json(report) if json_output else render_text(report))
-    if not report.ok:
-        if json_output:  # scripts often drop stdout; say why on stderr as well
-            failed = [f"{c.name}: {c.detail}" for c in report.checks if not c.ok]
-            typer.echo("sglang-warmup doctor: FAILED: " + "; ".join(failed), err=True)
-        raise typer.Exit(1)

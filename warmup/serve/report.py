@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cache_tools.compile_log import is_miss, kernel_name
-from warmup.render import bar, table
+from cache_tools.render import bar, table
 
 
 @dataclass(frozen=True)

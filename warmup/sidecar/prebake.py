@@ -32,7 +32,7 @@ from cache_tools.locations import Location
 from cache_tools.progress import Progress
 from cache_tools.scan import size_str
 from warmup.errors import SidecarError, WarmupError
-from warmup.render import table
+from cache_tools.render import table
 from warmup.serve import launch
 from warmup.serve.http import HttpClient, Probe, wait_for_health
 
@@ -119,7 +119,6 @@ class PrebakeResult:
                  f"server: ready in {self.ready_s:.1f} s, stopped with {self.stopped_with}; "
                  f"warm-up {w.get('plan')}: {w.get('requests')} requests in "
                  f"{float(w.get('duration_s') or 0):.1f} s; prebake took {self.seconds:.1f} s"]
-        lines += [f"warning: {x}" for x in self.warnings]
         if self.work_dir:
             lines.append(f"kept: {self.work_dir} (server.log, state/, cache/)")
         lines.append(f"restore with: sglang-warmup cache restore {shlex.quote(str(self.archive))}")
@@ -180,7 +179,6 @@ class PrebakePlan:
         lines.append("command: " + shlex.join(self.launch.argv))
         lines.append(f"ready: {self.url}/health_generate within {self.deadline_s:g} s; stop: "
                      f"SIGTERM to the process group, SIGKILL after {self.stop_timeout_s:g} s")
-        lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
     def discard(self) -> None:

@@ -58,7 +58,7 @@ def test_every_compile_is_attributed_to_its_step(recording, tmp_path, capsys):
     assert code == 3
     assert err.splitlines()[-2:] == [
         "error: 5 post-ready compile event(s) during the audit, above --max-misses 0",
-        f"hint: sglang-warmup learn --manifest {files[0]} --plan PLAN turns them into plan "
+        f"hint: sglang-warmup learn --audits {files[0]} --plan PLAN turns them into plan "
         "classes"]
     assert report["mode"] == "compile_log"
     assert (report["misses"], report["ok"], report["max_misses"]) == (5, False, 0)
@@ -260,3 +260,16 @@ def test_parse_metrics_sums_serving_events_only():
     with pytest.raises(WarmupError) as err:
         audit.parse_metrics("sglang_warmup_compile_events_total{phase=serving 1\n")
     assert err.value.message.startswith("/metrics is not Prometheus text: ")
+
+
+def test_an_existing_out_file_is_refused_before_the_audit_runs(tmp_path, capsys):
+    out = tmp_path / "a.json"
+    out.write_text("{}")
+    traffic = write_traffic(tmp_path / "traffic.jsonl")
+    # port 9 (discard): nothing listens; the refusal comes before any request
+    code, stdout, err = cli(capsys, "audit", "--url", "http://127.0.0.1:9", "--traffic",
+                            str(traffic), "--out", str(out))
+    assert (code, stdout) == (1, "")
+    assert err.splitlines() == [f"error: --out {out} exists",
+                                "hint: pass -y to overwrite it, or choose another --out"]
+    assert out.read_text() == "{}"

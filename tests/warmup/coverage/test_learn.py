@@ -49,7 +49,7 @@ def test_learned_yaml_from_a_real_audit(recording, tmp_path, capsys):
     file = real_audit(recording, tmp_path)
     plan = tmp_path / "small.yaml"
     plan.write_text(SMALL)
-    code, out, err = cli(capsys, "learn", "--manifest", str(recording.state_dir), "--plan", str(plan))
+    code, out, err = cli(capsys, "learn", "--audits", str(recording.state_dir), "--plan", str(plan))
     assert code == 0, err
     name = file.name
     assert out == f"""\
@@ -101,7 +101,7 @@ def test_the_merged_plan_loads_expands_and_keeps_the_original_text(recording, tm
         if source.name == "small.yaml":
             source.write_text(SMALL)
         out = tmp_path / f"merged-{source.name}"
-        code, _, err = cli(capsys, "learn", "--manifest", str(file), "--plan", str(source),
+        code, _, err = cli(capsys, "learn", "--audits", str(file), "--plan", str(source),
                            "--write", str(out))
         assert code == 0
         assert err.splitlines()[-1] == f"wrote {out} (4 learned class(es))"
@@ -123,7 +123,7 @@ def test_the_merged_plan_loads_expands_and_keeps_the_original_text(recording, tm
         # Learning again from the merged plan finds nothing new.
         again = learn.learn(file, out)
         assert again.empty and again.merged_text == out.read_text()
-        code, text, err = cli(capsys, "learn", "--manifest", str(file), "--plan", str(out),
+        code, text, err = cli(capsys, "learn", "--audits", str(file), "--plan", str(out),
                               "--write", str(tmp_path / "again.yaml"))
         assert code == 0 and text == ""
         assert err.splitlines()[-1] == f"{tmp_path / 'again.yaml'} not written: nothing to learn"
@@ -134,7 +134,7 @@ def test_diff_and_json(recording, tmp_path, capsys):
     file = real_audit(recording, tmp_path)
     plan = tmp_path / "small.yaml"
     plan.write_text(SMALL)
-    code, out, _ = cli(capsys, "learn", "--manifest", str(file), "--plan", str(plan), "--diff")
+    code, out, _ = cli(capsys, "learn", "--audits", str(file), "--plan", str(plan), "--diff")
     assert code == 0
     lines = out.splitlines()
     assert lines[:3] == ["--- a/small.yaml", "+++ b/small.yaml", "@@ -1,9 +1,37 @@"]
@@ -142,7 +142,7 @@ def test_diff_and_json(recording, tmp_path, capsys):
                           "+  learned_temperature_top_p: {temperature: 0.7, top_p: 0.95}"]
     assert lines[14] == "+  - name: learned"
     assert all(line[0] in " +" for line in lines[3:])
-    code, out, _ = cli(capsys, "learn", "--manifest", str(file), "--plan", str(plan), "--json")
+    code, out, _ = cli(capsys, "learn", "--audits", str(file), "--plan", str(plan), "--json")
     data = json.loads(out)
     assert [s["class"] for s in data["shapes"]] == ["learned_prefix_32", "learned_concurrent",
                                                     "learned_batch_30", "learned_sampling"]
@@ -292,3 +292,25 @@ def test_a_merged_plan_above_the_request_limit_is_refused(tmp_path):
         learn.learn(file, plan)
     assert err.value.message == (f"the merged plan does not expand on the audited server: {plan}: "
                                  "expansion yields 5 requests, above the limit of 3")
+
+
+def test_write_refuses_an_existing_file_without_yes_and_the_old_flag_still_works(tmp_path,
+                                                                                 capsys):
+    plan = tmp_path / "small.yaml"
+    plan.write_text(SMALL)
+    file = audit_file(tmp_path / "audit-1.json", [step(0, "single", [3000], label="long")])
+    code, out, err = cli(capsys, "learn", "--audits", str(file), "--plan", str(plan),
+                         "--write", str(plan))
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [f"error: --write {plan} exists",
+                                "hint: pass -y to overwrite it, or choose another --write"]
+    assert plan.read_text() == SMALL
+    # --manifest, the old name of --audits, still works and says so; -y extends the plan in place
+    code, out, err = cli(capsys, "learn", "--manifest", str(file), "--plan", str(plan),
+                         "--write", str(plan), "-y", "--format", "json")
+    assert code == 0, err
+    assert err.splitlines() == ["note: --manifest is deprecated: it is spelled --audits now"]
+    data = json.loads(out)
+    assert data["written"] == str(plan) and [s["class"] for s in data["shapes"]] == [
+        "learned_chunked"]
+    assert "learned_chunked" in plan.read_text() and plan.read_text().startswith(SMALL)

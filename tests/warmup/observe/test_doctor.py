@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
 from warmup.observe import doctor
 from warmup.errors import WarmupError
@@ -52,24 +50,6 @@ def test_the_cli_check_passes_on_a_cpu_machine():
     assert "triton" in {c["kind"] for c in report["caches"]}
     assert [(e["event"], e["phase"], e["kernel"]) for e in report["compile_log"]] == [
         ("miss", "warmup", "_doctor_probe"), ("hit", "serving", "_doctor_probe")]
-
-
-def test_the_check_fails_when_the_plugin_installs_no_hooks(monkeypatch):
-    # An operator who set WARMUP_METRICS=0 gets no compile events: the doctor must say so.
-    monkeypatch.setenv("WARMUP_METRICS", "0")
-    app = typer.Typer()
-    app.command()(doctor.doctor_command)
-    result = CliRunner().invoke(app, [])
-    assert result.exit_code == 1, result.output
-    assert result.output.startswith("sglang-warmup doctor: FAILED")
-    assert ("[FAIL] hooks installed by the plugin: not installed: "
-            "triton.knobs.compilation.listener, triton.knobs.runtime.jit_cache_hook, "
-            "triton.knobs.runtime.jit_post_compile_hook (the plugin did not install events: "
-            "is WARMUP_METRICS=0 or SGLANG_PLUGINS set without sglang_warmup?)") in result.output
-    assert ("[FAIL] miss counted in phase warmup: compile_events{phase=warmup,outcome=miss} = 0, "
-            "all Triton events = 0 (expected 1 of 2)") in result.output
-    # the compile itself still happened: only the counting is missing
-    assert "[ok] kernel binary in the Triton cache: _doctor_probe.cubin" in result.output
 
 
 def test_the_plugin_entry_point_is_registered():
@@ -116,17 +96,6 @@ def test_the_text_report_lists_checks_hooks_and_caches():
     ]
     assert json.loads(doctor.render_json(report))["checks"] == [
         {"name": "check process", "ok": False, "detail": "boom"}]
-
-
-def test_a_failure_in_json_mode_is_also_explained_on_stderr(monkeypatch):
-    monkeypatch.setenv("SGLANG_PLUGINS", "someone_else")  # SGLang would skip our plugin
-    app = typer.Typer()
-    app.command()(doctor.doctor_command)
-    result = CliRunner().invoke(app, ["--json"])
-    assert result.exit_code == 1
-    assert json.loads(result.stdout)["ok"] is False
-    assert result.stderr.startswith("sglang-warmup doctor: FAILED: hooks installed by the plugin: "
-                                    "not installed: ")
 
 
 def _gpu_present() -> bool:

@@ -1,0 +1,44 @@
+"""``sglang-warmup doctor`` through the real CLI entry point: a failed check exits 1 and says
+why (the check itself is tested in tests/warmup/observe/test_doctor.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from _cli import cli
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in ("WARMUP_METRICS", "WARMUP_STATE_DIR", "PROMETHEUS_MULTIPROC_DIR",
+                 "SGLANG_PLUGINS", "WARMUP_ENABLE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_the_check_fails_when_the_plugin_installs_no_hooks(monkeypatch, capsys):
+    # An operator who set WARMUP_METRICS=0 gets no compile events: the doctor must say so.
+    monkeypatch.setenv("WARMUP_METRICS", "0")
+    code, out, err = cli(capsys, "doctor")
+    assert code == 1, out + err
+    assert out.startswith("sglang-warmup doctor: FAILED")
+    assert ("[FAIL] hooks installed by the plugin: not installed: "
+            "triton.knobs.compilation.listener, triton.knobs.runtime.jit_cache_hook, "
+            "triton.knobs.runtime.jit_post_compile_hook (the plugin did not install events: "
+            "is WARMUP_METRICS=0 or SGLANG_PLUGINS set without sglang_warmup?)") in out
+    assert ("[FAIL] miss counted in phase warmup: compile_events{phase=warmup,outcome=miss} = 0, "
+            "all Triton events = 0 (expected 1 of 2)") in out
+    # the compile itself still happened: only the counting is missing
+    assert "[ok] kernel binary in the Triton cache: _doctor_probe.cubin" in out
+    assert err == ""  # for people the table says it all
+
+
+def test_a_failure_in_json_mode_is_also_explained_on_stderr(monkeypatch, capsys):
+    # (--json, the hidden alias, runs in test_doctor.py's CI check)
+    monkeypatch.setenv("SGLANG_PLUGINS", "someone_else")  # SGLang would skip our plugin
+    code, out, err = cli(capsys, "doctor", "--format", "json")
+    assert code == 1
+    assert json.loads(out)["ok"] is False
+    assert err.startswith("sglang-warmup doctor: FAILED: hooks installed by the plugin: "
+                          "not installed: ")

@@ -1,0 +1,49 @@
+"""The options several commands share, spelled and explained once: ``--format`` (and its hidden
+``--json`` alias), ``--kinds``, ``--root``, ``-y/--yes``, ``--api-key``, ``-q/--quiet``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+import typer
+
+from cache_tools.locations import KIND_NAMES
+from warmup import settings
+
+#: ``--format`` of every command that prints data: a table (or sentences) for people, JSON
+#: for scripts.  A bad value is a usage error (exit 2) that lists these.
+Format = Literal["table", "json"]
+
+FORMAT: Any = typer.Option("table", "--format", help="table (for people) | json (for scripts)")
+
+#: The ``--json`` flag that eight commands had before ``--format``; kept for scripts, hidden.
+JSON_ALIAS: Any = typer.Option(False, "--json", hidden=True, help="same as --format json")
+
+KINDS: Any = typer.Option(None, "--kinds", help="cache kinds (repeat or comma-separate): "
+                          + ", ".join(KIND_NAMES))
+
+QUIET: Any = typer.Option(False, "-q", "--quiet", help="no progress lines on stderr")
+
+API_KEY: Any = typer.Option(None, "--api-key", help="the server's --api-key (default: "
+                            "WARMUP_API_KEY, which keeps it out of process listings)")
+
+
+def root(help: str) -> Any:
+    """``--root DIR``: the ``--root`` layout (every kind under one directory); ``help`` says
+    what the command does there."""
+    return typer.Option(None, "--root", help=help)
+
+
+def yes(help: str = "overwrite the output file if it exists") -> Any:
+    """``-y/--yes``: overwrite an existing output file, or skip a confirmation."""
+    return typer.Option(False, "-y", "--yes", help=help)
+
+
+def output_format(fmt: str, json_alias: bool) -> str:
+    """The format asked for: ``--json`` wins over ``--format`` (old scripts pass only it)."""
+    return "json" if json_alias else fmt
+
+
+def api_key(value: Optional[str]) -> Optional[str]:
+    """``--api-key``, else WARMUP_API_KEY, else None (no Authorization header)."""
+    return value or settings.API_KEY.get() or None
