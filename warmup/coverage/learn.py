@@ -512,7 +512,7 @@ def _validate(text: str, where: str, facts: ServerFacts) -> tuple[Plan, Expansio
         raise WarmupError(f"the merged plan does not load: {exc.message}",
                           hint="report this; the learned YAML is printed without --write") from None
     try:
-        exp = expand(plan, facts)
+        exp = expand(plan, facts, over_limit="fail")  # every learned class must run
     except PlanError as exc:
         raise WarmupError(f"the merged plan does not expand on the audited server: {exc.message}",
                           hint=exc.hint or "shrink the learned classes") from None

@@ -23,8 +23,8 @@ def test_check_ok(capsys):
     code, out, _ = run(capsys, "plan", "check", "plans/default.yaml", "plans/deepseek_v4_serving_shapes.yaml")
     assert code == 0
     assert out.splitlines() == [
-        "plans/default.yaml: ok (default: 6 phases, 11 shape classes)",
-        "plans/deepseek_v4_serving_shapes.yaml: ok (deepseek_v4_serving_shapes: 5 phases, 8 shape classes)"]
+        "plans/default.yaml: ok (default: 7 phases, 21 shape classes)",
+        "plans/deepseek_v4_serving_shapes.yaml: ok (deepseek_v4_serving_shapes: 6 phases, 13 shape classes)"]
 
 
 def test_check_bad_plan_is_one_line_and_exit_2(capsys, tmp_path):
@@ -41,7 +41,7 @@ def test_check_bad_plan_is_one_line_and_exit_2(capsys, tmp_path):
 def test_show_table_lists_every_pr_class(capsys, pr_facts_file):
     code, out, _ = run(capsys, "plan", "show", "plans/deepseek_v4_serving_shapes.yaml", "--facts", str(pr_facts_file))
     assert code == 0
-    assert out.splitlines()[0] == "plan deepseek_v4_serving_shapes: 57 steps, 393 requests, 1,139,648 prompt tokens; then flush the cache"
+    assert out.splitlines()[0] == "plan deepseek_v4_serving_shapes: 59 steps, 342 requests, 1,142,926 prompt tokens; then flush the cache"
     for cls in ("extend_int_classes", "chunked_prompt", "prefix_hits", "concurrent_prefills", "batched_extends",
                 "eager_decode", "past_context_bucket", "mixed_batches"):
         assert cls in out

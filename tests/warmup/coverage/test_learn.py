@@ -290,8 +290,9 @@ def test_a_merged_plan_above_the_request_limit_is_refused(tmp_path):
     file = audit_file(tmp_path / "audit-1.json", [step(0, "burst", [10, 20, 30])])
     with pytest.raises(WarmupError) as err:
         learn.learn(file, plan)
-    assert err.value.message == (f"the merged plan does not expand on the audited server: {plan}: "
-                                 "expansion yields 5 requests, above the limit of 3")
+    assert err.value.message == (f"the merged plan does not expand on the audited server: {plan}:13: "
+                                 "phases[1].shapes[0]: class learned_concurrent: expansion limit: "
+                                 "3 more request(s) would bring the plan to 5, above the limit of 3")
 
 
 def test_write_refuses_an_existing_file_without_yes_and_the_old_flag_still_works(tmp_path,
