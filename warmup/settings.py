@@ -1,12 +1,15 @@
 """The only reader of WARMUP_* environment variables (and of the few other variables the
 warm-up itself, not a cache, depends on).  Each value is read on access, so tests can
-set and unset variables with ``monkeypatch.setenv``.
+set and unset variables with ``monkeypatch.setenv``.  Also the only writer: :func:`activation_env`
+is what a launcher puts in SGLang's environment, and :func:`plugin_entry_point` finds the plugin
+SGLang's processes load.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Callable, Generic, TypeVar
 
 T = TypeVar("T")
@@ -124,3 +127,38 @@ def fix_mode(number: int) -> str:
     """``auto`` | ``on`` | ``off`` for fix N, from WARMUP_FIX_<N>."""
     return EnvVar(f"WARMUP_FIX_{number}", "auto", _mode,
                   f"auto (apply where needed), on (force) or off for fix {number}").get()
+
+
+# --- activation: what a launcher sets, and how SGLang finds us ------------------------------
+#: SGLang's general-plugin entry-point group, and our entry in it.
+ENTRY_POINT_GROUP = "sglang.srt.plugins"
+ENTRY_POINT_VALUE = "warmup.serve.plugin:register"
+
+
+def plugin_entry_point() -> metadata.EntryPoint | None:
+    """Our entry point in group ``sglang.srt.plugins``, if the distribution is installed."""
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.value == ENTRY_POINT_VALUE:
+            return ep
+    return None
+
+
+def activation_env(*, state_dir: str, multiprocess_dir: str, plan: str | None = None,
+                   name: str | None = None, lenient: bool = False, second_pass: bool = False,
+                   report: str | None = None,
+                   skip_families: tuple[str, ...] = ()) -> dict[str, str]:
+    """The variables that turn sglang-warmup on in every SGLang process: the plugin gate, the
+    state directory and the Prometheus multiprocess directory they share, and (with a plan)
+    what the ``--warmups`` entry runs.  ``serve``, ``prebake`` and ``doctor`` all use this."""
+    env = {ENABLE.name: "1", STATE_DIR.name: state_dir,
+           PROMETHEUS_MULTIPROC_DIR.name: multiprocess_dir}
+    if plan is not None:
+        env.update({PLAN.name: plan, WARMUP_NAME.name: name or "",
+                    LENIENT.name: "1" if lenient else "0"})
+        if second_pass:
+            env[SECOND_PASS.name] = "1"
+        if report:
+            env[REPORT.name] = report
+        if skip_families:
+            env[SKIP_FAMILIES.name] = ",".join(skip_families)
+    return env

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from cache_tools.render import table
+from warmup import settings
 from warmup.cli import options, output
 from warmup.cli.options import Format
 from warmup.errors import FactsError
@@ -67,11 +68,16 @@ def show(
     api_key: Optional[str] = options.API_KEY,
     fmt: Format = options.FORMAT,
     steps: bool = typer.Option(False, "--steps", help="list every step, not only the classes"),
+    skip_family: Optional[List[str]] = typer.Option(
+        None, "--skip-family", help="leave a family of classes out (repeat or comma-separate; "
+                                    "default: WARMUP_SKIP_FAMILIES)"),
 ) -> None:
     """Expand a plan against a server's facts: requests grouped by class, with token counts."""
     p = loader.load(plan)
     f = get_facts(server_args, facts_file, url, model_config, api_key)
-    exp = expand(p, f)
+    families = (tuple(x.strip() for v in skip_family for x in v.split(",") if x.strip())
+                if skip_family else settings.SKIP_FAMILIES.get())
+    exp = expand(p, f, skip_families=families)
     if fmt == "json":
         output.data_json(exp.to_dict())
         return
@@ -127,6 +133,7 @@ def render_expansion(exp: Expansion, *, steps: bool = False) -> str:
         out.append(table(["phase", "class", "item", "skipped because"],
                          [[k.phase, k.shape_class, k.item or "(whole class)", k.reason]
                           for k in exp.skipped]))
+    output.warn(f"warning: {w}" for w in exp.warnings)
     if steps:
         out.append("")
         out.append(table(["#", "class", "mode", "lengths", "sampling", "note"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -19,23 +19,31 @@ def serve_command(
                                           "here; rewritten at every start of the server"),
     lenient: bool = typer.Option(False, "--lenient", help="warn and go on when a warm-up request fails"),
     state_dir: Optional[Path] = typer.Option(None, "--state-dir",
-                                             help="phase file, compile manifest and metrics (default: a new temp dir)"),
+                                             help="phase file, compile log and metrics (default: "
+                                                  "a new temporary directory)"),
     name: Optional[str] = typer.Option(None, "--name", help="--warmups entry name (default: the plan's name)"),
     second_pass: bool = typer.Option(False, "--second-pass",
                                      help="replay the plan once more and report whether it is closed"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="print the command and environment, do not start"),
+    skip_family: Optional[List[str]] = typer.Option(
+        None, "--skip-family", help="leave a family of classes out (repeat or comma-separate: "
+                                    "logprobs, parallel_sampling, stop, stream, long_decode, "
+                                    "concurrency, or a kind)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the command and environment, "
+                                 "write nothing, do not start"),
 ) -> None:
     """Run ``python -m sglang.launch_server`` with the plan registered in ``--warmups``."""
     args = [a for a in ctx.args if a != "--"]
-    spec = launch.build(str(plan), args, report=str(report) if report else None, lenient=lenient,
-                        state_dir=str(state_dir) if state_dir else None, name=name,
-                        second_pass=second_pass)
+    families = tuple(f.strip() for v in (skip_family or ()) for f in v.split(",") if f.strip())
+    spec = launch.plan_launch(str(plan), args, report=str(report) if report else None,
+                              lenient=lenient, state_dir=str(state_dir) if state_dir else None,
+                              name=name, second_pass=second_pass, skip_families=families)
     shown = {k: v for k, v in spec.env.items() if k.startswith("WARMUP_") or k == "PROMETHEUS_MULTIPROC_DIR"}
     output.note("sglang-warmup: " + " ".join(f"{k}={_shown_value(k, v)}"
                                              for k, v in sorted(shown.items())))
     output.note("sglang-warmup: exec " + shlex.join(spec.argv))
     if dry_run:
         return
+    launch.prepare_state_dir(spec)
     launch.exec_launch(spec)
 
 

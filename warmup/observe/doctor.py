@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from cache_tools import compile_log
 from cache_tools.locations import environment
+from warmup import settings
 
 if TYPE_CHECKING:  # the probe kernel's globals; bound by _probe_kernel() in the child
     import triton.language as tl
 
-ENTRY_POINT_GROUP = "sglang.srt.plugins"
-ENTRY_POINT_VALUE = "warmup.serve.plugin:register"
+ENTRY_POINT_GROUP, ENTRY_POINT_VALUE = settings.ENTRY_POINT_GROUP, settings.ENTRY_POINT_VALUE
 #: Where the check compiles when this machine has no GPU (an H100/H200: sm_90, 32-lane warps).
 FALLBACK_TARGET = ("cuda", 90, 32)
 DEFAULT_TIMEOUT_S = 300.0
@@ -326,11 +326,8 @@ def _child_environment(dirs: dict[str, Path], notes: list[str]) -> dict[str, str
     launcher sets (the plugin gate, a state directory, a multiprocess directory) and an empty
     Triton cache.  Everything else (WARMUP_METRICS, SGLANG_PLUGINS, ...) is left as configured,
     so a setting that would keep the hooks out of SGLang fails the check here too."""
-    env: dict[str, str | None] = {
-        "WARMUP_ENABLE": "1",
-        "WARMUP_STATE_DIR": str(dirs["state"]),
-        "PROMETHEUS_MULTIPROC_DIR": str(dirs["prometheus"]),
-    }
+    env: dict[str, str | None] = dict(settings.activation_env(
+        state_dir=str(dirs["state"]), multiprocess_dir=str(dirs["prometheus"])))
     if not _has_attr("warmup.patches", "activate"):
         env["WARMUP_PATCHES"] = "0"
         notes.append("warmup.patches.activate is not available: the check ran with "

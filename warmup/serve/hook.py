@@ -192,9 +192,14 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
         from dataclasses import replace
 
         facts = replace(facts, disaggregation_mode=str(disaggregation_mode))
-    exp = expand(plan, facts)
+    exp = expand(plan, facts, skip_families=settings.SKIP_FAMILIES.get())
     logger.info("sglang-warmup: %s: %d steps, %d requests (%d items skipped by the expansion)",
                 entry, len(exp.steps), exp.num_requests, len(exp.skipped))
+    for skip in exp.skipped:
+        if not skip.item:  # whole classes: the limit, a family turned off, a feature that is off
+            logger.info("sglang-warmup: class %s skipped: %s", skip.shape_class, skip.reason)
+    for warning in exp.warnings:
+        logger.warning("sglang-warmup: %s", warning)
     transport = InProcessTransport(tokenizer_manager, timeout_s=settings.REQUEST_TIMEOUT_S.get(),
                                    seed=settings.SEED.get(), vocab_size=facts.vocab_size)
     metrics = None

@@ -70,14 +70,48 @@ class TokenMaker:
         out.extend(rng.randrange(self.lo, self.hi) for _ in range(req.input_len - len(out)))
         return out
 
+    def feature_ids(self, what: str, count: int) -> list[int]:
+        """``count`` distinct ids from the same safe range, the same for every request (for
+        ``token_ids_logprob`` and ``stop_token_ids``)."""
+        count = max(0, min(count, self.hi - self.lo))
+        return sorted(self._rng("feature", what).sample(range(self.lo, self.hi), count))
 
-def sampling_params(req: WarmupRequest) -> dict[str, Any]:
-    """SGLang sampling params for one warm-up request (never logprobs)."""
+
+def sampling_params(req: WarmupRequest, tokens: TokenMaker | None = None) -> dict[str, Any]:
+    """SGLang sampling params for one warm-up request: the variant's, the length, and the
+    request features that live there (``n``; ``stop_token_ids`` when ``tokens`` picks them)."""
     params = dict(req.sampling)
     params["max_new_tokens"] = req.max_new_tokens
     if req.ignore_eos:
         params["ignore_eos"] = True
+    features = dict(req.features)
+    if features.get("n", 1) > 1:
+        params["n"] = features["n"]
+    if features.get("stop_token_ids") and tokens is not None:
+        params["stop_token_ids"] = tokens.feature_ids("stop", features["stop_token_ids"])
     return params
+
+
+def generate_fields(req: WarmupRequest, input_ids: Any, tokens: TokenMaker, *,
+                    params: Any = None, stream: bool | None = None) -> dict[str, Any]:
+    """The ``/generate`` body (``GenerateReqInput`` fields) of one request: its ids, sampling
+    params and request features (logprobs from a position, top-k, token ids, streaming).  For a
+    batch, ``params`` holds every prompt's sampling params; the class's features are the same
+    for every prompt.  ``stream`` overrides the request's own choice (mixed-step decoders)."""
+    features = dict(req.features)
+    fields: dict[str, Any] = {"input_ids": input_ids,
+                              "sampling_params": params if params is not None
+                              else sampling_params(req, tokens)}
+    if features.get("return_logprob"):
+        fields["return_logprob"] = True
+        for key in ("logprob_start_len", "top_logprobs_num"):
+            if key in features:
+                fields[key] = features[key]
+        if features.get("token_ids_logprob"):
+            fields["token_ids_logprob"] = tokens.feature_ids("logprob",
+                                                             features["token_ids_logprob"])
+    fields["stream"] = bool(features.get("stream")) if stream is None else stream
+    return fields
 
 
 # --- in-process ---------------------------------------------------------------------------------
@@ -102,10 +136,10 @@ class InProcessTransport:
 
         return await facts.from_tokenizer_manager(self.tm)
 
-    def _request(self, input_ids: Any, params: Any, *, stream: bool = False) -> Any:
+    def _request(self, fields: dict[str, Any]) -> Any:
         from sglang.srt.managers.io_struct import GenerateReqInput
 
-        return GenerateReqInput(input_ids=input_ids, sampling_params=params, stream=stream)
+        return GenerateReqInput(**fields)
 
     async def _drain(self, obj: Any) -> list[dict[str, Any]]:
         """Run one GenerateReqInput to completion; return its output dict(s)."""
@@ -123,12 +157,13 @@ class InProcessTransport:
         t0 = time.perf_counter()
         if step.mode == "batch":
             ids = [self.tokens.ids(step, i, r) for i, r in enumerate(step.requests)]
-            params = [sampling_params(r) for r in step.requests]
-            outs = await self._drain(self._request(ids, params))
+            params = [sampling_params(r, self.tokens) for r in step.requests]
+            outs = await self._drain(self._request(
+                generate_fields(step.requests[0], ids, self.tokens, params=params)))
             return [_outcome(o, time.perf_counter() - t0) for o in outs]
         if step.mode == "mixed":
             return await self._send_mixed(step, t0)
-        objs = [self._request(self.tokens.ids(step, i, r), sampling_params(r))
+        objs = [self._request(generate_fields(r, self.tokens.ids(step, i, r), self.tokens))
                 for i, r in enumerate(step.requests)]
         tasks = [asyncio.ensure_future(self._one(o, t0)) for o in objs]
         try:
@@ -150,7 +185,8 @@ class InProcessTransport:
         finals: list[Any] = [None] * len(step.background)
 
         async def decoder(i: int, req: WarmupRequest) -> None:
-            obj = self._request(self.tokens.ids(step, 1000 + i, req), sampling_params(req), stream=True)
+            obj = self._request(generate_fields(req, self.tokens.ids(step, 1000 + i, req),
+                                                self.tokens, stream=True))
             async for out in self.tm.generate_request(obj, None):
                 finals[i] = out
                 started[i].set()
@@ -159,8 +195,9 @@ class InProcessTransport:
         tasks = [asyncio.create_task(decoder(i, r)) for i, r in enumerate(step.background)]
         try:
             await _decoders_started(started, tasks)
-            prompt = [await self._one(self._request(self.tokens.ids(step, 0, r), sampling_params(r)), t0)
-                      for r in step.requests]
+            prompt = [await self._one(self._request(
+                generate_fields(r, self.tokens.ids(step, 0, r), self.tokens)), t0)
+                for r in step.requests]
             await asyncio.gather(*tasks)
         finally:
             for t in tasks:
@@ -271,16 +308,20 @@ class HttpTransport:
     async def facts(self) -> ServerFacts:
         return await _in_thread(self.facts_sync)
 
-    def generate_sync(self, input_ids: Any, params: Any, timeout: float | None = None) -> list[dict[str, Any]]:
-        return self.client.generate({"input_ids": input_ids, "sampling_params": params,
-                                     "stream": False}, timeout=timeout)
+    def generate_sync(self, fields: dict[str, Any],
+                      timeout: float | None = None) -> list[dict[str, Any]]:
+        """One ``/generate`` call with these fields; a streamed one is read to its last chunk."""
+        if fields.get("stream"):
+            return [self.client.stream(fields, lambda _: None, timeout=timeout)]
+        return self.client.generate(fields, timeout=timeout)
 
     async def send(self, step: WarmupStep) -> list[Outcome]:
         t0 = time.perf_counter()
         if step.mode == "batch":
             ids = [self.tokens.ids(step, i, r) for i, r in enumerate(step.requests)]
-            params = [sampling_params(r) for r in step.requests]
-            outs = await _in_thread(self.generate_sync, ids, params)
+            params = [sampling_params(r, self.tokens) for r in step.requests]
+            outs = await _in_thread(self.generate_sync, generate_fields(
+                step.requests[0], ids, self.tokens, params=params))
             return [_outcome(o, time.perf_counter() - t0) for o in outs]
         if step.mode == "mixed":
             return await self._send_mixed(step, t0)
@@ -288,8 +329,8 @@ class HttpTransport:
 
         async def one(i: int, r: WarmupRequest) -> Outcome:
             async with slots:
-                outs = await _in_thread(self.generate_sync, self.tokens.ids(step, i, r),
-                                        sampling_params(r))
+                outs = await _in_thread(self.generate_sync, generate_fields(
+                    r, self.tokens.ids(step, i, r), self.tokens))
             return _outcome(outs[0], time.perf_counter() - t0)
 
         return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(step.requests))))
@@ -300,8 +341,8 @@ class HttpTransport:
         slots = asyncio.Semaphore(self.max_in_flight)
 
         def stream(i: int, req: WarmupRequest) -> dict[str, Any]:
-            body = {"input_ids": self.tokens.ids(step, 1000 + i, req),
-                    "sampling_params": sampling_params(req), "stream": True}
+            body = generate_fields(req, self.tokens.ids(step, 1000 + i, req), self.tokens,
+                                   stream=True)
             last = self.client.stream(body, lambda _: _call_soon(loop, started[i].set))
             _call_soon(loop, started[i].set)
             return last
@@ -315,8 +356,8 @@ class HttpTransport:
             await asyncio.wait_for(_decoders_started(started, tasks), self.timeout_s)
             prompt = []
             for r in step.requests:
-                outs = await _in_thread(self.generate_sync, self.tokens.ids(step, 0, r),
-                                        sampling_params(r))
+                outs = await _in_thread(self.generate_sync, generate_fields(
+                    r, self.tokens.ids(step, 0, r), self.tokens))
                 prompt.append(_outcome(outs[0], time.perf_counter() - t0))
             finals = await asyncio.gather(*tasks)
         finally:

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from typing import Any
 
+from warmup import settings
 from warmup.coverage import second_pass
 from warmup.coverage.second_pass import Passes, PassResult
 from warmup.errors import SidecarError, TransportError, WarmupError
@@ -318,7 +319,7 @@ class Sidecar:
         except WarmupError as exc:
             return self._fail(f"reading the server's settings failed: {exc.message}", exc.hint)
         try:
-            exp = expand(self.plan, facts)
+            exp = expand(self.plan, facts, skip_families=settings.SKIP_FAMILIES.get())
         except WarmupError as exc:
             return self._fail(f"the plan does not expand on this server: {exc.message}", exc.hint)
         passes = 2 if cfg.second_pass else 1

@@ -199,6 +199,7 @@ class PrebakePlan:
             if loc.path is not None:
                 loc.path.mkdir(parents=True, exist_ok=True)
         _check_port_free(self.url)
+        launch.prepare_state_dir(self.launch)
         say(f"sglang-warmup prebake: starting SGLang (log: {self.log_path})")
         with open(self.log_path, "ab") as log, _TermAsExit():
             proc = subprocess.Popen(self.launch.argv, env=self.launch.env, stdout=log,
@@ -348,8 +349,8 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
             if env.get(var):
                 warnings.append(f"{var}={env[var]} is set: Triton may keep kernels outside "
                                 f"{cache_root} and they would not be baked")
-        spec = launch.build(str(plan), args, report=str(wd / "report.json"),
-                            state_dir=str(wd / "state"), environ=env)
+        spec = launch.plan_launch(str(plan), args, report=str(wd / "report.json"),
+                                  state_dir=str(wd / "state"), environ=env)
     except BaseException:
         if temporary:
             shutil.rmtree(wd, ignore_errors=True)

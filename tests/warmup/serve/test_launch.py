@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("warmup_isolated")
 # --- build() ------------------------------------------------------------------------------------------
 def test_build_prepares_the_environment_and_the_command(tiny_plan_path, tmp_path):
     state = tmp_path / "run-state"
-    spec = launch.build(str(tiny_plan_path), ["--model-path", "/models/m", "--tp", "2"],
+    spec = launch.plan_launch(str(tiny_plan_path), ["--model-path", "/models/m", "--tp", "2"],
                         report=str(tmp_path / "r.json"), state_dir=str(state),
                         environ={"PATH": "/usr/bin", "HOME": "/home/x"}, python="/venv/bin/python")
     assert spec.argv == ["/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/m", "--tp",
@@ -40,13 +40,35 @@ def test_build_prepares_the_environment_and_the_command(tiny_plan_path, tmp_path
         "WARMUP_REPORT": str((tmp_path / "r.json").resolve()),
         "PROMETHEUS_MULTIPROC_DIR": str(state.resolve() / "prometheus"),
     }
+    assert not state.exists()  # planning writes nothing (serve --dry-run)
+    launch.prepare_state_dir(spec)
     assert (state / "prometheus").is_dir()
     # a reused state directory starts over at "init"
     assert phase.current(state_dir=str(state)).phase == "init"
 
 
+def test_prepare_starts_a_reused_state_dir_over(tiny_plan_path, tmp_path):
+    state = tmp_path / "s"
+    for old in ("compile_log", "manifest"):
+        (state / old).mkdir(parents=True)
+        (state / old / "compiles-1.jsonl").write_text("{}\n")
+    (state / "prometheus").mkdir()
+    (state / "prometheus" / "counter_1.db").write_text("")
+    spec = launch.plan_launch(str(tiny_plan_path), ["--model-path", "m"], state_dir=str(state),
+                              environ={})
+    launch.prepare_state_dir(spec)
+    assert sorted(p.name for p in state.iterdir()) == ["phase.json", "prometheus"]
+    assert list((state / "prometheus").iterdir()) == []
+
+
+def test_families_turned_off_reach_the_server(tiny_plan_path, tmp_path):
+    spec = launch.plan_launch(str(tiny_plan_path), ["--model-path", "m"], state_dir=str(tmp_path),
+                              environ={}, skip_families=("logprobs", "stream"))
+    assert spec.env["WARMUP_SKIP_FAMILIES"] == "logprobs,stream"
+
+
 def test_build_merges_into_an_existing_warmups_list(tiny_plan_path, tmp_path):
-    spec = launch.build(str(tiny_plan_path), ["--model-path", "m", "--warmups=prefill_shapes"],
+    spec = launch.plan_launch(str(tiny_plan_path), ["--model-path", "m", "--warmups=prefill_shapes"],
                         state_dir=str(tmp_path / "s"), environ={}, name="prod", lenient=True)
     assert spec.argv[3:] == ["--model-path", "m", "--warmups=prefill_shapes,prod"]
     assert (spec.env["WARMUP_NAME"], spec.env["WARMUP_LENIENT"]) == ("prod", "1")
@@ -56,15 +78,16 @@ def test_build_merges_into_an_existing_warmups_list(tiny_plan_path, tmp_path):
 def test_build_lists_the_plan_for_a_config_file_launch(tiny_plan_path, tmp_path):
     cfg = tmp_path / "server.yaml"
     cfg.write_text("model-path: /models/m\ntp-size: 2\nwarmups: prefill_shapes\n")
-    spec = launch.build(str(tiny_plan_path), ["--config", str(cfg)], state_dir=str(tmp_path / "s"), environ={})
+    spec = launch.plan_launch(str(tiny_plan_path), ["--config", str(cfg)], state_dir=str(tmp_path / "s"), environ={})
     assert spec.argv[3:] == ["--config", str(cfg), "--warmups", "prefill_shapes,tiny_plan"]
 
 
 def test_build_keeps_a_given_multiprocess_dir_and_state_dir(tiny_plan_path, tmp_path):
     mp = tmp_path / "prom"
     state = tmp_path / "from-env"
-    spec = launch.build(str(tiny_plan_path), ["--model-path", "m"],
+    spec = launch.plan_launch(str(tiny_plan_path), ["--model-path", "m"],
                         environ={"PROMETHEUS_MULTIPROC_DIR": str(mp), "WARMUP_STATE_DIR": str(state)})
+    launch.prepare_state_dir(spec)
     assert spec.env["PROMETHEUS_MULTIPROC_DIR"] == str(mp) and mp.is_dir()
     assert spec.state_dir == str(state.resolve()) and state.is_dir()
 
@@ -74,13 +97,13 @@ def test_build_makes_a_fresh_state_dir_when_none_is_given(tiny_plan_path, tmp_pa
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", None)
-    spec = launch.build(str(tiny_plan_path), ["--model-path", "m"], environ={})
+    spec = launch.plan_launch(str(tiny_plan_path), ["--model-path", "m"], environ={})
     assert Path(spec.state_dir).parent == tmp_path.resolve()
     assert Path(spec.state_dir).name.startswith("sglang-warmup-")
 
 
 def test_the_plugin_entry_point_is_installed():
-    ep = launch.plugin_entry_point()
+    ep = launch.settings.plugin_entry_point()
     assert ep is not None
     assert (ep.name, ep.value, ep.group) == ("sglang_warmup", "warmup.serve.plugin:register", "sglang.srt.plugins")
     from warmup.serve.plugin import register
@@ -89,9 +112,9 @@ def test_the_plugin_entry_point_is_installed():
 
 
 def test_build_refuses_without_the_entry_point(tiny_plan_path, tmp_path, monkeypatch):
-    monkeypatch.setattr(launch, "plugin_entry_point", lambda: None)
+    monkeypatch.setattr(launch.settings, "plugin_entry_point", lambda: None)
     with pytest.raises(WarmupError) as err:
-        launch.build(str(tiny_plan_path), ["--model-path", "m"], state_dir=str(tmp_path / "s"), environ={})
+        launch.plan_launch(str(tiny_plan_path), ["--model-path", "m"], state_dir=str(tmp_path / "s"), environ={})
     assert err.value.message == ("the sglang-warmup plugin entry point is not installed, so SGLang's worker "
                                  "processes would not load it")
     assert err.value.hint == "pip install sglang-warmup (not just put it on PYTHONPATH)"
@@ -100,12 +123,12 @@ def test_build_refuses_without_the_entry_point(tiny_plan_path, tmp_path, monkeyp
 
 def test_build_honours_the_sglang_plugins_whitelist(tiny_plan_path, tmp_path):
     with pytest.raises(WarmupError) as err:
-        launch.build(str(tiny_plan_path), ["--model-path", "m"], state_dir=str(tmp_path / "s"),
+        launch.plan_launch(str(tiny_plan_path), ["--model-path", "m"], state_dir=str(tmp_path / "s"),
                      environ={"SGLANG_PLUGINS": "other_plugin"})
     assert err.value.message == "SGLANG_PLUGINS='other_plugin' does not list 'sglang_warmup'"
     assert err.value.hint == "add it: SGLANG_PLUGINS=other_plugin,sglang_warmup"
     assert not (tmp_path / "s").exists()
-    spec = launch.build(str(tiny_plan_path), ["--model-path", "m"], state_dir=str(tmp_path / "s"),
+    spec = launch.plan_launch(str(tiny_plan_path), ["--model-path", "m"], state_dir=str(tmp_path / "s"),
                         environ={"SGLANG_PLUGINS": "other_plugin, sglang_warmup"})
     assert spec.env["SGLANG_PLUGINS"] == "other_plugin, sglang_warmup"
 
@@ -114,14 +137,14 @@ def test_a_bad_plan_is_refused_before_anything_starts(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nname: bad\nphases:\n  - name: p\n    shapes:\n      - class: x\n        kind: nope\n")
     with pytest.raises(PlanError) as err:
-        launch.build(str(bad), ["--model-path", "m"], state_dir=str(tmp_path / "s"), environ={})
+        launch.plan_launch(str(bad), ["--model-path", "m"], state_dir=str(tmp_path / "s"), environ={})
     assert err.value.message.startswith(f"{bad}:7: phases[0].shapes[0].kind: ")
     assert not (tmp_path / "s").exists()
 
 
 def test_build_needs_sglang_arguments(tiny_plan_path, tmp_path):
     with pytest.raises(WarmupError) as err:
-        launch.build(str(tiny_plan_path), [], state_dir=str(tmp_path / "s"), environ={})
+        launch.plan_launch(str(tiny_plan_path), [], state_dir=str(tmp_path / "s"), environ={})
     assert (err.value.message, err.value.hint) == (
         "no SGLang launch arguments after `--`",
         "sglang-warmup serve --plan PLAN -- --model-path MODEL [sglang flags]")

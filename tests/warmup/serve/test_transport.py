@@ -22,7 +22,7 @@ from warmup.plan import facts as facts_mod
 from warmup.plan import loader
 from warmup.errors import TransportError
 from warmup.plan.model import SAMPLING_VARIANTS, WarmupRequest, WarmupStep, expand
-from warmup.serve.transport import HttpTransport, InProcessTransport, Outcome, TokenMaker, sampling_params
+from warmup.serve.transport import generate_fields, HttpTransport, InProcessTransport, Outcome, TokenMaker, sampling_params
 
 pytestmark = pytest.mark.usefixtures("warmup_isolated")
 
@@ -69,14 +69,15 @@ def test_every_sampling_variant_is_valid_for_sglang(variant):
     sp = SamplingParams(**params)
     sp.normalize(None)
     sp.verify(VOCAB)
-    assert not any(k.startswith("return_") or "logprob" in k for k in params)
+    assert not any(k.startswith("return_") or "logprob" in k for k in params)  # none asked for
     if variant == "greedy":
         assert sp.top_k == 1  # SGLang's greedy path
 
 
 def test_a_single_request_normalized_by_sglang(fake_tokenizer_manager):
     t = InProcessTransport(fake_tokenizer_manager(), vocab_size=VOCAB)
-    obj = t._request([1001, 1002, 1003], {"max_new_tokens": 1, "temperature": 0.0})
+    obj = t._request({"input_ids": [1001, 1002, 1003],
+                      "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}})
     obj.normalize_batch_and_arguments()
     assert obj.is_single and obj.batch_size == 1
     assert isinstance(obj.rid, str) and obj.stream is False
@@ -87,7 +88,7 @@ def test_a_single_request_normalized_by_sglang(fake_tokenizer_manager):
 def test_a_batch_request_normalized_by_sglang(fake_tokenizer_manager):
     t = InProcessTransport(fake_tokenizer_manager(), vocab_size=VOCAB)
     params = [{"max_new_tokens": 1, "temperature": 0.0}, {"max_new_tokens": 1}, {"max_new_tokens": 2}]
-    obj = t._request([[1001] * 8, [1002] * 8, [1003] * 16], params)
+    obj = t._request({"input_ids": [[1001] * 8, [1002] * 8, [1003] * 16], "sampling_params": params})
     obj.normalize_batch_and_arguments()
     assert not obj.is_single and obj.batch_size == 3
     assert len(obj.rid) == 3 and len(set(obj.rid)) == 3
@@ -193,6 +194,7 @@ class SGLangHttpStandIn:
         self.hit_times: dict[str, list[float]] = {}
         self.headers: list[dict[str, str]] = []
         self.queries: list[str] = []
+        self.bodies: list[dict] = []
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._loop_thread.start()
@@ -293,6 +295,7 @@ class _Handler(BaseHTTPRequestHandler):
         from sglang.srt.entrypoints.api_contract import generate_contract_error
         from sglang.srt.managers.io_struct import GenerateReqInput
 
+        self.app.bodies.append(json.loads(json.dumps(body)))  # SGLang pops "n" in place
         error = generate_contract_error(body)
         if error is not None:
             return self._send(400, json.dumps({"error": error}).encode())
@@ -661,3 +664,61 @@ def test_http_generate_200_with_an_error_body_fails_the_step(sglang_http):
     with pytest.raises(TransportError) as err:
         asyncio.run(t.send(step("single", [req(10)])))
     assert err.value.message == "/generate answered an error: upstream busy\\x1b[1m"
+
+
+# --- request features: what SGLang receives ------------------------------------------------------
+def _features_req(**features):
+    from dataclasses import replace
+
+    return replace(req(219, mnt=8, ignore_eos=True), features=tuple(sorted(features.items())))
+
+
+def test_request_features_reach_sglangs_generate_req_input(fake_tokenizer_manager):
+    """Logprobs from an offset with top-k and chosen ids, n parallel samples, stop ids and
+    streaming: SGLang's own GenerateReqInput and SamplingParams accept what we build."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    t = InProcessTransport(fake_tokenizer_manager(), vocab_size=VOCAB)
+    r = _features_req(return_logprob=True, logprob_start_len=100, top_logprobs_num=5,
+                      token_ids_logprob=4, n=3, stop_token_ids=2, stream=True)
+    fields = generate_fields(r, list(range(1000, 1219)), t.tokens)
+    sp = dict(fields["sampling_params"])  # SGLang pops "n" when it normalizes
+    obj = t._request(fields)
+    obj.normalize_batch_and_arguments()
+    # n > 1: SGLang expands the request into 3 parallel samples, each with the features
+    assert obj.parallel_sample_num == 3 and obj.stream is True
+    assert (obj.return_logprob, obj.logprob_start_len, obj.top_logprobs_num) == (
+        [True] * 3, [100] * 3, [5] * 3)
+    ids = obj.token_ids_logprob[0]
+    assert len(ids) == 4 and all(t.tokens.lo <= i < t.tokens.hi for i in ids)
+    assert sp["n"] == 3 and len(sp["stop_token_ids"]) == 2
+    params = SamplingParams(**{k: v for k, v in sp.items() if k != "n"})
+    params.normalize(None)
+    params.verify(VOCAB)
+    # the same ids every time (a repeat request takes the same path)
+    assert generate_fields(r, [1], t.tokens)["token_ids_logprob"] == ids
+
+
+def test_a_plain_request_carries_no_feature(fake_tokenizer_manager):
+    t = InProcessTransport(fake_tokenizer_manager(), vocab_size=VOCAB)
+    fields = generate_fields(req(10), [1001] * 10, t.tokens)
+    assert fields == {"input_ids": [1001] * 10, "sampling_params": {"max_new_tokens": 1},
+                      "stream": False}
+
+
+def test_features_over_http_stream_and_logprobs(sglang_http):
+    """Through SGLang's own /generate contract check and GenerateReqInput: a streamed request
+    is read to its last chunk; the logprob fields and n are in the body."""
+    srv = sglang_http
+    ht = HttpTransport(srv.url, timeout_s=30, retries=0, vocab_size=VOCAB)
+    step = WarmupStep(index=0, phase="p", shape_class="f", kind="extend", mode="single",
+                      requests=(_features_req(return_logprob=True, logprob_start_len=0,
+                                              stream=True),
+                                _features_req(n=2, top_logprobs_num=3, return_logprob=True)))
+    step = replace(step, mode="concurrent")
+    outs = asyncio.run(ht.send(step))
+    assert len(outs) == 2
+    streamed, parallel = sorted(srv.bodies[-2:], key=lambda b: b["stream"], reverse=True)
+    assert (streamed["stream"], streamed["return_logprob"], streamed["logprob_start_len"]) == (
+        True, True, 0)
+    assert parallel["sampling_params"]["n"] == 2 and parallel["top_logprobs_num"] == 3
