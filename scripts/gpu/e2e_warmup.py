@@ -151,11 +151,18 @@ class Server:
             return ""
 
 
-def traffic_sample(max_prompt: int):
-    """Chat-like lengths, shared prefixes, concurrent bursts, batched requests, long chunked
-    prompts and several sampling settings (the same sample for every launch)."""
+def traffic_sample(max_prompt: int, kind: str = "shapes", chunk: int = 8192):
+    """``shapes``: chat-like lengths, shared prefixes, concurrent bursts, batched requests, long
+    chunked prompts and several sampling settings.  ``features``: request features of every
+    kind (logprobs from 0 / an offset / top-k / token ids, n > 1, streaming with stop ids),
+    bursts of 20-64, long decodes, chunk-boundary prompts and long shared prefixes, plus chat
+    and RAG steps.  The same sample for every launch."""
     from warmup.coverage import traffic
 
+    if kind == "features":
+        return (traffic.synth("features", seed=1, steps=16, max_prompt=max_prompt, chunk=chunk)
+                + traffic.synth("chat", seed=2, steps=6, max_prompt=max_prompt)
+                + traffic.synth("rag", seed=2, steps=3, max_prompt=max_prompt))
     steps = (traffic.synth("chat", seed=1, steps=14, max_prompt=max_prompt)
              + traffic.synth("rag", seed=1, steps=6, max_prompt=max_prompt)
              + traffic.synth("batch", seed=1, steps=4, max_prompt=max_prompt)
@@ -210,6 +217,7 @@ def main() -> None:
     ap.add_argument("--plan", default="plans/default.yaml")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/e2e-out"))
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole run")
+    ap.add_argument("--traffic", default="shapes", choices=("shapes", "features"))
     a = ap.parse_args()
     start = time.time()
     out = Path(a.out)
@@ -264,7 +272,17 @@ def main() -> None:
                 phase.set_phase("serving", state_dir=str(s.workdir / "state"))
             log(f"{s.name} ready in {s.ready_s:.0f} s, artifacts {r['at_ready']}")
         max_prompt = 12000
-        steps = traffic_sample(max_prompt)
+        chunk = 8192
+        for s in servers:  # the chunk-boundary prompts need the server's chunk size
+            if s.ready_s is not None:
+                try:
+                    from warmup.serve.transport import HttpTransport
+
+                    chunk = HttpTransport(s.url, timeout_s=30).facts_sync().chunked_prefill_size or chunk
+                except Exception as exc:  # keep the default
+                    log(f"facts not read: {exc}")
+                break
+        steps = traffic_sample(max_prompt, a.traffic, chunk)
         Path("/tmp/traffic.jsonl").write_text("".join(json.dumps(t.to_json()) + "\n" for t in steps))
         for s in servers:
             r = results[s.name]
@@ -301,6 +319,10 @@ def main() -> None:
             slow = [(p1["label"], p1["ms"], p2["ms"]) for p1, p2 in zip(r["pass1"], r["pass2"])
                     if p1["ms"] > 1.5 * p2["ms"] and p1["ms"] - p2["ms"] > 5]
             r["slow_first"] = slow
+            t1, t2 = sum(x["ms"] for x in r["pass1"]), sum(x["ms"] for x in r["pass2"])
+            r["first_over_second"] = round(t1 / t2, 3) if t2 else None
+            r["worst_step_ratio"] = max((round(p1["ms"] / p2["ms"], 2), p1["label"])
+                                        for p1, p2 in zip(r["pass1"], r["pass2"]) if p2["ms"] > 0)
             log(f"{s.name}: compiles after ready {r['after_pass2']['triton'] - r['at_ready']['triton']} "
                 f"triton, {r['after_pass2']['nvcc'] - r['at_ready']['nvcc']} nvcc; "
                 f"first-pass total {sum(x['ms'] for x in r['pass1']):.0f} ms vs second "
