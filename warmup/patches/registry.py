@@ -130,8 +130,9 @@ def evaluate(fix: Any, view: LiveView | FileView, ctx: Context, *, apply: bool) 
         if mode == "on":
             return _row(fix, mode, "refused", None,
                         f"forced on, but the target is missing: {exc}", predicted)
-        return _row(fix, mode, "upstream", None, f"the bug-shaped code is absent: {exc}",
-                    predicted)
+        return _row(fix, mode, "absent", None,
+                    f"nothing to fix: {exc} (this release predates the code the fix targets, "
+                    "or has another design)", predicted)
     except Exception as exc:  # noqa: BLE001
         return _row(fix, mode, "refused", None,
                     f"detection failed: {type(exc).__name__}: {exc}", predicted)

@@ -7,14 +7,18 @@ from dataclasses import asdict, dataclass
 #: Verdicts, in the words of ``sglang-warmup patches status``.
 #: needed   - the bug-shaped code is present and the fix would apply (detection-only runs)
 #: applied  - the fix is installed in this process and verified
-#: upstream - not needed: the installed SGLang has the fix, or the bug-shaped code is absent
+#: upstream - not needed: the installed SGLang has the fix (its code is the fixed shape)
+#: absent   - not needed: the function the fix targets does not exist in the installed SGLang
+#:            (an older release, e.g. 0.5.17, or another design); nothing here to fix
 #: refused  - needed or forced, but it cannot or must not apply here (``reason`` says why)
 #: off      - WARMUP_FIX_<N>=off
 #: pending  - the target module has not been imported in this process yet
-VERDICTS: tuple[str, ...] = ("needed", "applied", "upstream", "refused", "off", "pending")
+VERDICTS: tuple[str, ...] = ("needed", "applied", "upstream", "absent", "refused", "off",
+                             "pending")
 
-#: Verdicts under which a fix's effect is present (or will be, in a detection-only run).
-ACTIVE: frozenset[str] = frozenset({"applied", "upstream", "needed"})
+#: Verdicts under which a fix's effect is present (or will be, in a detection-only run), or
+#: the code it guards does not exist: a fix that depends on it may go ahead.
+ACTIVE: frozenset[str] = frozenset({"applied", "upstream", "absent", "needed"})
 
 
 class Refused(RuntimeError):
