@@ -82,7 +82,7 @@ def status_command(
     detect_only: bool = typer.Option(
         False, "--detect-only", help="Only detect; do not apply the fixes in this process."),
 ) -> None:
-    """One row per fix for the installed SGLang: needed / applied / upstream / refused / off.
+    """One row per fix for the installed SGLang: needed / applied / upstream / absent / refused / off.
 
     Imports SGLang's DeepSeek-V4 backend (about 7 s on a CPU).  By default the fixes are
     applied and verified inside this short-lived process, exactly as in a server process.
