@@ -4,11 +4,11 @@
     python3 scripts/gpu/audit_learn.py --out OUT_DIR [--deadline 540]
 
 1. Launch SGLang (eager prefill: ``--disable-prefill-cuda-graph``, decode graphs kept, metrics
-   on) through ``python -m warmup serve --plan plans/default.yaml --state-dir S1`` with empty
+   on) through ``python -m warmup serve --plan default --state-dir S1`` with empty
    cache directories (the tiny random-weight MoE of e2e_warmup.py).
 2. For each synthetic traffic kind (chat, rag, agent, batch) run ``sglang-warmup audit
    --state-dir S1``: every compile after ready attributed to its traffic step.
-3. ``sglang-warmup learn --audits S1 --plan plans/default.yaml --write OUT/learned.yaml``.
+3. ``sglang-warmup learn --audits S1 --plan default --write OUT/learned.yaml``.
 4. Stop the server; launch again with the learned plan, fresh caches and a fresh state
    directory; audit the same four samples again.
 
@@ -126,7 +126,7 @@ def warmup_report(server: Server) -> dict | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--plan", default="plans/default.yaml")
+    ap.add_argument("--plan", default="default")
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole run")
     a = ap.parse_args()
     start = time.time()
@@ -146,7 +146,7 @@ def main() -> None:
                                                                     max_prompt=MAX_PROMPT)))
     result: dict = {"deadline_s": a.deadline, "setup_s": round(time.time() - start, 1),
                     "kinds": KINDS, "plan": a.plan, "notes": []}
-    plan = ROOT / a.plan
+    plan = ROOT / a.plan if (ROOT / a.plan).is_file() else Path(a.plan)  # a file or a shipped name
     learned = out / "learned.yaml"
     servers: list[Server] = []
     end = start + a.deadline

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end warm-up benchmark on a GPU host: cold launches of a real SGLang server serving a
 tiny random-weight MoE, with no warm-up (A), SGLang's own ``--warmups prefill_shapes`` (B), and
-``sglang-warmup serve --plan plans/default.yaml`` (C); then the same traffic sample twice against
+``sglang-warmup serve --plan default`` (C); then the same traffic sample twice against
 each, measuring per-step latency and the kernels compiled after ready.
 
     python3 scripts/gpu/e2e_warmup.py --graphs eager --out OUT_DIR [--launches A,B,C]
@@ -214,7 +214,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--graphs", default="eager", help="eager, default, or eager,default")
     ap.add_argument("--launches", default="A,B,C")
-    ap.add_argument("--plan", default="plans/default.yaml")
+    ap.add_argument("--plan", default="default")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/e2e-out"))
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole run")
     ap.add_argument("--traffic", default="shapes", choices=("shapes", "features"))
@@ -248,7 +248,7 @@ def main() -> None:
         elif name.endswith("-B"):
             argv = [sys.executable, "-m", "sglang.launch_server", *args, "--warmups", "prefill_shapes"]
         else:
-            argv = [sys.executable, "-m", "warmup", "serve", "--plan", str(ROOT / a.plan),
+            argv = [sys.executable, "-m", "warmup", "serve", "--plan", a.plan,
                     "--state-dir", str(state), "--report", str(wd / "report.json"), "--", *args]
         servers.append(Server(name, port, argv, senv, wd))
         log(f"started {name}: {' '.join(argv[2:6])} ... port {port}")

@@ -2,7 +2,7 @@
 """GPU benchmark of the sidecar and of prebake on one host (SGLang 0.5.17, the tiny model of
 ``e2e_warmup.py``, eager prefill: ``--disable-prefill-cuda-graph``).
 
-    python3 scripts/gpu/sidecar_prebake.py --out OUT_DIR [--plan plans/default.yaml]
+    python3 scripts/gpu/sidecar_prebake.py --out OUT_DIR [--plan default]
 
 (a) Sidecar end to end.  Server **A** starts plainly (no warm-up); server **B** starts plainly
     with ``sglang-warmup sidecar --second-pass`` next to it (sharing B's state and Prometheus
@@ -134,7 +134,7 @@ def tail(path: Path, n: int = 200) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/sidecar-prebake-out"))
-    ap.add_argument("--plan", default="plans/default.yaml")
+    ap.add_argument("--plan", default="default")
     ap.add_argument("--long", type=int, default=6000, help="tokens of the long prompt")
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole run")
     a = ap.parse_args()
@@ -157,7 +157,7 @@ def main() -> None:
     log("setup done")
     shutil.rmtree(RUN, ignore_errors=True)
     RUN.mkdir(parents=True)
-    plan = str(ROOT / a.plan)
+    plan = a.plan
     py = sys.executable
     result: dict = {"model": str(MODEL), "graphs": "eager (--disable-prefill-cuda-graph)",
                     "long_prompt_tokens": a.long, "plan": a.plan, "sidecar": {}, "prebake": {},

@@ -14,14 +14,14 @@ from warmup.cli import options, output
 from warmup.cli.options import Format
 from warmup.errors import FactsError
 from warmup.plan import facts as facts_mod
-from warmup.plan import loader
+from warmup.plan import loader, shipped
 from warmup.plan.model import Expansion, expand
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
 
 @app.command("check")
-def check(plans: list[Path] = typer.Argument(..., help="plan files"),
+def check(plans: list[Path] = typer.Argument(..., help="plan files or shipped plan names"),
           fmt: Format = options.FORMAT) -> None:
     """Validate plan files (syntax, keys, expressions); nothing is sent anywhere."""
     loaded = [(path, loader.load(path)) for path in plans]
@@ -60,7 +60,7 @@ _MODEL_CONFIG = typer.Option(None, "--model-config",
 
 @app.command("show")
 def show(
-    plan: Path = typer.Argument(..., help="plan file"),
+    plan: Path = typer.Argument(..., help="a plan file, or a shipped plan's name (plan list)"),
     server_args: Optional[str] = _SERVER_ARGS,
     facts_file: Optional[Path] = _FACTS,
     url: Optional[str] = _URL,
@@ -99,8 +99,29 @@ def show_facts(
 
 @app.command("schema")
 def schema() -> None:
-    """Print the JSON Schema of plan files (plans/schema.json)."""
+    """Print the JSON Schema of plan files (the shipped warmup/plans/schema.json)."""
     output.data(loader.schema_text(), nl=False)
+
+
+@app.command("list")
+def list_plans(fmt: Format = options.FORMAT) -> None:
+    """The plans shipped with sglang-warmup, by name (use the name wherever a plan goes)."""
+    rows = []
+    for name in shipped.names():
+        plan = loader.load(name)
+        rows.append({"name": name, "phases": len(plan.phases), "classes": len(plan.shapes),
+                     "description": " ".join(plan.description.split()), "file": plan.file})
+    if fmt == "json":
+        output.data_json(rows)
+        return
+    output.data(table(["name", "phases", "classes", "description"],
+                      [[r["name"], r["phases"], r["classes"], _first_sentence(r["description"])]
+                       for r in rows]))
+
+
+def _first_sentence(text: str, limit: int = 90) -> str:
+    first = text.split(". ")[0].rstrip(".")
+    return first if len(first) <= limit else first[: limit - 1] + "…"
 
 
 def render_expansion(exp: Expansion, *, steps: bool = False) -> str:

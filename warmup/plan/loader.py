@@ -3,7 +3,7 @@
 Only plain YAML is accepted: ``yaml.compose`` with the safe loader, no tags beyond the core
 scalars, no aliases (alias bombs), no duplicate keys, no tabs, UTF-8 only, a size limit.  Every
 key is checked against :data:`SPEC` (the same table :func:`json_schema` turns into
-``plans/schema.json``), and every expression is parsed and its names checked here, at load, so
+``warmup/plans/schema.json``), and every expression is parsed and its names checked here, at load, so
 a bad plan never half-runs.
 """
 
@@ -19,6 +19,7 @@ from typing import Any, Callable
 import yaml
 
 from warmup.plan import expr as E
+from warmup.plan import shipped
 from warmup.errors import PlanError
 from warmup.plan.facts import FACT_NAMES
 from warmup.plan.model import (DEFAULT_MAX_REQUESTS, FEATURES, KINDS, MAX_REQUESTS_CEILING,
@@ -123,8 +124,8 @@ class _Ctx:
 
 
 def load(path: str | Path) -> Plan:
-    """Load and validate a plan file."""
-    p = Path(path)
+    """Load and validate a plan: a plan file, or a shipped plan by name (``default``)."""
+    p = shipped.resolve(path)
     try:
         raw = p.read_bytes()
     except OSError as exc:
@@ -149,7 +150,7 @@ def loads(raw: bytes | str, file: str = "<plan>") -> Plan:
                         hint="save the plan as UTF-8") from None
     if not text.strip() or all(l.strip().startswith("#") or not l.strip() for l in text.splitlines()):
         raise PlanError(f"{file}:1: <top>: the plan is empty",
-                        hint="start from plans/default.yaml")
+                        hint="start from a shipped plan: sglang-warmup plan list")
     for i, line in enumerate(text.splitlines(), 1):
         if "\t" in line:
             raise PlanError(f"{file}:{i}: <top>: tab character (column {line.index(chr(9)) + 1})",
@@ -184,7 +185,8 @@ def loads(raw: bytes | str, file: str = "<plan>") -> Plan:
         raise PlanError(f"{file}:1: <top>: invalid YAML: {first}",
                         hint="fix the YAML syntax") from None
     if node is None:
-        raise PlanError(f"{file}:1: <top>: the plan is empty", hint="start from plans/default.yaml")
+        raise PlanError(f"{file}:1: <top>: the plan is empty",
+                        hint="start from a shipped plan: sglang-warmup plan list")
     _check_tree(ctx, node)
     return _build_plan(ctx, node, hashlib.sha256(raw).hexdigest())
 
@@ -541,7 +543,7 @@ def _range_or_list(ctx: _Ctx, node: yaml.Node, path: str,
 
 # --- JSON Schema ----------------------------------------------------------------------------
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema of plan files, generated from :data:`SPEC` (``plans/schema.json``)."""
+    """The JSON Schema of plan files, generated from :data:`SPEC` (``warmup/plans/schema.json``)."""
     expr = {"anyOf": [{"type": "integer", "minimum": 1},
                       {"type": "string", "maxLength": E.MAX_LENGTH}]}
     bool_expr = {"anyOf": [{"type": "boolean"}, {"type": "string", "maxLength": E.MAX_LENGTH}]}

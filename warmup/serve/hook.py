@@ -24,7 +24,7 @@ import yaml
 
 from warmup import settings
 from warmup.errors import RegistrationError, WarmupError
-from warmup.plan import loader
+from warmup.plan import loader, shipped
 from warmup.serve.report import RunReport, render, write_json
 
 logger = logging.getLogger("sglang_warmup.hook")
@@ -78,11 +78,15 @@ def register(plan_path: str | os.PathLike[str], *, name: str | None = None,
 
 
 def register_from_env(runner: Runner | None = None) -> str | None:
-    """The plugin's step: register WARMUP_PLAN in SGLang's main process (not in its spawned
-    workers) with ``runner``, and make sure the launch command lists it in ``--warmups``."""
-    plan_path = settings.PLAN.get()
-    if not plan_path or multiprocessing.parent_process() is not None:
+    """The plugin's step: register WARMUP_PLAN (a file or a shipped plan's name) in SGLang's
+    main process (not in its spawned workers) with ``runner``, and make sure the launch command
+    lists it in ``--warmups``.  Without WARMUP_PLAN, a ``--warmups`` name of a shipped plan
+    (PR #44627's ``--warmups deepseek_v4_serving_shapes``) registers that plan."""
+    if multiprocessing.parent_process() is not None:
         return None
+    plan_path = settings.PLAN.get()
+    if not plan_path:
+        return _register_listed_shipped(runner)
     # Guard first: if the plan cannot be registered, SGLang must not start cold silently
     # (SGLang's plugin loader only logs exceptions raised here).
     guard_execute_warmups()
@@ -96,6 +100,33 @@ def register_from_env(runner: Runner | None = None) -> str | None:
         raise
     ensure_listed(name, sys.argv)
     return name
+
+
+def _register_listed_shipped(runner: Runner | None) -> str | None:
+    """Register every shipped plan that the launch command names in ``--warmups``."""
+    names = [n for n in listed_warmups(sys.argv) if shipped.path(n) is not None]
+    if not names:
+        return None
+    guard_execute_warmups()
+    for name in names:
+        try:
+            register(name, name=name, runner=runner)
+        except WarmupError as exc:
+            _failed.append(f"{exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
+            logger.error("sglang-warmup: %s", exc.message)
+            raise
+    return names[0]
+
+
+def listed_warmups(argv: list[str]) -> list[str]:
+    """The ``--warmups`` names of an SGLang launch command (its ``--config`` file's when the
+    command line has none)."""
+    for i, a in enumerate(argv):
+        if a == "--warmups" and i + 1 < len(argv):
+            return [n.strip() for n in argv[i + 1].split(",") if n.strip()]
+        if a.startswith("--warmups="):
+            return [n.strip() for n in a.split("=", 1)[1].split(",") if n.strip()]
+    return _config_warmups(argv) if "--config" in argv else []
 
 
 def ensure_listed(name: str, argv: list[str]) -> bool:

@@ -20,11 +20,11 @@ def pr_facts_file(tmp_path):
 
 
 def test_check_ok(capsys):
-    code, out, _ = run(capsys, "plan", "check", "plans/default.yaml", "plans/deepseek_v4_serving_shapes.yaml")
+    code, out, _ = run(capsys, "plan", "check", "default", "warmup/plans/deepseek_v4_serving_shapes.yaml")
     assert code == 0
     assert out.splitlines() == [
-        "plans/default.yaml: ok (default: 7 phases, 21 shape classes)",
-        "plans/deepseek_v4_serving_shapes.yaml: ok (deepseek_v4_serving_shapes: 6 phases, 13 shape classes)"]
+        "default: ok (default: 7 phases, 21 shape classes)",
+        "warmup/plans/deepseek_v4_serving_shapes.yaml: ok (deepseek_v4_serving_shapes: 6 phases, 13 shape classes)"]
 
 
 def test_check_bad_plan_is_one_line_and_exit_2(capsys, tmp_path):
@@ -39,7 +39,7 @@ def test_check_bad_plan_is_one_line_and_exit_2(capsys, tmp_path):
 
 
 def test_show_table_lists_every_pr_class(capsys, pr_facts_file):
-    code, out, _ = run(capsys, "plan", "show", "plans/deepseek_v4_serving_shapes.yaml", "--facts", str(pr_facts_file))
+    code, out, _ = run(capsys, "plan", "show", "deepseek_v4_serving_shapes", "--facts", str(pr_facts_file))
     assert code == 0
     assert out.splitlines()[0] == "plan deepseek_v4_serving_shapes: 59 steps, 342 requests, 1,142,926 prompt tokens; then flush the cache"
     for cls in ("extend_int_classes", "chunked_prompt", "prefix_hits", "concurrent_prefills", "batched_extends",
@@ -49,14 +49,14 @@ def test_show_table_lists_every_pr_class(capsys, pr_facts_file):
 
 
 def test_show_json_is_the_expansion(capsys, pr_facts_file):
-    code, out, _ = run(capsys, "plan", "show", "plans/default.yaml", "--facts", str(pr_facts_file), "--format", "json")
+    code, out, _ = run(capsys, "plan", "show", "default", "--facts", str(pr_facts_file), "--format", "json")
     d = json.loads(out)
     assert code == 0 and d["plan"] == "default" and d["num_requests"] == sum(
         len(s["requests"]) + len(s["background"]) for s in d["steps"])
 
 
 def test_show_needs_exactly_one_source(capsys):
-    code, _, err = run(capsys, "plan", "show", "plans/default.yaml")
+    code, _, err = run(capsys, "plan", "show", "default")
     assert code == 2
     assert err.splitlines()[0] == "error: give exactly one of --server-args, --facts or --url"
 
@@ -64,3 +64,22 @@ def test_show_needs_exactly_one_source(capsys):
 def test_schema_command(capsys):
     code, out, _ = run(capsys, "plan", "schema")
     assert code == 0 and json.loads(out)["title"] == "sglang-warmup shape plan"
+
+
+def test_plan_list_names_the_shipped_plans(capsys):
+    code, out, _ = run(capsys, "plan", "list")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["name", "phases", "classes", "description"]
+    assert [line.split()[0] for line in lines[2:]] == ["deepseek_v4_serving_shapes", "default"]
+    code, out, _ = run(capsys, "plan", "list", "--format", "json")
+    assert [p["name"] for p in json.loads(out)] == ["deepseek_v4_serving_shapes", "default"]
+
+
+def test_an_unknown_plan_name_lists_the_shipped_ones(capsys):
+    code, out, err = run(capsys, "plan", "check", "defualt")
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "error: defualt: no plan file, and no shipped plan of that name",
+        "hint: shipped plans: deepseek_v4_serving_shapes, default (sglang-warmup plan list); "
+        "or pass the path of a plan file"]

@@ -34,7 +34,7 @@ def test_unknown_command_in_a_group(capsys):
 
 
 def test_unknown_option_lists_the_near_ones(capsys):
-    code, out, err = cli(capsys, "plan", "show", "plans/default.yaml", "--fromat", "json")
+    code, out, err = cli(capsys, "plan", "show", "default", "--fromat", "json")
     assert (code, out) == (2, "")
     assert err.splitlines() == ["error: no such option: --fromat (Possible options: --facts, "
                                 "--format)",
@@ -61,7 +61,7 @@ def test_bad_value_names_the_value(capsys):
 
 
 def test_bad_format_is_a_usage_error(capsys):
-    code, out, err = cli(capsys, "plan", "show", "plans/default.yaml", "--format", "yaml")
+    code, out, err = cli(capsys, "plan", "show", "default", "--format", "yaml")
     assert (code, out) == (2, "")
     assert err.splitlines()[0] == ("error: invalid value for '--format': 'yaml' is not one of "
                                    "'table', 'json'.")

@@ -95,9 +95,9 @@ CASES = {
     "tab": (
         BASE.replace("        lengths", "\tlengths"), "p.yaml:8: <top>: tab character (column 1)",
         "indent YAML with spaces only"),
-    "empty file": ("", "p.yaml:1: <top>: the plan is empty", "start from plans/default.yaml"),
+    "empty file": ("", "p.yaml:1: <top>: the plan is empty", "start from a shipped plan: sglang-warmup plan list"),
     "only comments": ("# nothing here\n\n", "p.yaml:1: <top>: the plan is empty",
-                      "start from plans/default.yaml"),
+                      "start from a shipped plan: sglang-warmup plan list"),
     "unsupported version": (
         BASE.replace("version: 1", "version: 2"), "p.yaml:1: version: unsupported plan version 2",
         "this sglang-warmup reads version: 1"),
@@ -155,7 +155,7 @@ def test_missing_file(tmp_path) -> None:
 
 
 def test_shipped_plans_load() -> None:
-    for path in ("plans/default.yaml", "plans/deepseek_v4_serving_shapes.yaml"):
+    for path in ("warmup/plans/default.yaml", "warmup/plans/deepseek_v4_serving_shapes.yaml"):
         plan = loader.load(path)
         assert plan.name and plan.shapes
         assert len({s.name for s in plan.shapes}) == len(plan.shapes)

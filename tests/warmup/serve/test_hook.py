@@ -257,6 +257,27 @@ def test_register_from_env_does_nothing_without_a_plan(sglang_warmups, monkeypat
     assert sys.argv == ["sglang.launch_server", "--model-path", "/models/m"]
 
 
+def test_the_prs_launch_line_finds_the_shipped_plan_by_name(sglang_warmups, monkeypatch):
+    """PR #44627's `--warmups deepseek_v4_serving_shapes` with WARMUP_ENABLE=1 and no
+    WARMUP_PLAN: the shipped plan is registered under that name (SGLang alone would warn and
+    start cold)."""
+    monkeypatch.delenv("WARMUP_PLAN", raising=False)
+    argv = ["sglang.launch_server", "--model-path", "/m", "--warmups",
+            "deepseek_v4_serving_shapes"]
+    monkeypatch.setattr(sys, "argv", list(argv))
+    assert hook.register_from_env() == "deepseek_v4_serving_shapes"
+    assert sys.argv == argv
+    assert hook.registered()["deepseek_v4_serving_shapes"] == "deepseek_v4_serving_shapes"
+    assert "deepseek_v4_serving_shapes" in sglang_warmups._warmup_registry
+
+
+def test_a_shipped_plan_named_as_warmup_plan(sglang_warmups, monkeypatch):
+    monkeypatch.setenv("WARMUP_PLAN", "default")
+    monkeypatch.setattr(sys, "argv", ["sglang.launch_server", "--model-path", "/m"])
+    assert hook.register_from_env() == "default"
+    assert sys.argv[-2:] == ["--warmups", "default"]
+
+
 def test_register_from_env_with_a_bad_plan_fails_startup(sglang_warmups, tmp_path, monkeypatch,
                                                          fake_tokenizer_manager):
     missing = tmp_path / "missing.yaml"
