@@ -67,7 +67,7 @@ def plan_launch(plan_path: str, sglang_args: list[str], *, report: str | None = 
     theirs = env.get(settings.PROMETHEUS_MULTIPROC_DIR.name)
     env.update(settings.activation_env(
         state_dir=str(sdir), multiprocess_dir=theirs or str(sdir / "prometheus"),
-        plan=str(Path(plan_path).resolve()), name=entry, lenient=lenient,
+        plan=str(Path(plan.file).resolve()), name=entry, lenient=lenient,
         second_pass=second_pass, report=str(Path(report).resolve()) if report else None,
         skip_families=skip_families))
     args = list(sglang_args)

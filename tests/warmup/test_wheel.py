@@ -1,0 +1,66 @@
+"""The wheel as a user gets it: built from this tree, installed into a clean virtual environment
+with no source tree around, and used by name (shipped plans are package data)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import _facts_cache
+import pytest
+
+from warmup.plan import facts as F
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh virtual environment holding the wheel and its three dependencies only."""
+    root = tmp_path_factory.mktemp("wheel")
+    dist = root / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(dist), str(REPO)], check=True, cwd=root)
+    (wheel,) = dist.glob("sglang_warmup-*.whl")
+    env_dir = root / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    pip = [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q",
+           "--disable-pip-version-check"]
+    subprocess.run([*pip, str(wheel)], check=True, cwd=root)
+    return env_dir
+
+
+def run(env_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WARMUP_", "PYTHON"))}
+    return subprocess.run([str(env_dir / "bin" / "sglang-warmup"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_installed_wheel_lists_and_expands_its_shipped_plans(installed, tmp_path):
+    listed = run(installed, "plan", "list", "--format", "json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert [p["name"] for p in json.loads(listed.stdout)] == ["deepseek_v4_serving_shapes",
+                                                             "default"]
+    assert all("site-packages" in p["file"] for p in json.loads(listed.stdout))
+    facts = tmp_path / "facts.json"
+    facts.write_text(F.dump(_facts_cache.pr44627()))
+    shown = run(installed, "plan", "show", "default", "--facts", str(facts), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("plan default: ")
+    version = run(installed, "--version", cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.startswith("sglang-warmup 0.1.0")
+
+
+def test_the_installed_wheel_plans_a_launch_without_writing(installed, tmp_path):
+    state = tmp_path / "state"
+    dry = run(installed, "serve", "--plan", "deepseek_v4_serving_shapes", "--state-dir",
+              str(state), "--dry-run", "--", "--model-path", "/models/m", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "--warmups deepseek_v4_serving_shapes" in dry.stderr
+    assert "WARMUP_PLAN=" in dry.stderr and "site-packages" in dry.stderr
+    assert not state.exists()  # --dry-run writes nothing
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
