@@ -112,6 +112,12 @@ PROMETHEUS_MULTIPROC_DIR = EnvVar("PROMETHEUS_MULTIPROC_DIR", "", _str,
 SECOND_PASS = EnvVar("WARMUP_SECOND_PASS", False, _bool,
                      "set to 1 to replay the plan a second time after the warm-up and record "
                      "which classes still compile (coverage.json in the state directory)")
+FIRST_HIT_RATIO = EnvVar("WARMUP_FIRST_HIT_RATIO", 1.10, _float,
+                         "a plan is closed when, on the second replay, every class's first "
+                         "request is at most this many times the same request repeated")
+FIRST_HIT_MIN_MS = EnvVar("WARMUP_FIRST_HIT_MIN_MS", 5.0, _float,
+                          "a class's first hit within this many milliseconds of its repeat is "
+                          "never slow (timing noise)")
 
 # --- sidecar and prebake -------------------------------------------------------------------
 API_KEY = EnvVar("WARMUP_API_KEY", "", _str,

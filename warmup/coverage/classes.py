@@ -176,23 +176,62 @@ def aggregate(records: Iterable[Mapping[str, Any]]) -> list[KeyEvents]:
 # coverage of a plan
 # --------------------------------------------------------------------------------------------
 
+#: A class's first hit after the warm-up may be at most this many times its repeat, and at
+#: most :data:`FIRST_HIT_MIN_MS` slower (below that, timing noise), for the plan to be closed.
+FIRST_HIT_RATIO = 1.10
+FIRST_HIT_MIN_MS = 5.0
+
+
+@dataclass(frozen=True)
+class ClassLatency:
+    """One class on the second replay: its steps' first sends after the warm-up (``first_ms``),
+    the same steps again right after (``repeat_ms``), and the worst step's ratio."""
+
+    first_ms: float
+    repeat_ms: float
+    worst_step_ratio: float = 0.0
+
+    @property
+    def ratio(self) -> float | None:
+        return self.first_ms / self.repeat_ms if self.repeat_ms > 0 else None
+
+    def slow(self, max_ratio: float, min_ms: float) -> bool:
+        """The first hit is over ``max_ratio`` times the repeat and over ``min_ms`` slower."""
+        return (self.ratio is not None and self.ratio > max_ratio
+                and self.first_ms - self.repeat_ms > min_ms)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"first_ms": self.first_ms, "repeat_ms": self.repeat_ms,
+                "ratio": None if self.ratio is None else round(self.ratio, 3),
+                "worst_step_ratio": self.worst_step_ratio}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ClassLatency":
+        return cls(float(d.get("first_ms") or 0.0), float(d.get("repeat_ms") or 0.0),
+                   float(d.get("worst_step_ratio") or 0.0))
+
+
 @dataclass(frozen=True)
 class ClassCoverage:
     """One plan class: the keys its requests triggered on the first replay (``first``) and on
-    the second (``second``; empty when the class is closed)."""
+    the second (``second``; empty when no compile is left), and the second replay's first-hit
+    latency against its repeat (``latency``; None when not measured)."""
 
     shape_class: str
     first: tuple[KeyEvents, ...]
     second: tuple[KeyEvents, ...]
+    latency: ClassLatency | None = None
 
     @property
     def closed(self) -> bool:
+        """No compile key left (the latency gate is the Coverage's: it holds the threshold)."""
         return not self.second
 
     def to_json(self) -> dict[str, Any]:
         return {"class": self.shape_class, "closed": self.closed,
                 "first": [k.to_json() for k in self.first],
-                "second": [k.to_json() for k in self.second]}
+                "second": [k.to_json() for k in self.second],
+                "latency": self.latency.to_json() if self.latency is not None else None}
 
 
 @dataclass(frozen=True)
@@ -210,18 +249,30 @@ class Coverage:
     outside_second: tuple[KeyEvents, ...] = ()
     second_pass_failures: tuple[str, ...] = ()
     note: str = ""
+    max_ratio: float = FIRST_HIT_RATIO
+    min_ms: float = FIRST_HIT_MIN_MS
 
     @property
     def closed(self) -> bool:
-        """True when the second replay triggered no compile, load or JIT build at all."""
-        return all(c.closed for c in self.classes) and not self.outside_second
+        """True when the second replay triggered no compile, load or JIT build at all, and no
+        class's first hit was slower than ``max_ratio`` times its repeat."""
+        return (all(c.closed for c in self.classes) and not self.outside_second
+                and not self.slow_classes)
 
     @property
     def open_classes(self) -> tuple[str, ...]:
         return tuple(c.shape_class for c in self.classes if not c.closed)
 
+    @property
+    def slow_classes(self) -> tuple[str, ...]:
+        """Classes whose first hit after the warm-up was too slow against its repeat."""
+        return tuple(c.shape_class for c in self.classes
+                     if c.latency is not None and c.latency.slow(self.max_ratio, self.min_ms))
+
     def to_json(self) -> dict[str, Any]:
         return {"plan": self.plan, "closed": self.closed, "open_classes": list(self.open_classes),
+                "slow_classes": list(self.slow_classes),
+                "first_hit": {"max_ratio": self.max_ratio, "min_ms": self.min_ms},
                 "classes": [c.to_json() for c in self.classes],
                 "outside_first": [k.to_json() for k in self.outside_first],
                 "outside_second": [k.to_json() for k in self.outside_second],
@@ -233,32 +284,49 @@ class Coverage:
         def keys(items: Any) -> tuple[KeyEvents, ...]:
             return tuple(KeyEvents.from_json(k) for k in items or ())
 
+        gate = d.get("first_hit") or {}
         return cls(plan=str(d.get("plan") or ""),
                    classes=tuple(ClassCoverage(str(c.get("class")), keys(c.get("first")),
-                                               keys(c.get("second")))
+                                               keys(c.get("second")),
+                                               ClassLatency.from_json(c["latency"])
+                                               if isinstance(c.get("latency"), dict) else None)
                                  for c in d.get("classes") or ()),
                    outside_first=keys(d.get("outside_first")),
                    outside_second=keys(d.get("outside_second")),
                    second_pass_failures=tuple(d.get("second_pass_failures") or ()),
-                   note=str(d.get("note") or ""))
+                   note=str(d.get("note") or ""),
+                   max_ratio=float(gate.get("max_ratio") or FIRST_HIT_RATIO),
+                   min_ms=float(gate.get("min_ms") or FIRST_HIT_MIN_MS))
 
     def summary(self) -> str:
+        measured = any(c.latency is not None for c in self.classes)
+        gate = f" and every class's first hit within {self.max_ratio:g}x of its repeat"
         if self.closed:
             return (f"plan {self.plan} closed: a second replay in the same server compiled and "
-                    "loaded nothing")
+                    f"loaded nothing" + (gate if measured else ""))
         n = sum(len(c.second) for c in self.classes) + len(self.outside_second)
-        where = ", ".join(self.open_classes) or "outside the plan's classes"
-        return (f"plan {self.plan} NOT closed: {n} compile key(s) still triggered on a second "
-                f"replay ({where})")
+        parts = []
+        if n:
+            where = ", ".join(self.open_classes) or "outside the plan's classes"
+            parts.append(f"{n} compile key(s) still triggered on a second replay ({where})")
+        if self.slow_classes:
+            parts.append(f"first hit over {self.max_ratio:g}x its repeat in "
+                         f"{', '.join(self.slow_classes)}")
+        return f"plan {self.plan} NOT closed: " + "; ".join(parts)
 
     def render(self) -> str:
         rows = []
         for c in self.classes:
+            lat = c.latency
+            slow = lat is not None and lat.slow(self.max_ratio, self.min_ms)
             rows.append([c.shape_class, len(c.first), sum(k.compiled for k in c.first),
                          sum(k.disk_hits for k in c.first), sum(k.device_loads for k in c.first),
-                         len(c.second), "closed" if c.closed else "OPEN"])
+                         len(c.second),
+                         None if lat is None or lat.ratio is None else f"{lat.ratio:.2f}x",
+                         "closed" if c.closed and not slow else ("SLOW" if c.closed else "OPEN")])
         out = [self.summary(), table(["class", "keys", "compiled", "disk", "loads",
-                                      "2nd replay", "state"], rows, align="lrrrrrl")]
+                                      "2nd replay", "first/repeat", "state"], rows,
+                                     align="lrrrrrrl")]
         for c in self.classes:
             for k in c.second:
                 out.append(f"  still triggered by {c.shape_class}: {k.label} ({k.what()})")
@@ -275,8 +343,11 @@ class Coverage:
 
 
 def compute(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]], *,
-            classes: Sequence[str], plan: str = "", phase: str = "warmup") -> Coverage:
-    """Coverage from the compile-log records of two replays of a plan.
+            classes: Sequence[str], plan: str = "", phase: str = "warmup",
+            latency: Mapping[str, ClassLatency] | None = None,
+            max_ratio: float = FIRST_HIT_RATIO, min_ms: float = FIRST_HIT_MIN_MS) -> Coverage:
+    """Coverage from the compile-log records of two replays of a plan, and (``latency``) the
+    second replay's first-hit latency per class.
 
     A record counts for a class when it was stamped with that class in ``phase``; the rest of
     a replay's records are reported as outside the plan's classes.
@@ -296,10 +367,13 @@ def compute(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, An
 
     by1, other1 = split(first)
     by2, other2 = split(second)
+    lat = latency or {}
     return Coverage(plan=plan,
-                    classes=tuple(ClassCoverage(c, tuple(aggregate(by1[c])), tuple(aggregate(by2[c])))
+                    classes=tuple(ClassCoverage(c, tuple(aggregate(by1[c])),
+                                                tuple(aggregate(by2[c])), lat.get(c))
                                   for c in wanted),
-                    outside_first=tuple(aggregate(other1)), outside_second=tuple(aggregate(other2)))
+                    outside_first=tuple(aggregate(other1)), outside_second=tuple(aggregate(other2)),
+                    max_ratio=max_ratio, min_ms=min_ms)
 
 
 def load(path: str | os.PathLike[str]) -> Coverage:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from cache_tools import compile_log
 from cache_tools.compile_log import is_miss, kernel_name
-from warmup.coverage.classes import Coverage, compute
+from warmup.coverage.classes import ClassLatency, Coverage, compute
 from warmup.errors import WarmupError
 from warmup.observe import metrics
 from warmup.serve.report import RunReport
@@ -135,6 +135,14 @@ async def _one_pass(driver: Any, exp: Any, state_dir: Any, mp_dir: str | None) -
     return PassResult(report, error, check, window.records)
 
 
+def latency(report: RunReport | None) -> dict[str, ClassLatency]:
+    """Per class, the first sends and the repeats of a repeating driver's report."""
+    if report is None:
+        return {}
+    return {c.shape_class: ClassLatency(c.total_ms, c.repeat_ms, c.worst_step_ratio)
+            for c in report.classes if c.repeat_ms > 0}
+
+
 async def run_passes(driver: Any, exp: Any, *, second: Any = None,
                      state_dir: str | os.PathLike[str] | None = None, mp_dir: str | None = None,
                      salt: str = "second-pass",
@@ -142,7 +150,9 @@ async def run_passes(driver: Any, exp: Any, *, second: Any = None,
     """Run ``exp`` with ``driver``, then (when ``second`` is a driver and the first pass sent
     the plan) once more with ``second``: fresh token ids (the transport's token salt gets
     ``salt`` appended for the pass, then is restored), so no radix-cache entry of the first
-    pass is hit.  ``on_pass(n, result)`` runs after each pass."""
+    pass is hit.  A ``second`` driver that repeats its steps also measures each class's first
+    hit against its repeat (the coverage's latency gate).  ``on_pass(n, result)`` runs after
+    each pass."""
     first = await _one_pass(driver, exp, state_dir, mp_dir)
     if on_pass is not None:
         on_pass(1, first)
@@ -162,7 +172,11 @@ async def run_passes(driver: Any, exp: Any, *, second: Any = None,
         on_pass(2, again)
     cov = None
     if first.records is not None and again.records is not None:
-        cov = compute(first.records, again.records, classes=exp.classes, plan=exp.plan)
+        from warmup import settings
+
+        cov = compute(first.records, again.records, classes=exp.classes, plan=exp.plan,
+                      latency=latency(again.report), max_ratio=settings.FIRST_HIT_RATIO.get(),
+                      min_ms=settings.FIRST_HIT_MIN_MS.get())
     return Passes(first, again, cov)
 
 
@@ -207,7 +221,8 @@ async def run(driver: Any, exp: Any, *, second_pass: bool | None = None,
             plan=exp.plan, classes=(), note="no state directory: the compile log that coverage "
             "reads is not written; second replay skipped"))
     replay = type(driver)(driver.transport, lenient=True, flush_timeout_s=driver.flush_timeout_s,
-                          state_dir=driver.state_dir, metrics=None, progress=driver.progress)
+                          state_dir=driver.state_dir, metrics=None, progress=driver.progress,
+                          repeat=True)
 
     def announce(n: int, result: PassResult) -> None:
         if n == 1 and result.error is None and result.report is not None \
@@ -233,6 +248,9 @@ async def run(driver: Any, exp: Any, *, second_pass: bool | None = None,
     recorder = getattr(driver, "metrics", None)
     if recorder is not None:
         try:
+            for c in cov.classes:
+                if c.latency is not None and c.latency.ratio is not None:
+                    recorder.class_first_hit_ratio(c.shape_class, c.latency.ratio)
             recorder.ready(time.time())  # ready is after the second replay
         except Exception:
             pass

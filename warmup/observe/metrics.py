@@ -103,10 +103,24 @@ class Metrics:
             "sglang_warmup_jit_builds",
             "SGLang nvcc JIT modules: built now, reused from the JIT cache, or failed.",
             ["phase", "outcome"], registry=registry)
-        self.ready_timestamp = Gauge(
-            "sglang_warmup_ready_timestamp_seconds",
-            "Unix time at which the warm-up finished and the server was declared ready.",
-            multiprocess_mode="max", registry=registry)
+        # Created at the first ready(): a gauge exposed before it is known would read 0, a
+        # time that never happened.
+        self.ready_timestamp: Any = None
+        self.class_seconds = Gauge(
+            "sglang_warmup_class_seconds",
+            "Warm-up time of one shape class of the plan, in seconds (the class label is bounded "
+            "by the plan).",
+            ["shape_class"], multiprocess_mode="mostrecent", registry=registry)
+        self.class_first_hit = Gauge(
+            "sglang_warmup_class_first_hit_ratio",
+            "On the second replay of the plan, a class's first requests after the warm-up over "
+            "the same requests repeated (1.0: as fast as warm).",
+            ["shape_class"], multiprocess_mode="mostrecent", registry=registry)
+        self.build_info = Gauge(
+            "sglang_warmup_build_info",
+            "sglang-warmup's version and the SGLang it runs with (value 1).",
+            ["version", "sglang"], multiprocess_mode="mostrecent", registry=registry)
+        self.build_info.labels(_version("sglang-warmup"), _version("sglang")).set(1)
         self.plan_requests = Counter(
             "sglang_warmup_plan_requests",
             "Warm-up requests of the plan by outcome.",
@@ -170,7 +184,23 @@ class Metrics:
     # --- the warm-up driver's side --------------------------------------------------------
     def ready(self, timestamp: float) -> None:
         """Record the unix time at which the server was declared ready."""
+        with self._lock:
+            if self.ready_timestamp is None:
+                from prometheus_client import Gauge
+
+                self.ready_timestamp = Gauge(
+                    "sglang_warmup_ready_timestamp_seconds",
+                    "Unix time at which the warm-up finished and the server was declared ready.",
+                    multiprocess_mode="max", registry=self.registry)
         self.ready_timestamp.set(float(timestamp))
+
+    def class_time(self, shape_class: str, seconds: float) -> None:
+        """Record how long one class of the plan took in the warm-up."""
+        self.class_seconds.labels(shape_class).set(max(0.0, float(seconds)))
+
+    def class_first_hit_ratio(self, shape_class: str, ratio: float) -> None:
+        """Record a class's first-hit over repeat latency on the second replay."""
+        self.class_first_hit.labels(shape_class).set(float(ratio))
 
     def plan_request(self, outcome: str, amount: int = 1) -> None:
         """Count warm-up requests by outcome."""
@@ -181,6 +211,13 @@ class Metrics:
         """Set how many shape classes of the plan ended done, skipped and failed."""
         for state, value in (("done", done), ("skipped", skipped), ("failed", failed)):
             self.plan_classes.labels(state).set(int(value))
+
+
+def _version(dist: str) -> str:
+    """An installed distribution's version from its metadata, "unknown" when absent."""
+    from cache_tools.versions import dist_version
+
+    return dist_version(dist) or "unknown"
 
 
 _by_registry: "weakref.WeakKeyDictionary[Any, Metrics]" = weakref.WeakKeyDictionary()

@@ -38,22 +38,31 @@ class _Tally:
     failures: int = 0
     total_ms: float = 0.0
     max_step_ms: float = 0.0
+    repeat_ms: float = 0.0
+    worst_step_ratio: float = 0.0
     errors: list[str] = field(default_factory=list)
 
     def freeze(self) -> ClassReport:
         return ClassReport(self.shape_class, self.phase, self.kind, steps=self.steps,
                            requests=self.requests, failures=self.failures,
                            total_ms=self.total_ms, max_step_ms=self.max_step_ms,
+                           repeat_ms=self.repeat_ms, worst_step_ratio=self.worst_step_ratio,
                            errors=tuple(self.errors))
 
 
 class Driver:
-    """Runs one expansion through one transport."""
+    """Runs one expansion through one transport.
+
+    ``repeat``: send every step a second time right after it, with fresh token ids, and record
+    both latencies per class (``total_ms`` the first sends, ``repeat_ms`` the repeats): how much
+    slower the first request of a kind is than the same request again.  The second-pass check
+    uses it after the warm-up; a repeat's failure is counted like the step's own."""
 
     def __init__(self, transport: Any, *, lenient: bool = False, flush_timeout_s: float = 60.0,
                  state_dir: str | None = None, metrics: Any = None,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, repeat: bool = False) -> None:
         self.transport = transport
+        self.repeat = repeat
         self.lenient = lenient
         self.flush_timeout_s = flush_timeout_s
         self.state_dir = state_dir
@@ -129,14 +138,35 @@ class Driver:
 
     async def _step(self, step: WarmupStep, c: _Tally, failures: list[str]) -> None:
         self._set_phase("warmup", step.shape_class, step.index)
+        ms, failed = await self._send(step, c, failures, "")
+        c.steps += 1
+        c.requests += step.num_requests
+        c.failures += failed
+        c.total_ms += ms
+        c.max_step_ms = max(c.max_step_ms, ms)
+        if self.repeat and not failed:
+            again, failed = await self._send(step, c, failures, " (repeat)", salt="/repeat")
+            c.failures += failed
+            c.repeat_ms += again
+            if again > 0:
+                c.worst_step_ratio = max(c.worst_step_ratio, ms / again)
+
+    async def _send(self, step: WarmupStep, c: _Tally, failures: list[str], what: str, *,
+                    salt: str = "") -> tuple[float, int]:
+        """Send ``step`` once (``salt`` appended to the transport's token salt: fresh ids);
+        return its latency in ms and how many requests failed."""
+        tokens = getattr(self.transport, "tokens", None) if salt else None
+        old = getattr(tokens, "salt", "")
+        if tokens is not None:
+            tokens.salt = f"{old}{salt}"
         t = time.perf_counter()
         try:
             await self.transport.send(step)
             failed = 0
         except Exception as exc:  # every failure is reported with its class and step
             failed = step.num_requests
-            msg = (f"class {step.shape_class}, step {step.index} ({step.mode}: {step.note}): "
-                   f"{_describe(exc)}")
+            msg = (f"class {step.shape_class}, step {step.index}{what} ({step.mode}: "
+                   f"{step.note}): {_describe(exc)}")
             c.errors.append(msg)
             failures.append(msg)
             if not self.lenient:
@@ -146,12 +176,10 @@ class Driver:
                 raise DriverError(f"warm-up request failed: {msg}",
                                   hint="fix the server or the plan; --lenient warns and goes on") from None
             logger.warning("sglang-warmup: %s (lenient: going on)", msg)
-        ms = (time.perf_counter() - t) * 1000
-        c.steps += 1
-        c.requests += step.num_requests
-        c.failures += failed
-        c.total_ms += ms
-        c.max_step_ms = max(c.max_step_ms, ms)
+        finally:
+            if tokens is not None:
+                tokens.salt = old
+        return (time.perf_counter() - t) * 1000, failed
 
     def _set_phase(self, phase: str, shape_class: str | None = None, request: int | None = None) -> None:
         try:
@@ -177,6 +205,8 @@ class Driver:
                 self.metrics.plan_request("ok", report.requests_ok)
             if report.requests_failed:
                 self.metrics.plan_request("failed", report.requests_failed)
+            for c in report.classes:
+                self.metrics.class_time(c.shape_class, c.total_ms / 1000.0)
             skipped_classes = {s.shape_class for s in exp.skipped if not s.item}
             self.metrics.plan_coverage(done=sum(1 for c in report.classes if not c.failures),
                                        skipped=len(skipped_classes),

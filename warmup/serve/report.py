@@ -24,6 +24,8 @@ class ClassReport:
     ``compiles``: Triton misses stamped with this class during the warm-up (from the compile
     log); ``jit_builds``: nvcc/tvm-ffi builds; ``disk_hits``: loads from the disk cache;
     ``kernels``: distinct names of what compiled; ``errors``: one line per failed step.
+    ``repeat_ms``: with a driver that repeats every step (the second pass), the repeats' time;
+    ``worst_step_ratio``: the largest first/repeat ratio of one step.
     """
 
     shape_class: str
@@ -39,10 +41,17 @@ class ClassReport:
     jit_builds: int = 0
     kernels: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
+    repeat_ms: float = 0.0
+    worst_step_ratio: float = 0.0
 
     @property
     def ms_per_request(self) -> float:
         return self.total_ms / self.requests if self.requests else 0.0
+
+    @property
+    def first_hit_ratio(self) -> float | None:
+        """First sends over repeats (None when the steps were not repeated)."""
+        return self.total_ms / self.repeat_ms if self.repeat_ms > 0 else None
 
 
 @dataclass(frozen=True)

@@ -363,9 +363,9 @@ class Sidecar:
         check; each pass's report counts the compiles of that pass only."""
         cfg = self.config
 
-        def driver() -> Driver:
+        def driver(repeat: bool = False) -> Driver:
             return Driver(transport, flush_timeout_s=cfg.flush_timeout_s, state_dir=cfg.state_dir,
-                          progress=lambda line: logger.info("%s", line))
+                          progress=lambda line: logger.info("%s", line), repeat=repeat)
 
         def on_pass(n: int, result: PassResult) -> None:
             report = result.pass_report
@@ -380,9 +380,10 @@ class Sidecar:
                 self._event("verifying", "second pass: the same plan again, counting compile "
                             "misses")
 
-        # fresh prompts per attempt: no radix hits across passes
+        # fresh prompts per attempt: no radix hits across passes; the second pass repeats each
+        # step (first hit against repeat, reported in /report, not gated)
         return asyncio.run(second_pass.run_passes(
-            driver(), exp, second=driver() if cfg.second_pass else None,
+            driver(), exp, second=driver(repeat=True) if cfg.second_pass else None,
             state_dir=cfg.state_dir, mp_dir=cfg.mp_dir, salt=f"second-pass-{attempt}",
             on_pass=on_pass))
 

@@ -245,3 +245,22 @@ def test_importing_and_installing_does_not_import_prometheus_client(tmp_path):
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_per_class_latency_first_hit_and_build_info(registry, m):
+    from cache_tools.versions import dist_version
+
+    m.class_time("extend_int_classes", 1.25)
+    m.class_first_hit_ratio("extend_int_classes", 1.04)
+    assert value(registry, "sglang_warmup_class_seconds", shape_class="extend_int_classes") == 1.25
+    assert value(registry, "sglang_warmup_class_first_hit_ratio",
+                 shape_class="extend_int_classes") == 1.04
+    assert value(registry, "sglang_warmup_build_info", version=dist_version("sglang-warmup"),
+                 sglang=dist_version("sglang")) == 1
+
+
+def test_no_ready_time_is_exposed_before_it_is_known(registry, m):
+    names = {fam.name for fam in registry.collect()}
+    assert "sglang_warmup_ready_timestamp_seconds" not in names
+    m.ready(1_700_000_000.0)
+    assert value(registry, "sglang_warmup_ready_timestamp_seconds") == 1_700_000_000.0

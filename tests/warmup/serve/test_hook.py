@@ -236,7 +236,8 @@ def test_the_plugin_hands_the_second_pass_to_the_hook(sglang_warmups, tiny_plan_
     tm = fake_tokenizer_manager()
     asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
     report = json.loads((warmup_isolated / "report.json").read_text())
-    assert report["ok"] is True and report["requests"] == 28 and len(tm.items) == 56
+    # the first replay sends the plan once, the second twice (each step's first hit, repeat)
+    assert report["ok"] is True and report["requests"] == 28 and len(tm.items) == 84
     assert report["coverage"]["plan"] == "tiny_plan" and report["coverage"]["closed"] is True
     assert (warmup_isolated / "coverage.json").exists()
     assert len(tm.flush_requests) == 2

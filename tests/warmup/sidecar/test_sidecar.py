@@ -386,8 +386,11 @@ def test_second_pass_with_real_compiles_turns_ready_on_zero_misses(standins, sid
     second = report["second_pass_run"]["report"]
     assert second["compiles_total"] == 0 and second["requests"] == PLAN_REQUESTS
     cov = report["second_pass_run"]["coverage"]
-    assert cov["closed"] is True and cov["open_classes"] == []
-    assert sorted(server.stats()["prompt_lens"]) == sorted(PLAN_PROMPT_LENS * 2)
+    # no compile left; each class's first hit timed against its repeat (reported, not gated)
+    assert cov["open_classes"] == [] and cov["closed"] is (cov["slow_classes"] == [])
+    assert all(c["latency"]["repeat_ms"] > 0 for c in cov["classes"])
+    # the second pass sends each step twice: its first hit, then the repeat
+    assert sorted(server.stats()["prompt_lens"]) == sorted(PLAN_PROMPT_LENS * 3)
     assert server.stats()["flushes"] == 2
     assert phase.current(state_dir=state).phase == "serving"
     text = get(base(sc) + "/metrics")[1]
