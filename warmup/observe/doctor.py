@@ -28,6 +28,7 @@ import typer
 
 from cache_tools import compile_log
 from cache_tools.locations import environment
+from cache_tools.versions import dist_version as _dist_version
 
 if TYPE_CHECKING:  # the probe kernel's globals; bound by _probe_kernel() in the child
     import triton.language as tl
@@ -510,13 +511,6 @@ def _tail(path: Path, limit: int = 4000) -> str:
     except OSError:
         return ""
     return data[-limit:].decode("utf-8", errors="replace")
-
-
-def _dist_version(name: str) -> str | None:
-    try:
-        return _metadata.version(name)
-    except Exception:
-        return None
 
 
 # --------------------------------------------------------------------------------------------
