@@ -83,43 +83,55 @@ def pool_kind(workers: int, todo: int) -> str:
     return FORK if fork_is_safe() else SPAWN
 
 
-def compile_all(records: Sequence[dict], *, workers: int, kind: str, cache_dir: str,
-                dry_run: bool, toolchain: Toolchain) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Replay ``records``; yields (index into ``records``, outcome of ``replay_record``) as
-    each finishes.  ``kind`` from :func:`pool_kind`."""
-    if kind == IN_PROCESS:
-        with locations.environment(cache_environment(cache_dir)):
-            for index, record in enumerate(records):
-                yield index, _worker(record, cache_dir, dry_run, toolchain)
-        return
-    if kind == FORK:
-        # The imports happen under the cache environment, as they would in this process with
-        # one job: a package that sets cache variables on import (SGLang does) finds ours set.
-        with locations.environment(cache_environment(cache_dir)):
-            prepare(records, toolchain)
-    else:
-        toolchain.read(records)  # spawned workers get the versions with their arguments
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+class Pool:
+    """The compile processes of one replay: ``workers`` jobs, started as ``kind`` says
+    (:func:`pool_kind`; a fork planned before the imports becomes a spawn when an import
+    started a thread)."""
 
-    context = multiprocessing.get_context(kind)
-    with ProcessPoolExecutor(max_workers=min(workers, len(records)), mp_context=context,
-                             initializer=_worker_init,
-                             initargs=(cache_dir, toolchain)) as pool:
-        with warnings.catch_warnings():
-            # Python 3.12+ warns on any fork of a process with threads; native threads that
-            # torch starts at import hold no lock a compile needs (torch's own DataLoader
-            # forks the same way).  fork_is_safe() refused Python threads.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            futures = {pool.submit(_worker, record, cache_dir, dry_run): index
-                       for index, record in enumerate(records)}
-        for future in as_completed(futures):
-            try:
-                outcome = future.result()
-            except Exception as exc:  # a worker died (killed, out of memory)
-                outcome = {"status": FAILED, "reason": COMPILE_ERROR,
-                           "detail": f"worker process failed: {type(exc).__name__}: {exc}"}
-            yield futures[future], outcome
+    def __init__(self, workers: int, todo: int) -> None:
+        self.workers = workers
+        self.kind = pool_kind(workers, todo)
+
+    def run(self, records: Sequence[dict], *, cache_dir: str, dry_run: bool,
+            toolchain: Toolchain) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Replay ``records``; yields (index into ``records``, outcome of ``replay_record``)
+        as each finishes."""
+        if self.kind == IN_PROCESS:
+            with locations.environment(cache_environment(cache_dir)):
+                for index, record in enumerate(records):
+                    yield index, _worker(record, cache_dir, dry_run, toolchain)
+            return
+        if self.kind == FORK:
+            # The imports happen under the cache environment, as they would in this process
+            # with one job: a package that sets cache variables on import (SGLang does) finds
+            # ours set.
+            with locations.environment(cache_environment(cache_dir)):
+                prepare(records, toolchain)
+            if not fork_is_safe():  # an import started a thread (or CUDA): fork no more
+                self.kind = SPAWN
+        if self.kind == SPAWN:
+            toolchain.read(records)  # spawned workers get the versions with their arguments
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        context = multiprocessing.get_context(self.kind)
+        with ProcessPoolExecutor(max_workers=min(self.workers, len(records)),
+                                 mp_context=context, initializer=_worker_init,
+                                 initargs=(cache_dir, toolchain)) as pool:
+            with warnings.catch_warnings():
+                # Python 3.12+ warns on any fork of a process with threads; native threads
+                # that torch starts at import hold no lock a compile needs (torch's own
+                # DataLoader forks the same way).  fork_is_safe() refused Python threads.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                futures = {pool.submit(_worker, record, cache_dir, dry_run): index
+                           for index, record in enumerate(records)}
+            for future in as_completed(futures):
+                try:
+                    outcome = future.result()
+                except Exception as exc:  # a worker died (killed, out of memory)
+                    outcome = {"status": FAILED, "reason": COMPILE_ERROR,
+                               "detail": f"worker process failed: {type(exc).__name__}: {exc}"}
+                yield futures[future], outcome
 
 
 # --------------------------------------------------------------------------------------------

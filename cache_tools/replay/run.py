@@ -20,7 +20,7 @@ from cache_tools.errors import CacheError
 from cache_tools.replay.entries import (Entry, distinct_entries, is_triton_compile,
                                         kernel_label, log_files, parse_target, precheck,
                                         read_records)
-from cache_tools.replay.pool import compile_all, default_jobs, fork_is_safe, pool_kind
+from cache_tools.replay.pool import Pool, default_jobs, fork_is_safe
 from cache_tools.replay.report import (KEY_MISMATCH, PLANNED, PRESENT, REBUILT, SKIPPED,
                                        KernelResult, ReplayReport)
 from cache_tools.replay.toolchain import Toolchain
@@ -92,11 +92,11 @@ def replay(logs: Sequence[str | os.PathLike[str]], *,
             todo.append(index)
 
     workers = jobs if jobs is not None else default_jobs(len(todo), fork=fork_is_safe())
-    kind = pool_kind(workers, len(todo))
+    pool = Pool(workers, len(todo))
     tuning: dict[int, dict] = {}
-    for position, outcome in compile_all([entries[i].record for i in todo], workers=workers,
-                                         kind=kind, cache_dir=str(directory), dry_run=dry_run,
-                                         toolchain=toolchain):
+    for position, outcome in pool.run([entries[i].record for i in todo],
+                                      cache_dir=str(directory), dry_run=dry_run,
+                                      toolchain=toolchain):
         index = todo[position]
         if outcome.get("autotune"):
             tuning[index] = outcome["autotune"]
@@ -120,7 +120,7 @@ def replay(logs: Sequence[str | os.PathLike[str]], *,
         logs=tuple(str(f) for f in files), cache_dir=str(directory),
         target=target, python=sys.executable, triton_version=toolchain.triton_version,
         dry_run=dry_run, jobs=workers, results=tuple(done_results), ignored=ignored,
-        warnings=tuple(warnings), seconds=time.perf_counter() - started, pool=kind)
+        warnings=tuple(warnings), seconds=time.perf_counter() - started, pool=pool.kind)
 
 
 def _autotune_warnings(entries: Sequence[Entry], tuning: dict[int, dict]) -> list[str]:

@@ -619,3 +619,32 @@ def test_reports_written_before_the_compile_log_had_its_name_still_read():
     assert (report.logs, report.pool) == (("/s/compile_log/compiles-1.jsonl",), "in-process")
     again = replay.ReplayReport.from_json(json.loads(json.dumps(report.to_json())))
     assert again == report
+
+
+def test_an_import_that_starts_a_thread_turns_the_fork_into_a_spawn(tmp_path, monkeypatch):
+    """The fork is decided before the kernels' modules are imported; a module that starts a
+    thread on import makes forking unsafe, and the workers are spawned instead."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "replay_threaded.py").write_text(
+        "import os\nimport threading\n\nimport triton\nimport triton.language as tl\n\n"
+        "stop = threading.Event()\n"
+        "if os.environ.get('REPLAY_TEST_THREAD'):\n"
+        "    threading.Thread(target=stop.wait, daemon=True).start()\n\n\n"
+        "@triton.jit\ndef k(x_ptr, BLOCK: tl.constexpr):\n"
+        "    offs = tl.arange(0, BLOCK)\n"
+        "    tl.store(x_ptr + offs, tl.load(x_ptr + offs) * 3.0)\n")
+    monkeypatch.syspath_prepend(str(package))
+    import replay_threaded
+
+    state = tmp_path / "state"
+    calls = [lambda b=b: replay_threaded.k.warmup(F32, BLOCK=b, grid=(1,)) for b in (16, 32)]
+    seen = jit_compile(tmp_path / "jit", calls, state_dir=state)
+    monkeypatch.delitem(sys.modules, "replay_threaded")
+    os.environ["REPLAY_TEST_THREAD"] = "1"  # the isolated fixture puts the environment back
+    try:
+        report = replay.replay([state], cache_dir=tmp_path / "out", jobs=2)
+    finally:
+        sys.modules.pop("replay_threaded").stop.set()
+    assert report.pool == "spawn"
+    assert [(r.status, r.hash) for r in report.results] == [("rebuilt", h) for _, _, h in seen]
