@@ -16,6 +16,8 @@ and the default job count is 1.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import os
 import sys
@@ -83,6 +85,22 @@ def pool_kind(workers: int, todo: int) -> str:
     return FORK if fork_is_safe() else SPAWN
 
 
+@contextlib.contextmanager
+def _frozen_heap() -> Iterator[None]:
+    """Keep every object made so far (the imported torch, SGLang and Triton: hundreds of MB)
+    out of the garbage collector while compiling.  Collections during a compile then no
+    longer walk them, and forked workers do not copy the pages such a walk would write to
+    (``gc.freeze`` exists for this).  Left alone when someone else froze objects already."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 class Pool:
     """The compile processes of one replay: ``workers`` jobs, started as ``kind`` says
     (:func:`pool_kind`; a fork planned before the imports becomes a spawn when an import
@@ -96,28 +114,29 @@ class Pool:
             toolchain: Toolchain) -> Iterator[tuple[int, dict[str, Any]]]:
         """Replay ``records``; yields (index into ``records``, outcome of ``replay_record``)
         as each finishes."""
-        if self.kind == IN_PROCESS:
+        if self.kind in (IN_PROCESS, FORK):
+            # The imports happen under the cache environment, as they would record by record
+            # in this process: a package that sets cache variables on import (SGLang does)
+            # finds ours set.
             with locations.environment(cache_environment(cache_dir)):
+                prepare(records, toolchain)
+        if self.kind == FORK and not fork_is_safe():  # an import started a thread: no fork
+            self.kind = SPAWN
+        if self.kind == SPAWN:
+            toolchain.read(records)  # spawned workers get the versions with their arguments
+        if self.kind == IN_PROCESS:
+            with locations.environment(cache_environment(cache_dir)), _frozen_heap():
                 for index, record in enumerate(records):
                     yield index, _worker(record, cache_dir, dry_run, toolchain)
             return
-        if self.kind == FORK:
-            # The imports happen under the cache environment, as they would in this process
-            # with one job: a package that sets cache variables on import (SGLang does) finds
-            # ours set.
-            with locations.environment(cache_environment(cache_dir)):
-                prepare(records, toolchain)
-            if not fork_is_safe():  # an import started a thread (or CUDA): fork no more
-                self.kind = SPAWN
-        if self.kind == SPAWN:
-            toolchain.read(records)  # spawned workers get the versions with their arguments
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         context = multiprocessing.get_context(self.kind)
-        with ProcessPoolExecutor(max_workers=min(self.workers, len(records)),
-                                 mp_context=context, initializer=_worker_init,
-                                 initargs=(cache_dir, toolchain)) as pool:
+        with _frozen_heap() if self.kind == FORK else contextlib.nullcontext(), \
+                ProcessPoolExecutor(max_workers=min(self.workers, len(records)),
+                                    mp_context=context, initializer=_worker_init,
+                                    initargs=(cache_dir, toolchain)) as pool:
             with warnings.catch_warnings():
                 # Python 3.12+ warns on any fork of a process with threads; native threads
                 # that torch starts at import hold no lock a compile needs (torch's own

@@ -4,6 +4,7 @@ again through the JIT path: the replayed entries must be the very ones the JIT f
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -188,6 +189,7 @@ def test_replayed_entries_are_the_ones_the_jit_finds(recorded, tmp_path, jobs):
     assert report.jobs == jobs and report.triton_version == TRITON
     # Two jobs: workers forked after the kernels' modules were imported here.
     assert report.pool == {1: "in-process", 2: "fork"}[jobs]
+    assert gc.get_freeze_count() == 0  # the imported heap is frozen only while compiling
     # Same entry directories, same metadata hashes, same cubins.
     assert entries(empty) == entries(jit_cache) and len(entries(empty)) == 3
     assert metadata_hashes(empty) == metadata_hashes(jit_cache) == {h for _, _, h in seen}
