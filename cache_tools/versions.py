@@ -1,5 +1,8 @@
-"""Installed distribution versions, read from package metadata without importing the package
-(importing SGLang or Triton to ask its version takes seconds)."""
+"""Installed distribution versions, read from package metadata without importing the package.
+
+``import sglang`` redirects cache variables and imports torch, and importing Triton loads
+``libtriton``: asking the metadata costs neither.  Standard library only.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +10,9 @@ from importlib import metadata
 
 
 def dist_version(name: str) -> str | None:
-    """The installed version of distribution ``name``; None when it is not installed or its
-    metadata is unreadable."""
+    """The installed version of distribution ``name`` (``triton``, ``sglang``,
+    ``apache-tvm-ffi``), or None when it is not installed or its metadata is unreadable."""
     try:
         return metadata.version(name)
-    except Exception:  # PackageNotFoundError, or metadata broken by a half-removed install
+    except Exception:  # not installed, or broken metadata: both mean "no version known"
         return None

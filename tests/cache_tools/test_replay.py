@@ -1,9 +1,10 @@
-"""cache_tools/replay.py: kernels compiled through the real @triton.jit path (CPU, target sm_90)
-with sglang-warmup's events recording the manifest, replayed into an empty cache, then looked up
+"""cache_tools.replay: kernels compiled through the real @triton.jit path (CPU, target sm_90)
+with sglang-warmup's events recording the compile log, replayed into an empty cache, then looked up
 again through the JIT path: the replayed entries must be the very ones the JIT finds on disk."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -111,7 +112,7 @@ def clear_jit(*kernels) -> None:
 def jit_compile(cache_dir: Path, calls, *, state_dir: Path | None = None) -> list:
     """Run ``calls`` (each a no-argument function doing ``kernel.warmup(...)``) with the
     Triton cache at ``cache_dir``, the active driver's target patched to cuda:90 and, with a
-    ``state_dir``, sglang-warmup's events recording the manifest.  Returns what Triton's
+    ``state_dir``, sglang-warmup's events recording the compile log.  Returns what Triton's
     compilation listener saw: ``(kernel name, cache_hit, hash)`` per triton.compile call."""
     seen = []
     previous = knobs.compilation.listener
@@ -123,6 +124,7 @@ def jit_compile(cache_dir: Path, calls, *, state_dir: Path | None = None) -> lis
     knobs.compilation.listener = listener
     try:
         if state_dir is not None:
+            events.uninstall()  # an installation left by another test would keep its own dir
             events.install(registry=CollectorRegistry(), state_dir=state_dir)
         with compile_only_target():
             for call in calls:
@@ -166,7 +168,7 @@ def recorded(tmp_path):
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_replayed_entries_are_the_ones_the_jit_finds(recorded, tmp_path, jobs):
     state, jit_cache, seen = recorded
-    # The manifest covers what this test claims: int classes, alignment, constexprs.
+    # The compile log covers what this test claims: int classes, alignment, constexprs.
     recs = records(state)
     assert len(recs) == 3
     assert recs[0]["constexprs"][0] == {"path": [3], "name": "stride", "value": 1}
@@ -186,6 +188,9 @@ def test_replayed_entries_are_the_ones_the_jit_finds(recorded, tmp_path, jobs):
     assert report.counts == {"rebuilt": 3, "present": 0, "planned": 0, "skipped": 0,
                              "failed": 0}
     assert report.jobs == jobs and report.triton_version == TRITON
+    # Two jobs: workers forked after the kernels' modules were imported here.
+    assert report.pool == {1: "in-process", 2: "fork"}[jobs]
+    assert gc.get_freeze_count() == 0  # the imported heap is frozen only while compiling
     # Same entry directories, same metadata hashes, same cubins.
     assert entries(empty) == entries(jit_cache) and len(entries(empty)) == 3
     assert metadata_hashes(empty) == metadata_hashes(jit_cache) == {h for _, _, h in seen}
@@ -216,24 +221,24 @@ def test_a_second_replay_finds_everything_present_and_dry_run_writes_nothing(rec
 
 def test_hits_and_repeated_misses_collapse_into_one_entry(recorded, tmp_path):
     state, _, _ = recorded
-    manifest = next((state / "compile_log").glob("*.jsonl"))
-    lines = manifest.read_text().splitlines()
+    log = next((state / "compile_log").glob("*.jsonl"))
+    lines = log.read_text().splitlines()
     hit = dict(json.loads(lines[0]), event="hit", phase="serving", pid=1)
     load = {"event": "load", "compiler": "triton", "hash": "h", "kernel": {"name": "x"}}
-    manifest.write_text("\n".join(lines + [json.dumps(hit), json.dumps(load), '{"torn']) + "\n")
+    log.write_text("\n".join(lines + [json.dumps(hit), json.dumps(load), '{"torn']) + "\n")
     report = replay.replay([state], cache_dir=tmp_path / "out", jobs=1)
     assert [r.records for r in report.results] == [2, 1, 1]
     assert report.results[0].phases == ("init", "serving")
     assert report.ignored == 1
-    assert report.warnings == (f"{manifest}:{len(lines) + 3}: not a JSON object, skipped",)
+    assert report.warnings == (f"{log}:{len(lines) + 3}: not a JSON object, skipped",)
 
 
 # --- what cannot be replayed, and why ----------------------------------------------------------
 
 def test_skips_name_their_reason(recorded, tmp_path):
     state, _, _ = recorded
-    manifest = next((state / "compile_log").glob("*.jsonl"))
-    base = [json.loads(x) for x in manifest.read_text().splitlines()]
+    log = next((state / "compile_log").glob("*.jsonl"))
+    base = [json.loads(x) for x in log.read_text().splitlines()]
 
     def variant(**changes) -> dict:
         rec = json.loads(json.dumps(base[0]))
@@ -260,9 +265,9 @@ def test_skips_name_their_reason(recorded, tmp_path):
     for number, case in enumerate(cases):
         case["hash"] = f"{base[0]['hash']}-{number}"  # distinct entries, not one
     cases.append(changed)
-    manifest.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    log.write_text("".join(json.dumps(c) + "\n" for c in cases))
 
-    report = replay.replay([manifest], cache_dir=tmp_path / "out", jobs=1)
+    report = replay.replay([log], cache_dir=tmp_path / "out", jobs=1)
     got = [(r.status, r.reason, r.detail) for r in report.results]
     assert got == [
         ("skipped", "triton-version",
@@ -314,7 +319,7 @@ def test_a_nested_kernel_is_recorded_and_skipped(tmp_path):
 
 
 def test_changed_kernel_source_is_a_key_mismatch_not_a_useless_entry(tmp_path, monkeypatch):
-    """What a manifest from another SGLang release looks like: same module, other source."""
+    """What a compile log from another SGLang release looks like: same module, other source."""
     package = tmp_path / "pkg"
     package.mkdir()
     source = ("import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
@@ -348,9 +353,9 @@ def test_the_recorded_cache_invalidating_environment_is_the_one_replayed(tmp_pat
     assert "TRITON_DISABLE_LINE_INFO" not in os.environ  # put back after the compile
 
     # The same kernels recorded without it: every key differs, which names the toolchain.
-    manifest = next((state / "compile_log").glob("*.jsonl"))
-    lines = [json.loads(x) for x in manifest.read_text().splitlines()]
-    manifest.write_text("".join(json.dumps(dict(r, env={})) + "\n" for r in lines))
+    log = next((state / "compile_log").glob("*.jsonl"))
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    log.write_text("".join(json.dumps(dict(r, env={})) + "\n" for r in lines))
     report = replay.replay([state], cache_dir=tmp_path / "out2", jobs=1)
     assert [r.reason for r in report.results] == ["key-mismatch"] * 2
     assert report.warnings == (
@@ -426,23 +431,23 @@ def test_bad_inputs_are_cache_errors(tmp_path):
         replay.replay([tmp_path / "empty"], cache_dir=tmp_path / "out")
     assert err.value.message == (f"{tmp_path / 'empty'}: no compiles-*.jsonl files here or in "
                                  f"{tmp_path / 'empty' / 'compile_log'}")
-    manifest = tmp_path / "m.jsonl"
-    manifest.write_text("")
+    log = tmp_path / "m.jsonl"
+    log.write_text("")
     for target, message in (("cuda", "--target 'cuda': expected BACKEND:ARCH[:WARP_SIZE]"),
                             ("cuda:90:x", "--target 'cuda:90:x': warp size 'x' is not a "
                                           "number")):
         with pytest.raises(CacheError) as err:
-            replay.replay([manifest], cache_dir=tmp_path / "out", target=target)
+            replay.replay([log], cache_dir=tmp_path / "out", target=target)
         assert err.value.message == message
     with pytest.raises(CacheError) as err:
-        replay.replay([manifest], cache_dir=tmp_path / "out", jobs=0)
+        replay.replay([log], cache_dir=tmp_path / "out", jobs=0)
     assert err.value.message == "--jobs 0: expected 1 or more"
     with pytest.raises(CacheError) as err:
-        replay.replay([manifest], cache_dir=tmp_path / "out", python=tmp_path / "nopython")
+        replay.replay([log], cache_dir=tmp_path / "out", python=tmp_path / "nopython")
     assert err.value.message == f"--python {tmp_path / 'nopython'}: not an executable file"
-    report = replay.replay([manifest], cache_dir=tmp_path / "out")
+    report = replay.replay([log], cache_dir=tmp_path / "out")
     assert report.results == ()
-    assert replay.report_text(report).splitlines()[0] == f"No Triton compile records in {manifest}."
+    assert replay.report_text(report).splitlines()[0] == f"No Triton compile records in {log}."
 
 
 def test_another_interpreter_runs_the_same_replay(recorded, tmp_path):
@@ -502,3 +507,147 @@ def test_the_module_stays_standard_library_only():
                           env={"PYTHONPATH": str(REPO)}, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
+
+
+# --- damaged records ---------------------------------------------------------------------------
+
+def test_damaged_records_are_skipped_with_their_reason_never_run(recorded, tmp_path):
+    state, _, _ = recorded
+    log = next((state / "compile_log").glob("*.jsonl"))
+    base = json.loads(log.read_text().splitlines()[0])
+    cases = [
+        dict(base, kernel="spec_kernel"),
+        dict(base, kernel={**base["kernel"], "qualname": 7}),
+        dict(base, options=[["num_warps", 4]], target="cuda:90"),
+        dict(base, constexprs={"BLOCK": 128}),
+        dict(base, env=["TRITON_DISABLE_LINE_INFO"]),
+        dict(base, toolchain="ptxas"),
+        dict(base, kernel={**base["kernel"], "source": "raise SystemExit('never run')"}),
+        dict(base, hash=12345),
+    ]
+    for number, case in enumerate(cases):
+        if number != 7:
+            case["hash"] = f"{base['hash']}-{number}"
+    log.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    report = replay.replay([log], cache_dir=tmp_path / "out", jobs=2)
+    assert [(r.status, r.reason, r.detail) for r in report.results] == [
+        ("skipped", "missing-fields", "the record lacks kernel.module, kernel.qualname"),
+        ("skipped", "missing-fields", "the record's kernel.qualname has the wrong JSON type"),
+        ("skipped", "missing-fields", "the record's options, target have the wrong JSON type"),
+        ("skipped", "missing-fields", "the record's constexprs has the wrong JSON type"),
+        ("skipped", "missing-fields", "the record's env has the wrong JSON type"),
+        ("skipped", "missing-fields", "the record's toolchain has the wrong JSON type"),
+        ("skipped", "missing-fields", "the record's kernel.source has the wrong JSON type"),
+        ("skipped", "missing-fields", "the record's hash has the wrong JSON type"),
+    ]
+    assert [r.kernel for r in report.results][:2] == ["?:?", f"{__name__}:7"]
+    assert report.results[-1].hash == "12345"
+    assert report.pool == "in-process"  # nothing was left to compile
+    assert replay.summary_line(report).startswith("0 rebuilt, 0 already present, 8 skipped")
+
+
+# --- worker processes: how many, how started, what they share -----------------------------------
+
+def test_the_default_job_count_rule(tmp_path, monkeypatch):
+    from cache_tools.replay import pool
+
+    monkeypatch.setattr(pool, "usable_cpus", lambda: 8)
+    assert replay.default_jobs(20, fork=True) == 8   # one per usable CPU
+    assert replay.default_jobs(3, fork=True) == 3    # never more than records to compile
+    assert replay.default_jobs(0, fork=True) == 1
+    assert replay.default_jobs(20, fork=False) == 1  # spawned workers would import again
+    monkeypatch.undo()
+
+    affinity = len(os.sched_getaffinity(0))
+    quota = tmp_path / "cpu.max"
+    quota.write_text("150000 100000\n")  # a container limited to 1.5 CPUs
+    assert replay.usable_cpus(str(quota)) == min(affinity, 2)
+    quota.write_text("max 100000\n")
+    assert replay.usable_cpus(str(quota)) == affinity
+    assert replay.usable_cpus(str(tmp_path / "none")) == affinity
+
+
+def test_a_python_thread_makes_the_workers_spawned_and_the_default_one_job(recorded,
+                                                                          tmp_path):
+    import threading
+
+    state, jit_cache, _ = recorded
+    assert replay.fork_is_safe()
+    go = threading.Event()
+    thread = threading.Thread(target=go.wait, daemon=True)
+    thread.start()
+    try:
+        assert not replay.fork_is_safe()
+        default = replay.replay([state], cache_dir=tmp_path / "default", dry_run=True)
+        assert (default.jobs, default.pool) == (1, "in-process")
+        spawned = replay.replay([state], cache_dir=tmp_path / "out", jobs=2)
+    finally:
+        go.set()
+        thread.join()
+    assert (spawned.jobs, spawned.pool) == (2, "spawn")
+    assert [r.status for r in spawned.results] == ["rebuilt"] * 3
+    assert entries(tmp_path / "out") == entries(jit_cache)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_toolchain_is_read_once_per_run(recorded, tmp_path, jobs):
+    """Every ``ptxas --version`` of the run, in every process, goes through a logging
+    wrapper: one read for the replay's own table, one for Triton's own per-path cache, however
+    many records and workers (before: one more per record)."""
+    state, jit_cache, _ = recorded
+    from triton.backends.nvidia import compiler as nvidia
+
+    before = nvidia.get_ptxas_version(90)
+    calls = tmp_path / "ptxas-calls"
+    wrapper = tmp_path / "bin" / "ptxas"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {nvidia.get_ptxas(90).path} "$@"\n')
+    wrapper.chmod(0o755)
+    os.environ["TRITON_PTXAS_PATH"] = str(wrapper)
+    report = replay.replay([state], cache_dir=tmp_path / "out", jobs=jobs)
+    assert [r.status for r in report.results] == ["rebuilt"] * 3
+    assert report.pool == {1: "in-process", 2: "fork"}[jobs]
+    assert entries(tmp_path / "out") == entries(jit_cache)
+    lines = calls.read_text().splitlines()
+    assert lines.count("--version") == 2
+    assert len(lines) == 2 + 3  # and one ptxas compile per record
+    assert nvidia.get_ptxas_version(90) == before  # Triton's own function and cache are back
+
+
+def test_reports_written_before_the_compile_log_had_its_name_still_read():
+    old = {"manifests": ["/s/compile_log/compiles-1.jsonl"], "cache_dir": "/c", "target": None,
+           "python": "/usr/bin/python3", "triton_version": "3.6.0", "dry_run": False,
+           "jobs": 2, "results": []}
+    report = replay.ReplayReport.from_json(old)
+    assert (report.logs, report.pool) == (("/s/compile_log/compiles-1.jsonl",), "in-process")
+    again = replay.ReplayReport.from_json(json.loads(json.dumps(report.to_json())))
+    assert again == report
+
+
+def test_an_import_that_starts_a_thread_turns_the_fork_into_a_spawn(tmp_path, monkeypatch):
+    """The fork is decided before the kernels' modules are imported; a module that starts a
+    thread on import makes forking unsafe, and the workers are spawned instead."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "replay_threaded.py").write_text(
+        "import os\nimport threading\n\nimport triton\nimport triton.language as tl\n\n"
+        "stop = threading.Event()\n"
+        "if os.environ.get('REPLAY_TEST_THREAD'):\n"
+        "    threading.Thread(target=stop.wait, daemon=True).start()\n\n\n"
+        "@triton.jit\ndef k(x_ptr, BLOCK: tl.constexpr):\n"
+        "    offs = tl.arange(0, BLOCK)\n"
+        "    tl.store(x_ptr + offs, tl.load(x_ptr + offs) * 3.0)\n")
+    monkeypatch.syspath_prepend(str(package))
+    import replay_threaded
+
+    state = tmp_path / "state"
+    calls = [lambda b=b: replay_threaded.k.warmup(F32, BLOCK=b, grid=(1,)) for b in (16, 32)]
+    seen = jit_compile(tmp_path / "jit", calls, state_dir=state)
+    monkeypatch.delitem(sys.modules, "replay_threaded")
+    os.environ["REPLAY_TEST_THREAD"] = "1"  # the isolated fixture puts the environment back
+    try:
+        report = replay.replay([state], cache_dir=tmp_path / "out", jobs=2)
+    finally:
+        sys.modules.pop("replay_threaded").stop.set()
+    assert report.pool == "spawn"
+    assert [(r.status, r.hash) for r in report.results] == [("rebuilt", h) for _, _, h in seen]

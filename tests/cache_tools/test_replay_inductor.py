@@ -3,8 +3,8 @@
 The kernel module under ``data/inductor/`` is one Inductor wrote on a GPU serving host.  Here it
 is compiled by torch's own compile-worker function (``_worker_compile_triton``: torch's loader,
 ``CachingAutotuner.precompile(warm_cache_only=True)``, sm_90, no GPU) in a separate process with
-sglang-warmup's events recording the manifest, exactly as in an Inductor worker of a server.
-The generated file is then deleted: the replay has only the manifest line.
+sglang-warmup's events recording the compile log, exactly as in an Inductor worker of a server.
+The generated file is then deleted: the replay has only the compile-log line.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import triton
 
 from cache_tools import replay
 from cache_tools import compile_log
-from warmup.observe import events
+from warmup.observe import triton_record
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "c7sjgqkucgntvi4c7l4fatcxeoi5bycejlefszjayi3rew3kwsy6"
@@ -47,7 +47,7 @@ _worker_compile_triton(lambda: getattr(_reload_python_module(key, path), name), 
 
 
 def run_worker(tmp: Path, cache: Path, *, ptxas: Path | None = None) -> list[dict]:
-    """The generated module compiled in an Inductor worker into ``cache``; the manifest lines
+    """The generated module compiled in an Inductor worker into ``cache``; the compile-log lines
     (misses and hits).  The module file is gone afterwards."""
     generated = tmp / "inductor" / KEY[1:3] / f"{KEY}.py"
     generated.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +83,7 @@ def recorded(tmp_path_factory):
     return tmp, records
 
 
-def test_the_manifest_carries_the_generated_source_and_the_ptxas(recorded):
+def test_the_compile_log_carries_the_generated_source_and_the_ptxas(recorded):
     tmp, records = recorded
     text = SOURCE.read_text()
     assert [r["event"] for r in records] == ["miss", "miss"]  # two autotuner configs
@@ -105,8 +105,10 @@ def test_an_inductor_kernel_replays_from_its_recorded_source(recorded, tmp_path,
         [("rebuilt", "", f"{MODULE}:{NAME}")] * 2
     assert sorted(r.hash for r in report.results) == sorted(r["hash"] for r in records)
     assert entries(out) == entries(tmp / "jit-cache") and len(entries(out)) == 2
-    if jobs == 1:  # the module was executed here, under its recorded name
-        assert sys.modules.pop(MODULE).__name__ == MODULE
+    # The module was executed here, under its recorded name: in this process with one job,
+    # before the workers were forked with two.
+    assert report.pool == ("in-process" if jobs == 1 else "fork")
+    assert sys.modules.pop(MODULE).__name__ == MODULE
 
     # The same worker task against the replayed cache: both configs are disk hits.
     again = run_worker(tmp_path, out)
@@ -118,13 +120,13 @@ def test_a_damaged_source_is_not_run(recorded, tmp_path):
     tmp, records = recorded
     line = json.loads(json.dumps(records[0]))
     line["kernel"]["source"]["text"] += "\nraise SystemExit('never run')\n"
-    manifest = tmp_path / "compiles-1.jsonl"
-    manifest.write_text(json.dumps(line) + "\n")
-    report = replay.replay([manifest], cache_dir=tmp_path / "out", jobs=1)
+    log = tmp_path / "compiles-1.jsonl"
+    log.write_text(json.dumps(line) + "\n")
+    report = replay.replay([log], cache_dir=tmp_path / "out", jobs=1)
     [result] = report.results
     assert (result.status, result.reason) == ("skipped", "not-importable")
     assert result.detail == (f"the source recorded for {MODULE} does not match its sha256: "
-                             "the manifest line is damaged")
+                             "the compile-log line is damaged")
     assert MODULE not in sys.modules
 
 
@@ -179,26 +181,26 @@ def test_the_ptxas_the_worker_used_is_found_again(tmp_path, monkeypatch):
 
 
 def test_generated_source_only_for_modules_made_at_run_time(tmp_path):
-    assert events.generated_source(run_worker) is None  # an importable module
+    assert triton_record.generated_source(run_worker) is None  # an importable module
 
     path = tmp_path / "gen.py"
     path.write_text("def f():\n    return 1\n")
     made = types.ModuleType("made.at.run.time")
     made.__file__ = str(path)
     exec(compile(path.read_text(), str(path), "exec"), made.__dict__)
-    got = events.generated_source(made.f)
+    got = triton_record.generated_source(made.f)
     assert got == {"file": "gen.py", "text": path.read_text(),
                    "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
     script = types.ModuleType("__main__")
     script.__file__ = str(path)
     exec("def g():\n    pass\n", script.__dict__)
-    assert events.generated_source(script.g) is None
+    assert triton_record.generated_source(script.g) is None
 
     big = tmp_path / "big.py"
     big.write_text("def h():\n    pass\n" + "#" * (256 * 1024))
     huge = types.ModuleType("made.big")
     huge.__file__ = str(big)
     exec("def h():\n    pass\n", huge.__dict__)
-    assert events.generated_source(huge.h) is None
-    assert events.generated_source(object()) is None
+    assert triton_record.generated_source(huge.h) is None
+    assert triton_record.generated_source(object()) is None

@@ -254,7 +254,8 @@ def replay_cmd(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Triton cache to write "
                                              "into (default: where SGLang looks)"),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="compile processes (1: in "
-                                       "this process; default: one per CPU)"),
+                                       "this process; default: one per usable CPU when workers can be "
+                                       "forked, else 1)"),
     python: Optional[Path] = typer.Option(None, "--python", help="run the replay in this "
                                           "interpreter (one with the recorded Triton)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="check every record, compile "

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from cache_tools import compile_log
 from cache_tools.locations import environment
+from cache_tools.versions import dist_version as _dist_version
 from warmup import settings
 
 if TYPE_CHECKING:  # the probe kernel's globals; bound by _probe_kernel() in the child
@@ -505,13 +506,6 @@ def _tail(path: Path, limit: int = 4000) -> str:
     except OSError:
         return ""
     return data[-limit:].decode("utf-8", errors="replace")
-
-
-def _dist_version(name: str) -> str | None:
-    try:
-        return _metadata.version(name)
-    except Exception:
-        return None
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,6 +20,9 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from warmup import settings
+from warmup.observe import events, importer
+
 logger = logging.getLogger("sglang_warmup.inductor")
 
 POOL_MODULE = "torch._inductor.compile_worker.subproc_pool"
@@ -32,9 +35,7 @@ def arm() -> None:
     if module is not None:
         _patch(module)
         return
-    from warmup.observe.importer import finder
-
-    finder().watch(POOL_MODULE, _patch)
+    importer.finder().watch(POOL_MODULE, _patch)
 
 
 def _patch(module: ModuleType) -> None:
@@ -63,12 +64,8 @@ def _install_here() -> None:
     """In an Inductor worker (or anywhere the pickler is created): install the compile hooks
     when sglang-warmup is enabled.  Never raises."""
     try:
-        from warmup import settings
-
         if not (settings.ENABLE.get() and settings.METRICS.get()):
             return
-        from warmup.observe import events
-
         events.install()
     except Exception as exc:  # a guest never raises into its host
         logger.warning("sglang-warmup: compile hooks not installed in this Inductor worker: %s", exc)

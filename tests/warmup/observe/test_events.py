@@ -21,7 +21,7 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import MockTensor
 
 from cache_tools import compile_log
-from warmup.observe import events, metrics, phase
+from warmup.observe import events, metrics, phase, triton_hooks
 from warmup.observe.doctor import compile_only_target
 
 REPO = Path(__file__).resolve().parents[3]
@@ -228,7 +228,7 @@ def test_the_jit_path_joins_the_jit_cache_hook_record(registry, state_dir):
     assert miss["attrs"][0] == {"path": [0], "name": "x_ptr", "attrs": [["tt.divisibility", 16]]}
 
 
-def test_the_manifest_is_enough_to_recompile_the_kernel(registry, state_dir, tmp_path,
+def test_the_compile_log_line_is_enough_to_recompile_the_kernel(registry, state_dir, tmp_path,
                                                         monkeypatch):
     events.install(registry=registry, state_dir=state_dir)
     original = compile_jit(block=64)
@@ -375,7 +375,7 @@ def test_kernel_loads_are_counted_and_recorded(registry, state_dir):
 
 # --- a guest never raises ----------------------------------------------------------------------
 
-def test_a_failing_manifest_is_counted_and_the_compile_goes_on(registry, tmp_path):
+def test_a_failing_compile_log_is_counted_and_the_compile_goes_on(registry, tmp_path):
     blocker = tmp_path / "state-is-a-file"
     blocker.write_text("")
     events.install(registry=registry, state_dir=blocker)
@@ -394,14 +394,14 @@ def test_failing_metrics_and_hooks_never_raise_into_triton(registry, state_dir, 
 
     monkeypatch.setattr(metrics.Metrics, "compile_event", broken)
     monkeypatch.setattr(metrics.Metrics, "kernel_load", broken)
-    monkeypatch.setattr(events._Installation, "on_jit_hook", broken)
+    monkeypatch.setattr(triton_hooks.TritonHooks, "on_jit_hook", broken)
     kernel = compile_jit()
     assert kernel is not None
     knobs.runtime.kernel_load_start_hook(None, None, "scale_kernel", {}, "h2")
     assert count(registry, "sglang_warmup_hook_errors_total", hook="metrics") == 2
     assert count(registry, "sglang_warmup_hook_errors_total", hook="jit_cache_hook") == 1
     assert count(registry, "sglang_warmup_hook_errors_total", hook="jit_post_compile_hook") == 1
-    # the manifest still got the miss
+    # the compile log still got the miss
     assert [r["event"] for r in triton_events(state_dir)] == ["miss"]
 
 
