@@ -19,21 +19,21 @@ import hashlib
 import io
 import json
 import os
-import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from cache_tools import fingerprint as fp_mod
-from cache_tools.archive import (CHUNK, EntryPlanView, Limits, PlannedEntry, RestoreResult,
-                                 Source, _tarinfo, check_member, collect, plan_entry,
-                                 restore_roots)
+from cache_tools import groups, tarfmt
+from cache_tools.archive import read_entry
 from cache_tools.errors import ArchiveError, RemoteError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import Location
-from cache_tools.manifest import EntryRecord, parse_entry
+from cache_tools.manifest import EntryRecord, is_triton, parse_entry
 from cache_tools.progress import Progress
+from cache_tools.restore import (EntryPlanView, PlannedEntry, RestoreResult, plan_entry,
+                                 restore_roots)
 from cache_tools.scan import CacheWarning, scan
 from cache_tools.staging import Installer, Outcome
 
@@ -63,18 +63,44 @@ def connect(url: str):
     return client
 
 
+class _Store:
+    """The Redis client, with the few calls push and pull make."""
+
+    def __init__(self, client: Any, url: str) -> None:
+        self.client = client
+        self.url = url
+
+    def get(self, key: str) -> bytes | None:
+        return self.client.get(key)
+
+    def mget(self, keys: list[str]) -> list[bytes | None]:
+        return self.client.mget(keys) if keys else []
+
+    def set(self, key: str, value: bytes | str, nx: bool = True) -> Any:
+        return self.client.set(key, value, nx=nx)
+
+    def sadd(self, key: str, member: str) -> Any:
+        return self.client.sadd(key, member)
+
+    def members(self, key: str) -> list[str]:
+        return sorted(m.decode() if isinstance(m, bytes) else m
+                      for m in self.client.smembers(key))
+
+
 def _prefix(namespace: str, fp_hash: str) -> str:
     return f"{namespace}:{fp_hash}"
 
 
-def entry_blob(record: EntryRecord, sources: list[Source]) -> bytes:
-    """The entry's files as a deterministic tar (members named by path within the entry)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for s in sources:
-            with s.open() as f:
-                tar.addfile(_tarinfo(s.file.path or "_", s.file.size, s.file.mode), f)
-    return buf.getvalue()
+def entry_blob(record: EntryRecord, datas: list[bytes]) -> bytes:
+    """The entry's files as a deterministic tar (members named by path within the entry,
+    ``_`` for a file entry)."""
+    out = io.BytesIO()
+    for f, data in zip(record.files, datas):
+        out.write(tarfmt.header(f.path or "_", f.size, f.mode))
+        out.write(data)
+        out.write(tarfmt.padding(f.size))
+    out.write(tarfmt.end(out.tell()))
+    return out.getvalue()
 
 
 @dataclass(frozen=True)
@@ -106,33 +132,37 @@ def _push(url: str, locations: list[Location], namespace: str, fingerprint: Fing
           max_entry_bytes: int, progress: Progress, client: Any) -> PushResult:
     started = time.monotonic()
     fp = fingerprint or fp_mod.current()
-    r = client or connect(url)
+    r = _Store(client or connect(url), url)
     info = scan(list(locations))
     warnings = list(info.warnings)
-    records, sources = collect([e for e in info.entries if e.complete], None, warnings)
-    by_key: dict[str, list[Source]] = {}
-    for s in sources:
-        by_key.setdefault(s.entry.key, []).append(s)
+    entries = sorted((e for e in info.entries if e.complete), key=lambda e: (e.kind, e.name))
     prefix = _prefix(namespace, fp.hash)
-    r.set(f"{prefix}:meta", json.dumps(fp.to_dict(), sort_keys=True), nx=True)
-    existing = r.mget([f"{prefix}:{rec.key}" for rec in records]) if records else []
+    r.set(f"{prefix}:meta", json.dumps(fp.to_dict(), sort_keys=True))
+    keys = [f"{prefix}:{e.kind}:{e.name}" for e in entries]
+    existing = r.mget(keys)
     pushed = present = sent = 0
     conflicts: list[str] = []
     too_large: list[str] = []
-    progress.start("push", sum(rec.size for rec in records))
-    for rec, raw in zip(records, existing):
-        key = f"{prefix}:{rec.key}"
-        if raw is None and rec.size > max_entry_bytes:
-            too_large.append(rec.key)
+    progress.start("push", sum(e.size_on_disk for e in entries))
+    for e, key, raw in zip(entries, keys, existing):
+        name = f"{e.kind}:{e.name}"
+        if raw is None and e.size_on_disk > max_entry_bytes:
+            too_large.append(name)
+            continue
+        try:
+            rec, datas = read_entry(e)
+        except FileNotFoundError:
+            warnings.append(CacheWarning(e.kind, e.path, "vanished while pushing (pruned or "
+                                                         "replaced); skipped"))
             continue
         if raw is None:
-            blob = entry_blob(rec, by_key[rec.key])
-            r.set(f"{prefix}:blob:{rec.digest}", blob, nx=True)
-            if r.set(key, json.dumps(rec.to_dict(), sort_keys=True), nx=True):
+            blob = entry_blob(rec, datas)
+            r.set(f"{prefix}:blob:{rec.digest}", blob)
+            if r.set(key, json.dumps(rec.to_dict(), sort_keys=True)):
                 r.sadd(f"{prefix}:index", rec.key)
                 pushed += 1
                 sent += len(blob)
-                progress.advance(rec.size)
+                progress.advance(e.size_on_disk)
                 continue
             raw = r.get(key)  # another node published it first
         if _digest_of(raw) == rec.digest:
@@ -140,7 +170,7 @@ def _push(url: str, locations: list[Location], namespace: str, fingerprint: Fing
             present += 1
         else:
             conflicts.append(rec.key)
-        progress.advance(rec.size)
+        progress.advance(e.size_on_disk)
     progress.finish()
     return PushResult(f"{prefix}", pushed, present, sent, tuple(conflicts), tuple(too_large),
                       tuple(warnings), time.monotonic() - started)
@@ -176,26 +206,27 @@ class PullPlan(EntryPlanView):
     def _execute(self, progress: Progress, on_entry: Callable[[Outcome], None] | None
                  ) -> RestoreResult:
         started = time.monotonic()
-        r = self.client or connect(self.url)
         installer = Installer(self.roots)
         installer.clean_stale()
         outcomes: list[Outcome] = []
         fetched = 0
         try:
+            to_write = self.to_write
+            if to_write:
+                r = _Store(self.client or connect(self.url), self.url)
             progress.start("pull", self.bytes_to_write)
-            for item in self.to_write:
+            for item in to_write:
                 rec = item.entry
-                blob = r.get(f"{self.namespace}:blob:{rec.digest}")
                 where = f"{self.namespace}:blob:{rec.digest}"
+                blob = r.get(where)
                 if blob is None:
                     raise RemoteError(f"{where}: missing (entry {rec.key} is indexed)",
                                       hint=_HINT_REMOTE)
-                if len(blob) > self.max_entry_bytes + 1024 * (len(rec.files) + 4):
+                if len(blob) > self.max_entry_bytes + 2048 * (len(rec.files) + 8):
                     raise RemoteError(f"{where}: {len(blob)} bytes exceeds the per-entry limit",
                                       hint=_HINT_REMOTE)
                 fetched += len(blob)
-                _stage_blob(installer, rec, blob, where)
-                installer.mark_staged(rec)
+                _stage_blob(installer, rec, item.target, blob, where)  # type: ignore[arg-type]
                 progress.advance(rec.size)
             progress.finish()
             outcomes.extend(installer.commit_all(on_entry))
@@ -204,35 +235,46 @@ class PullPlan(EntryPlanView):
         return RestoreResult(tuple(outcomes), time.monotonic() - started, fetched)
 
 
-def _stage_blob(installer: Installer, rec: EntryRecord, blob: bytes, where: str) -> None:
+def _stage_blob(installer: Installer, rec: EntryRecord, target: Path, blob: bytes,
+                where: str) -> None:
+    """Check a blob completely (names, sizes, sha256, Triton groups) and only then stage it."""
+    chunks = [blob]
+    tar = tarfmt.TarStream(lambda n: chunks.pop() if chunks else b"",
+                           max_header_bytes=64 << 10, chunk=len(blob) or 1)
+    triton = is_triton(rec)
+    paths = {f.path for f in rec.files}
+    datas: list[bytes | memoryview] = []
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(blob), mode="r:")
-        infos = tar.getmembers()
-    except tarfile.TarError as exc:
-        raise RemoteError(f"{where}: not a valid entry blob ({exc})", hint=_HINT_REMOTE) from None
-    expected = [f.path or "_" for f in rec.files]
-    limits = Limits(max_file_bytes=MAX_ENTRY_BYTES)
-    for ti in infos:
-        try:
-            check_member(ti, limits)
-        except ArchiveError as exc:
-            raise RemoteError(f"{where}: {exc.message}", hint=_HINT_REMOTE) from None
-    if [ti.name for ti in infos] != expected:
-        raise RemoteError(f"{where}: files do not match the record of {rec.key}",
-                          hint=_HINT_REMOTE)
-    for ti, f in zip(infos, rec.files):
-        src = tar.extractfile(ti)
-        assert src is not None
-        h = hashlib.sha256()
-        n = 0
-        with installer.open(rec, f) as out:
-            while chunk := src.read(CHUNK):
-                n += len(chunk)
-                h.update(chunk)
-                out.write(chunk)
-        if n != f.size or h.hexdigest() != f.sha256:
-            raise RemoteError(f"{where}: file {ti.name!r} of {rec.key} fails its sha256 check",
+        for f in rec.files:
+            expected = f.path or "_"
+            h = tar.next_header()
+            if h is None or h.name != expected or h.typeflag not in (b"0", b"\0") or \
+                    h.sparse or h.size != f.size:
+                raise RemoteError(f"{where}: files do not match the record of {rec.key}",
+                                  hint=_HINT_REMOTE)
+            data = tar.data(f.size)
+            if hashlib.sha256(data).hexdigest() != f.sha256:
+                raise RemoteError(f"{where}: file {expected!r} of {rec.key} fails its sha256 "
+                                  "check", hint=_HINT_REMOTE)
+            if triton and groups.is_group(f.path):
+                try:
+                    children = groups.check(data, f.path, paths, rec.key)
+                except ArchiveError as exc:
+                    raise RemoteError(f"{where}: {exc.message}", hint=_HINT_REMOTE) from None
+                data = groups.relocate(children, target)
+            datas.append(data)
+        if tar.next_header() is not None or tar.rest_is_zero() is not None:
+            raise RemoteError(f"{where}: files do not match the record of {rec.key}",
                               hint=_HINT_REMOTE)
+    except tarfmt.TarFormatError as exc:
+        raise RemoteError(f"{where}: not a valid entry blob ({exc.reason})",
+                          hint=_HINT_REMOTE) from None
+    staged = installer.stage(rec)
+    try:
+        for f, data in zip(rec.files, datas):
+            staged.write(f, data)
+    finally:
+        staged.close()
 
 
 def plan_pull(url: str, *, dest: str | os.PathLike[str] | None = None,
@@ -242,16 +284,15 @@ def plan_pull(url: str, *, dest: str | os.PathLike[str] | None = None,
               client: Any = None) -> PullPlan:
     """List what the store holds for a toolchain and compare it with the destination."""
     local = local or fp_mod.current()
-    r = client or connect(url)
+    r = _Store(client or connect(url), url)
     prefix = _prefix(namespace, fingerprint_hash or local.hash)
     raw_meta = r.get(f"{prefix}:meta")
-    members = sorted(m.decode() if isinstance(m, bytes) else m
-                     for m in r.smembers(f"{prefix}:index"))
+    members = r.members(f"{prefix}:index")
     if raw_meta is None:
         if members:
             raise RemoteError(f"{prefix}:meta: missing while {len(members)} entries are indexed",
                               hint=_HINT_REMOTE)
-        return PullPlan(url, prefix, None, None, {}, (), client=r)
+        return PullPlan(url, prefix, None, None, {}, (), client=r.client)
     try:
         remote_fp = Fingerprint.from_dict(json.loads(raw_meta), f"{prefix}:meta")
     except ValueError:
@@ -260,7 +301,7 @@ def plan_pull(url: str, *, dest: str | os.PathLike[str] | None = None,
                                        what=f"the shared store {prefix}")
     wanted = set(kinds) if kinds is not None else None
     members = [m for m in members if wanted is None or m.split(":", 1)[0] in wanted]
-    raws = r.mget([f"{prefix}:{m}" for m in members]) if members else []
+    raws = r.mget([f"{prefix}:{m}" for m in members])
     records: list[EntryRecord] = []
     for m, raw in zip(members, raws):
         where = f"{prefix}:{m}"
@@ -276,7 +317,6 @@ def plan_pull(url: str, *, dest: str | os.PathLike[str] | None = None,
             raise RemoteError(f"{where}: the record describes {rec.key}", hint=_HINT_REMOTE)
         records.append(rec)
     roots = restore_roots((rec.kind for rec in records), dest, env)
+    present = {k: v for k, v in roots.items() if v is not None}
     items = tuple(plan_entry(rec, roots.get(rec.kind)) for rec in records)
-    return PullPlan(url, prefix, remote_fp, compat,
-                    {k: v for k, v in roots.items() if v is not None}, items, client=r)
-
+    return PullPlan(url, prefix, remote_fp, compat, present, items, client=r.client)
