@@ -510,7 +510,9 @@ def resolve(kinds: Iterable[CacheKind] | None = None, *, env: Mapping[str, str] 
     resolves it from ``env`` (default: this process's environment)."""
     chosen = tuple(kinds) if kinds is not None else KINDS
     if root is not None:
-        r = Path(root)
+        # Absolute: restored Triton group files record paths below it, and a server runs in
+        # another working directory (a relative root would also misreport copied caches).
+        r = Path(os.path.abspath(root))
         return tuple(Location(k, r / k.root_subdir, "--root") for k in chosen)
     e = _Env(os.environ if env is None else env)
     p = profile or detect_profile()

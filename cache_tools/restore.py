@@ -4,7 +4,8 @@ one rename once the whole archive has been read and found good.
 
 Execution always reads and checks every member, also when every entry is already in place, so
 a damaged archive never passes as restored.  Triton group files are written already rewritten
-for their final place (``groups.relocate``).
+for their final, absolute place (``groups.relocate``); a relative ``--dest`` is made absolute
+first, because a server in another working directory reads those paths.
 """
 
 from __future__ import annotations
@@ -96,10 +97,12 @@ class RestorePlan(EntryPlanView):
 
 def restore_roots(kinds: Iterable[str], dest: str | os.PathLike[str] | None,
                   env: Mapping[str, str] | None = None) -> dict[str, Path | None]:
-    """Where each kind goes: under ``dest`` (the ``--root`` layout) or where SGLang looks."""
+    """Where each kind goes: under ``dest`` (the ``--root`` layout) or where SGLang looks;
+    always absolute (restored Triton group files record these paths)."""
     chosen = [kind(k) for k in sorted(set(kinds))]
     locs = resolve(chosen, root=dest) if dest is not None else resolve(chosen, env=env)
-    return {loc.kind.name: loc.path for loc in locs}
+    return {loc.kind.name: Path(os.path.abspath(loc.path)) if loc.path is not None else None
+            for loc in locs}
 
 
 def plan_restore(archive: str | os.PathLike[str], *, dest: str | os.PathLike[str] | None = None,

@@ -129,3 +129,15 @@ def test_unreachable_store():
         remote.connect("redis://127.0.0.1:1/0")
     assert err.value.message.startswith("cannot reach Redis at redis://127.0.0.1:1/0: ")
     assert err.value.exit_code == 5
+
+
+def test_pull_into_a_relative_dest_hits_from_anywhere(triton_cache, tmp_path, fp, ns,
+                                                      monkeypatch):
+    remote.push(URL, [triton_location(triton_cache)], namespace=ns, fingerprint=fp)
+    monkeypatch.chdir(tmp_path)
+    plan = remote.plan_pull(URL, dest="node", namespace=ns, local=fp)
+    assert plan.roots == {"triton": tmp_path / "node" / "triton"}
+    plan.execute()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert compile_into(tmp_path / "node" / "triton") == [True, True, True]
