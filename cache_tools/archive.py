@@ -30,7 +30,8 @@ from cache_tools import groups, tarfmt
 from cache_tools.errors import ArchiveError, CacheError, IncompatibleError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import MERGE_PREFIX, PACK_PREFIX, Location, kind
-from cache_tools.manifest import MANIFEST_NAME, EntryRecord, FileRecord, Manifest
+from cache_tools.manifest import (MANIFEST_NAME, EntryRecord, FileRecord, Manifest,
+                                  check_overlaps)
 from cache_tools.progress import Progress
 from cache_tools.reader import (CHUNK, WHOLE, ZSTD_MAGIC, ArchiveReader, Limits, Member,
                                 zstandard_module, zstd_structure_problem)
@@ -562,6 +563,7 @@ def merge(out: str | os.PathLike[str], inputs: Sequence[str | os.PathLike[str]],
                     hint="the same entry was compiled differently; merge archives of one "
                          "toolchain, or drop one of them")
     records = tuple(sorted((e for e, _ in chosen.values()), key=lambda e: (e.kind, e.name)))
+    check_overlaps(records, "merged manifest")     # entries of different inputs may overlap
     manifest = Manifest(first, records, _producer())
     with os_errors("merge"):
         Path(out).parent.mkdir(parents=True, exist_ok=True)

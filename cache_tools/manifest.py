@@ -1,5 +1,9 @@
 """The manifest: the first member of every archive, listing the fingerprint and, per entry, each
 file's size, mode and sha256.  Everything a restore writes is checked against it first.
+
+Parsing validates every entry the way scan judges a cache on disk (``parse_entry``, shared with
+the Redis store's records): a plain relative UTF-8 name at a position of the kind's layout,
+files that make the entry complete by the kind's rule, and no entry inside another.
 """
 
 from __future__ import annotations
@@ -9,11 +13,13 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterable, Iterator, NamedTuple
 
 from cache_tools.errors import ArchiveError
 from cache_tools.fingerprint import Fingerprint, canonical_json
+from cache_tools.groups import MAX_GROUP_BYTES, is_group
 from cache_tools.locations import KIND_NAMES, kind
+from cache_tools.scan import layout_problem
 
 FORMAT = "sglang-warmup-cache-archive"
 VERSION = 1
@@ -23,7 +29,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 #: JSON string spelling with ensure_ascii=False, as canonical_json writes strings
 _json_str = json.encoder.encode_basestring  # type: ignore[attr-defined]
 _HINT = "the archive is corrupt or was not written by `sglang-warmup cache pack`"
-#: path component and member name lengths (Linux NAME_MAX and PATH_MAX, bytes)
+#: the longest path component and member name accepted (Linux NAME_MAX and PATH_MAX, bytes)
 NAME_MAX = 255
 PATH_MAX = 4096
 
@@ -145,6 +151,9 @@ class Manifest:
             doc = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise ArchiveError(f"{where}: not valid JSON ({exc})", hint=_HINT) from None
+        except RecursionError:
+            raise ArchiveError(f"{where}: not valid JSON (nested too deeply)",
+                               hint=_HINT) from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ArchiveError(f"{where}: not an sglang-warmup cache manifest", hint=_HINT)
         if doc.get("version") != VERSION:
@@ -167,6 +176,7 @@ class Manifest:
         for a, b in zip(keys, keys[1:]):
             if a == b:
                 raise ArchiveError(f"{where}: entry {a[0]}:{a[1]} is listed twice", hint=_HINT)
+        check_overlaps(entries, where)
         created_by = doc.get("created_by", "")
         return cls(fp, tuple(entries), created_by if isinstance(created_by, str) else "")
 
@@ -212,6 +222,16 @@ def parse_entry(raw: Any, where: str) -> EntryRecord:
         raise ArchiveError(f"{where}: files are not sorted or not unique", hint=_HINT)
     if not is_dir and len(files) != 1:
         raise ArchiveError(f"{where}: a file entry has exactly one file", hint=_HINT)
+    problem = layout_problem(rule, parts, paths, is_dir)
+    if problem:
+        raise ArchiveError(f"{where}: {k} entry {name!r} is incomplete: {problem}",
+                           hint="an incomplete entry would block the complete one; pack or "
+                                "push again from a complete cache")
+    if rule.complete == "triton":
+        for j, f in enumerate(files):
+            if f.size > MAX_GROUP_BYTES and is_group(f.path):
+                raise ArchiveError(f"{where}.files[{j}]: Triton group file of {f.size} bytes "
+                                   f"exceeds the limit of {MAX_GROUP_BYTES} bytes", hint=_HINT)
     record = EntryRecord(k, name, is_dir, tuple(files))
     if "sha256" in raw and raw["sha256"] != record.digest:
         raise ArchiveError(f"{where}: sha256 does not match its files", hint=_HINT)
@@ -228,6 +248,9 @@ def _parse_file(rf: Any, is_dir: bool, entry: str, fw: str) -> FileRecord:
         _check_parts(tuple(path.split("/")), path, f"{fw}: path")
     elif path != "":
         raise ArchiveError(f"{fw}: a file entry has exactly one file with path ''", hint=_HINT)
+    member = f"{entry}/{path}" if path else entry
+    if len(member) > PATH_MAX // 4 and len(member.encode()) > PATH_MAX:
+        raise ArchiveError(f"{fw}: member name longer than {PATH_MAX} bytes", hint=_HINT)
     if type(size) is not int or size < 0:
         raise ArchiveError(f"{fw}: size must be a non-negative integer", hint=_HINT)
     if type(sha) is not str or not _HEX64.fullmatch(sha):
@@ -237,7 +260,33 @@ def _parse_file(rf: Any, is_dir: bool, entry: str, fw: str) -> FileRecord:
     return FileRecord(path, size, sha, mode)
 
 
+def check_overlaps(entries: Iterable[EntryRecord], where: str) -> None:
+    """Refuse two entries of one kind where one lies inside the other: committing the outer
+    one would carry the inner one's files along (nothing is written before this check)."""
+    names: dict[str, set[str]] = {}
+    for e in entries:
+        names.setdefault(e.kind, set()).add(e.name)
+    for k, found in names.items():
+        for name in sorted(found):
+            parts = name.split("/") if name else []
+            for depth in range(len(parts)):
+                outer = "/".join(parts[:depth])
+                if outer in found:
+                    raise ArchiveError(f"{where}: entries {k}:{outer} and {k}:{name} overlap "
+                                       f"({name!r} lies inside {outer!r})",
+                                       hint="the archive or store is corrupt or hostile; "
+                                            "nothing was written")
+
+
 def _check_parts(parts: tuple[str, ...], text: str, where: str) -> None:
     for p in parts:
         if p in ("", ".", "..") or "\\" in p or "\x00" in p:
             raise ArchiveError(f"{where} {text!r}: not a plain relative path", hint=_HINT)
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ArchiveError(f"{where} {text!r}: not valid UTF-8 (a lone surrogate)",
+                           hint=_HINT) from None
+    if size > NAME_MAX and max(len(p.encode()) for p in parts) > NAME_MAX:
+        raise ArchiveError(f"{where} {text[:60]!r}...: a path component is longer than "
+                           f"{NAME_MAX} bytes", hint=_HINT)

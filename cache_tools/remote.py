@@ -30,7 +30,7 @@ from cache_tools.archive import read_entry
 from cache_tools.errors import ArchiveError, RemoteError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import Location
-from cache_tools.manifest import EntryRecord, is_triton, parse_entry
+from cache_tools.manifest import EntryRecord, check_overlaps, is_triton, parse_entry
 from cache_tools.progress import Progress
 from cache_tools.restore import (EntryPlanView, PlannedEntry, RestoreResult, plan_entry,
                                  restore_roots)
@@ -282,7 +282,9 @@ def plan_pull(url: str, *, dest: str | os.PathLike[str] | None = None,
               namespace: str = NAMESPACE, force: bool = False,
               env: Mapping[str, str] | None = None, local: Fingerprint | None = None,
               client: Any = None) -> PullPlan:
-    """List what the store holds for a toolchain and compare it with the destination."""
+    """List what the store holds for a toolchain and compare it with the destination.
+    Every record is validated as an archive's manifest entries are (layout, completeness, no
+    overlaps)."""
     local = local or fp_mod.current()
     r = _Store(client or connect(url), url)
     prefix = _prefix(namespace, fingerprint_hash or local.hash)
@@ -316,6 +318,10 @@ def plan_pull(url: str, *, dest: str | os.PathLike[str] | None = None,
         if rec.key != m:
             raise RemoteError(f"{where}: the record describes {rec.key}", hint=_HINT_REMOTE)
         records.append(rec)
+    try:
+        check_overlaps(records, f"{prefix}:index")
+    except ArchiveError as exc:
+        raise RemoteError(exc.message, hint=_HINT_REMOTE) from None
     roots = restore_roots((rec.kind for rec in records), dest, env)
     present = {k: v for k, v in roots.items() if v is not None}
     items = tuple(plan_entry(rec, roots.get(rec.kind)) for rec in records)

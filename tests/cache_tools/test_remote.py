@@ -131,6 +131,36 @@ def test_unreachable_store():
     assert err.value.exit_code == 5
 
 
+# --- hostile stores (issue 17 items 5 and 6) ---------------------------------------------------
+
+
+import hashlib  # noqa: E402
+
+from cache_helpers import tree  # noqa: E402
+from cache_tools.manifest import EntryRecord, FileRecord  # noqa: E402
+
+
+def _client():
+    import redis
+
+    return redis.Redis.from_url(URL)
+
+
+def _publish(r, ns: str, fp: Fingerprint, kind: str, name: str, is_dir: bool,
+             files: dict[str, bytes]) -> EntryRecord:
+    """Write a record, its blob and the index entry by hand (what push would write)."""
+    rec = EntryRecord(kind, name, is_dir, tuple(
+        FileRecord(p, len(d), hashlib.sha256(d).hexdigest(), 0o644)
+        for p, d in sorted(files.items())))
+    prefix = f"{ns}:{fp.hash}"
+    r.set(f"{prefix}:meta", json.dumps(fp.to_dict()), nx=True)
+    r.set(f"{prefix}:{rec.key}", json.dumps(rec.to_dict()))
+    r.set(f"{prefix}:blob:{rec.digest}",
+          remote.entry_blob(rec, [files[f.path] for f in rec.files]))
+    r.sadd(f"{prefix}:index", rec.key)
+    return rec
+
+
 def test_pull_into_a_relative_dest_hits_from_anywhere(triton_cache, tmp_path, fp, ns,
                                                       monkeypatch):
     remote.push(URL, [triton_location(triton_cache)], namespace=ns, fingerprint=fp)
@@ -141,3 +171,39 @@ def test_pull_into_a_relative_dest_hits_from_anywhere(triton_cache, tmp_path, fp
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert compile_into(tmp_path / "node" / "triton") == [True, True, True]
+
+
+def test_incomplete_records_are_refused(tmp_path, fp, ns):
+    r = _client()
+    _publish(r, ns, fp, "sglang_jit", "sm90/topk/build-k/deps-k", True, {"topk.so": b"elf"})
+    with pytest.raises(RemoteError) as err:
+        remote.plan_pull(URL, dest=tmp_path / "d", namespace=ns, local=fp)
+    assert err.value.message == (
+        f"{ns}:{fp.hash}:sglang_jit:sm90/topk/build-k/deps-k: sglang_jit entry "
+        "'sm90/topk/build-k/deps-k' is incomplete: no sgl_deps.json yet (being built or "
+        "interrupted)")
+    assert not (tmp_path / "d").exists()
+
+
+def test_overlapping_records_are_refused_before_anything_is_written(tmp_path, fp, ns):
+    r = _client()
+    _publish(r, ns, fp, "cute_aot", "fp/a.o", True, {"x": b"outer"})
+    _publish(r, ns, fp, "cute_aot", "fp/a.o/b.o", False, {"": b"inner"})
+    with pytest.raises(RemoteError) as err:
+        remote.plan_pull(URL, dest=tmp_path / "d", namespace=ns, local=fp)
+    assert err.value.message == (f"{ns}:{fp.hash}:index: entries cute_aot:fp/a.o and "
+                                 "cute_aot:fp/a.o/b.o overlap ('fp/a.o/b.o' lies inside "
+                                 "'fp/a.o')")
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_group_naming_another_entry_is_refused(tmp_path, fp, ns):
+    r = _client()
+    grp = json.dumps({"child_paths": {"k.cubin": "/etc/passwd"}}).encode()
+    rec = _publish(r, ns, fp, "triton", "ABC", True, {"__grp__k.json": grp, "k.cubin": b"x"})
+    plan = remote.plan_pull(URL, dest=tmp_path / "d", namespace=ns, local=fp)
+    with pytest.raises(RemoteError) as err:
+        plan.execute()
+    assert err.value.message == (f"{ns}:{fp.hash}:blob:{rec.digest}: entry triton:ABC: group "
+                                 "file __grp__k.json names 'k.cubin' outside its entry")
+    assert tree(tmp_path / "d") == {}

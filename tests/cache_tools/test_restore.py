@@ -1,16 +1,18 @@
-"""restore.py: where entries go (an absolute place, whatever --dest says), and large files
-streamed through pack and restore."""
+"""restore.py: where entries go (an absolute place, whatever --dest says), and that a restore
+always reads and checks the whole archive, also when every entry is already in place."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from cache_helpers import compile_into, triton_location
+from cache_helpers import compile_into, tree, triton_location
 from cache_tools import archive
 from cache_tools.errors import ArchiveError
 from cache_tools.locations import resolve
@@ -51,6 +53,52 @@ def test_ls_with_a_relative_root_reports_no_copied_cache(triton_cache, tmp_path,
     assert locs[0].path == tmp_path / "root" / "triton"
     info = scan_kind(locs[0])
     assert len(info.complete_entries) == 3 and info.warnings == ()
+
+
+def _flip_last_byte_of_a_cubin(tar: Path) -> str:
+    with tarfile.open(tar) as t:
+        member = next(m for m in t.getmembers() if m.name.endswith(".cubin"))
+    data = bytearray(tar.read_bytes())
+    data[member.offset_data + member.size - 1] ^= 0x01
+    tar.write_bytes(data)
+    return member.name
+
+
+def test_a_damaged_archive_is_refused_even_when_every_entry_is_present(triton_cache, tmp_path,
+                                                                      fp):
+    """Issue 17 item 9: restore reads and checks the payload although it has nothing to
+    write; it used to say "nothing to do" and exit 0."""
+    tar = _pack(triton_cache, tmp_path / "c.tar", fp)
+    dest = tmp_path / "dest"
+    archive.plan_restore(tar, dest=dest, local=fp).execute()
+    name = _flip_last_byte_of_a_cubin(tar)
+    before = tree(dest)
+    plan = archive.plan_restore(tar, dest=dest, local=fp)
+    assert plan.nothing_to_do
+    with pytest.raises(ArchiveError) as err:
+        plan.execute()
+    assert err.value.message.startswith(f"archive member {name!r}: sha256 mismatch (manifest ")
+    assert tree(dest) == before
+
+
+def test_the_cli_restore_exits_nonzero_on_it(triton_cache, tmp_path, fp):
+    """The same through `sglang-warmup cache restore` (the command always executes the plan
+    unless --dry-run)."""
+    from warmup.cli.cache import app
+
+    tar = _pack(triton_cache, tmp_path / "c.tar", None)
+    dest = tmp_path / "dest"
+    runner = CliRunner()
+    ok = runner.invoke(app, ["restore", str(tar), "--dest", str(dest)])
+    assert ok.exit_code == 0, ok.output
+    again = runner.invoke(app, ["restore", str(tar), "--dest", str(dest)])
+    assert again.exit_code == 0 and "Nothing to do: every entry is already in place." in \
+        again.stdout
+    _flip_last_byte_of_a_cubin(tar)
+    bad = runner.invoke(app, ["restore", str(tar), "--dest", str(dest)])
+    assert isinstance(bad.exception, ArchiveError) and bad.exception.exit_code == 3
+    dry = runner.invoke(app, ["restore", str(tar), "--dest", str(dest), "--dry-run"])
+    assert dry.exit_code == 0       # a dry run reads the manifest only, and says what it plans
 
 
 def test_large_files_stream_through_pack_and_restore(tmp_path, fp):

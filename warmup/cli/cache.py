@@ -121,14 +121,15 @@ def restore_cmd(
     plan = archive.plan_restore(path, dest=dest, kinds=chosen, force=force)
     if not as_json:
         typer.echo(render.plan_text(plan, str(path)))
-    if dry_run or plan.nothing_to_do:
+    if dry_run:
         if as_json:
             _print_json({"plan": render.plan_json(plan), "outcomes": []})
         return
+    # Always executed: it reads and checks the whole archive even when nothing is to write.
     result = plan.execute(progress=Progress())
     if as_json:
         _print_json({"plan": render.plan_json(plan), "outcomes": render.outcomes_json(result)})
-    else:
+    elif not plan.nothing_to_do:
         typer.echo(render.result_text(result))
 
 
