@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Mapping
 from cache_tools import fingerprint as fp_mod
 from cache_tools import groups, tarfmt
 from cache_tools.archive import read_entry
-from cache_tools.errors import ArchiveError, RemoteError, os_errors
+from cache_tools.errors import ArchiveError, CacheError, RemoteError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import Location
 from cache_tools.manifest import EntryRecord, check_overlaps, is_triton, parse_entry
@@ -40,10 +40,16 @@ from cache_tools.staging import Installer, Outcome
 NAMESPACE = "sglang-warmup"
 #: Redis strings hold at most 512 MiB; entries above this are skipped with a warning
 MAX_ENTRY_BYTES = 256 << 20
+#: an entry record above this is refused before it is fetched
+MAX_RECORD_BYTES = 16 << 20
+#: the fingerprint record above this is refused before it is fetched
+MAX_META_BYTES = 1 << 20
+#: an index with more members than this is refused before it is fetched
+MAX_INDEX_ENTRIES = 2_000_000
 _HINT_REMOTE = "the shared store holds damaged or foreign data; delete the key and push again"
 
 
-def connect(url: str):
+def connect(url: str, *, timeout_s: float = 30.0):
     """A Redis client for ``url`` (redis://, rediss://, unix://), checked with PING."""
     try:
         import redis
@@ -51,40 +57,123 @@ def connect(url: str):
         raise RemoteError("the redis package is needed for push/pull",
                           hint="pip install 'sglang-warmup[redis]' (or redis)") from None
     try:
-        client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=10)
-        client.ping()
+        client = redis.Redis.from_url(url, socket_timeout=timeout_s,
+                                      socket_connect_timeout=min(timeout_s, 10.0))
     except ValueError as exc:
-        raise RemoteError(f"--url {url!r}: {exc}",
+        raise RemoteError(f"--url {safe_url(url)!r}: {exc}",
                           hint="write redis://HOST:PORT/DB (or rediss://, unix://)") from None
-    except redis.exceptions.RedisError as exc:
-        raise RemoteError(f"cannot reach Redis at {url}: {exc}",
-                          hint="check the URL, that Redis runs, and that this host may connect"
-                          ) from None
+    _Store(client, url).call("PING", "", client.ping)
     return client
 
 
+def safe_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (error lines are logged)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        return "<the --url>"
+
+
+def _redis_error(exc: Exception, url: str, command: str, key: str) -> RemoteError:
+    """One line for any Redis failure: what, where, and the fix."""
+    import redis.exceptions as rx
+
+    url = safe_url(url)
+    text = " ".join(str(exc).split())[:300] or type(exc).__name__
+    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    at = f" ({command} {key})" if key else ""
+    if isinstance(exc, (rx.AuthenticationError, rx.AuthorizationError)) or \
+            text.startswith(("NOAUTH", "WRONGPASS", "invalid username-password")):
+        return RemoteError(f"Redis at {url} refused the credentials{at}: {text}",
+                           hint="give them in the URL: redis://USER:PASSWORD@HOST:PORT/DB "
+                                "(or redis://:PASSWORD@HOST:PORT/DB)")
+    if isinstance(exc, rx.NoPermissionError) or text.startswith("NOPERM"):
+        return RemoteError(f"Redis at {url} does not allow {command} {key}: {text}",
+                           hint="grant this user read (pull) or read and write (push) access to "
+                                "the namespace's keys")
+    if isinstance(exc, rx.TimeoutError):
+        return RemoteError(f"Redis at {url} did not answer in time{at}: {text}",
+                           hint="check the network and the server's load, then rerun (nothing "
+                                "partial was installed)")
+    if isinstance(exc, rx.ConnectionError):
+        if command == "PING":
+            return RemoteError(f"cannot reach Redis at {url}: {text}",
+                               hint="check the URL, that Redis runs, and that this host may "
+                                    "connect")
+        return RemoteError(f"lost the connection to Redis at {url}{at}: {text}",
+                           hint="check the network and the server, then rerun (nothing "
+                                "partial was installed)")
+    if text.startswith("WRONGTYPE"):
+        return RemoteError(f"{key}: holds another Redis type than sglang-warmup writes "
+                           f"({text})", hint=_HINT_REMOTE)
+    return RemoteError(f"Redis at {url} refused {command} {key}: {text}",
+                       hint="see the server's message (memory limit, read-only replica, ...)")
+
+
 class _Store:
-    """The Redis client, with the few calls push and pull make."""
+    """The Redis client with every failure turned into a RemoteError naming the key."""
 
     def __init__(self, client: Any, url: str) -> None:
         self.client = client
         self.url = url
 
-    def get(self, key: str) -> bytes | None:
-        return self.client.get(key)
+    def call(self, command: str, key: str, fn: Callable[..., Any], *args: Any, **kw: Any):
+        try:
+            return fn(*args, **kw)
+        except Exception as exc:
+            if type(exc).__module__.split(".")[0] != "redis":
+                raise
+            raise _redis_error(exc, self.url, command, key) from None
 
-    def mget(self, keys: list[str]) -> list[bytes | None]:
-        return self.client.mget(keys) if keys else []
+    def get(self, key: str, limit: int) -> bytes | None:
+        """GET, refusing a value above ``limit`` bytes before it is transferred."""
+        size = self.call("STRLEN", key, self.client.strlen, key)
+        if size > limit:
+            raise RemoteError(f"{key}: {size} bytes exceeds the limit of {limit} bytes",
+                              hint=_HINT_REMOTE)
+        return self.call("GET", key, self.client.get, key)
+
+    def mget(self, keys: list[str], limit: int) -> list[bytes | None]:
+        if not keys:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for k in keys:
+            pipe.strlen(k)
+        sizes = self.call("STRLEN", keys[0], pipe.execute, raise_on_error=False)
+        for k, size in zip(keys, sizes):
+            if isinstance(size, Exception):
+                raise _redis_error(size, self.url, "STRLEN", k)
+            if size > limit:
+                raise RemoteError(f"{k}: {size} bytes exceeds the limit of {limit} bytes",
+                                  hint=_HINT_REMOTE)
+        return self.call("MGET", keys[0], self.client.mget, keys)
 
     def set(self, key: str, value: bytes | str, nx: bool = True) -> Any:
-        return self.client.set(key, value, nx=nx)
+        return self.call("SET", key, self.client.set, key, value, nx=nx)
 
     def sadd(self, key: str, member: str) -> Any:
-        return self.client.sadd(key, member)
+        return self.call("SADD", key, self.client.sadd, key, member)
 
     def members(self, key: str) -> list[str]:
-        return sorted(m.decode() if isinstance(m, bytes) else m
-                      for m in self.client.smembers(key))
+        size = self.call("SCARD", key, self.client.scard, key)
+        if size > MAX_INDEX_ENTRIES:
+            raise RemoteError(f"{key}: {size} members exceeds the limit of "
+                              f"{MAX_INDEX_ENTRIES}", hint=_HINT_REMOTE)
+        out = []
+        for m in self.call("SMEMBERS", key, self.client.smembers, key):
+            try:
+                out.append(m.decode("utf-8") if isinstance(m, bytes) else m)
+            except UnicodeDecodeError:
+                raise RemoteError(f"{key}: member {m[:80]!r} is not UTF-8",
+                                  hint=_HINT_REMOTE) from None
+        return sorted(out)
 
 
 def _prefix(namespace: str, fp_hash: str) -> str:
@@ -139,7 +228,7 @@ def _push(url: str, locations: list[Location], namespace: str, fingerprint: Fing
     prefix = _prefix(namespace, fp.hash)
     r.set(f"{prefix}:meta", json.dumps(fp.to_dict(), sort_keys=True))
     keys = [f"{prefix}:{e.kind}:{e.name}" for e in entries]
-    existing = r.mget(keys)
+    existing = r.mget(keys, MAX_RECORD_BYTES)
     pushed = present = sent = 0
     conflicts: list[str] = []
     too_large: list[str] = []
@@ -164,7 +253,7 @@ def _push(url: str, locations: list[Location], namespace: str, fingerprint: Fing
                 sent += len(blob)
                 progress.advance(e.size_on_disk)
                 continue
-            raw = r.get(key)  # another node published it first
+            raw = r.get(key, MAX_RECORD_BYTES)  # another node published it first
         if _digest_of(raw) == rec.digest:
             r.sadd(f"{prefix}:index", rec.key)  # heal an index left behind by a killed push
             present += 1
@@ -179,7 +268,7 @@ def _push(url: str, locations: list[Location], namespace: str, fingerprint: Fing
 def _digest_of(raw: bytes | None) -> str | None:
     try:
         return json.loads(raw)["sha256"] if raw is not None else None
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
@@ -218,12 +307,9 @@ class PullPlan(EntryPlanView):
             for item in to_write:
                 rec = item.entry
                 where = f"{self.namespace}:blob:{rec.digest}"
-                blob = r.get(where)
+                blob = r.get(where, self.max_entry_bytes + 2048 * (len(rec.files) + 8))
                 if blob is None:
                     raise RemoteError(f"{where}: missing (entry {rec.key} is indexed)",
-                                      hint=_HINT_REMOTE)
-                if len(blob) > self.max_entry_bytes + 2048 * (len(rec.files) + 8):
-                    raise RemoteError(f"{where}: {len(blob)} bytes exceeds the per-entry limit",
                                       hint=_HINT_REMOTE)
                 fetched += len(blob)
                 _stage_blob(installer, rec, item.target, blob, where)  # type: ignore[arg-type]
@@ -288,7 +374,7 @@ def plan_pull(url: str, *, dest: str | os.PathLike[str] | None = None,
     local = local or fp_mod.current()
     r = _Store(client or connect(url), url)
     prefix = _prefix(namespace, fingerprint_hash or local.hash)
-    raw_meta = r.get(f"{prefix}:meta")
+    raw_meta = r.get(f"{prefix}:meta", MAX_META_BYTES)
     members = r.members(f"{prefix}:index")
     if raw_meta is None:
         if members:
@@ -297,13 +383,15 @@ def plan_pull(url: str, *, dest: str | os.PathLike[str] | None = None,
         return PullPlan(url, prefix, None, None, {}, (), client=r.client)
     try:
         remote_fp = Fingerprint.from_dict(json.loads(raw_meta), f"{prefix}:meta")
-    except ValueError:
+    except (ValueError, RecursionError):
         raise RemoteError(f"{prefix}:meta: not valid JSON", hint=_HINT_REMOTE) from None
+    except CacheError as exc:
+        raise RemoteError(exc.message, hint=_HINT_REMOTE) from None
     compat = fp_mod.require_compatible(remote_fp, local, force=force,
                                        what=f"the shared store {prefix}")
     wanted = set(kinds) if kinds is not None else None
     members = [m for m in members if wanted is None or m.split(":", 1)[0] in wanted]
-    raws = r.mget([f"{prefix}:{m}" for m in members])
+    raws = r.mget([f"{prefix}:{m}" for m in members], MAX_RECORD_BYTES)
     records: list[EntryRecord] = []
     for m, raw in zip(members, raws):
         where = f"{prefix}:{m}"
@@ -311,7 +399,7 @@ def plan_pull(url: str, *, dest: str | os.PathLike[str] | None = None,
             raise RemoteError(f"{where}: indexed but missing", hint=_HINT_REMOTE)
         try:
             rec = parse_entry(json.loads(raw), where)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise RemoteError(f"{where}: not valid JSON", hint=_HINT_REMOTE) from None
         except ArchiveError as exc:
             raise RemoteError(exc.message, hint=_HINT_REMOTE) from None
