@@ -38,7 +38,7 @@ from cache_tools.reader import (CHUNK, WHOLE, ZSTD_MAGIC, ArchiveReader, Limits,
 from cache_tools.restore import (EntryPlanView, PlannedEntry, RestorePlan, RestoreResult,
                                  plan_entry, plan_restore, restore_roots)
 from cache_tools.scan import CacheEntry, CacheWarning, scan, size_str
-from cache_tools.staging import _ACTIVE, own_name
+from cache_tools.staging import _ACTIVE, clean_stale, own_name
 
 __all__ = ["ArchiveReader", "CHUNK", "EntryPlanView", "Limits", "Member", "MergeResult",
            "PackResult", "PlannedEntry", "RestorePlan", "RestoreResult", "Source",
@@ -300,6 +300,7 @@ def write_archive(out: str | os.PathLike[str], manifest: Manifest, sources: Sequ
     if order != [(s.entry.key, s.file.path) for s in sources]:
         raise AssertionError("sources must follow the manifest order")
     out.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(out.parent)
     data = manifest.to_json()
     writer = _Writer(out, len(data), zstd, level, threads or os.cpu_count() or 1)
     try:
@@ -360,6 +361,7 @@ def pack(out: str | os.PathLike[str], locations: Iterable[Location], *, zstd: bo
     with os_errors("pack", "check that the cache files are readable and the output directory "
                            "is writable with free space"):
         out.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale(out.parent)
         planned = []
         for e in complete:
             try:
@@ -567,6 +569,7 @@ def merge(out: str | os.PathLike[str], inputs: Sequence[str | os.PathLike[str]],
     manifest = Manifest(first, records, _producer())
     with os_errors("merge"):
         Path(out).parent.mkdir(parents=True, exist_ok=True)
+        clean_stale(Path(out).parent)
         work = Path(out).parent / own_name(MERGE_PREFIX)
         _ACTIVE.add(work)
         work.mkdir()

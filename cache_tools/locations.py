@@ -26,8 +26,9 @@ from typing import Callable, Iterable, Iterator, Mapping
 from cache_tools.errors import CacheError
 
 # Names cache_tools itself creates: restore/pull staging and prune trash inside cache
-# directories, pack and merge temporaries beside the output.  They are never entries; scan
-# reports leftovers of interrupted runs, restore cleans staging.
+# directories, pack and merge temporaries beside the output.  Each is
+# ``<prefix><host>-<pid>-<12 hex digits>`` (``.tmp`` for pack's files); they are never entries,
+# scan reports leftovers, and the next run removes those of dead processes (staging.clean_stale).
 STAGING_PREFIX = ".sgw-staging-"
 TRASH_PREFIX = ".sgw-trash-"
 PACK_PREFIX = ".sgw-pack-"

@@ -35,7 +35,7 @@ from cache_tools.progress import Progress
 from cache_tools.restore import (EntryPlanView, PlannedEntry, RestoreResult, plan_entry,
                                  restore_roots)
 from cache_tools.scan import CacheWarning, scan
-from cache_tools.staging import Installer, Outcome
+from cache_tools.staging import Installer, Outcome, clean_roots
 
 NAMESPACE = "sglang-warmup"
 #: Redis strings hold at most 512 MiB; entries above this are skipped with a warning
@@ -370,7 +370,7 @@ def plan_pull(url: str, *, dest: str | os.PathLike[str] | None = None,
               client: Any = None) -> PullPlan:
     """List what the store holds for a toolchain and compare it with the destination.
     Every record is validated as an archive's manifest entries are (layout, completeness, no
-    overlaps)."""
+    overlaps); leftovers of killed restores and pulls in the destination are removed."""
     local = local or fp_mod.current()
     r = _Store(client or connect(url), url)
     prefix = _prefix(namespace, fingerprint_hash or local.hash)
@@ -412,5 +412,6 @@ def plan_pull(url: str, *, dest: str | os.PathLike[str] | None = None,
         raise RemoteError(exc.message, hint=_HINT_REMOTE) from None
     roots = restore_roots((rec.kind for rec in records), dest, env)
     present = {k: v for k, v in roots.items() if v is not None}
+    clean_roots(present.values())
     items = tuple(plan_entry(rec, roots.get(rec.kind)) for rec in records)
     return PullPlan(url, prefix, remote_fp, compat, present, items, client=r.client)

@@ -24,7 +24,8 @@ from cache_tools.locations import kind, resolve
 from cache_tools.manifest import EntryRecord, Manifest, is_triton
 from cache_tools.progress import Progress
 from cache_tools.reader import ArchiveReader, Limits
-from cache_tools.staging import Installer, Outcome, StagedEntry, complete_at, target_of
+from cache_tools.staging import (Installer, Outcome, StagedEntry, clean_roots, complete_at,
+                                 target_of)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ def plan_restore(archive: str | os.PathLike[str], *, dest: str | os.PathLike[str
                  kinds: Iterable[str] | None = None, force: bool = False,
                  env: Mapping[str, str] | None = None, limits: Limits | None = None,
                  local: Fingerprint | None = None) -> RestorePlan:
-    """Read the manifest, apply the compatibility rule and compare with the destination."""
+    """Read the manifest, apply the compatibility rule and compare with the destination.
+    Leftovers of killed restores and pulls in the destination are removed first."""
     limits = limits or Limits()
     with ArchiveReader(archive, limits) as reader:
         manifest = reader.read_manifest()
@@ -120,6 +122,7 @@ def plan_restore(archive: str | os.PathLike[str], *, dest: str | os.PathLike[str
     entries = [e for e in manifest.entries if wanted is None or e.kind in wanted]
     roots = restore_roots((e.kind for e in entries), dest, env)
     present = {k: v for k, v in roots.items() if v is not None}
+    clean_roots(present.values())
     return RestorePlan(Path(archive), manifest, compat, present,
                        tuple(plan_entry(e, roots.get(e.kind)) for e in entries), limits, digest)
 

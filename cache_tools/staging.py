@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import socket
 import time
@@ -22,12 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Mapping
 
-from cache_tools.locations import STAGING_PREFIX, TRASH_PREFIX, kind
+from cache_tools.locations import (MERGE_PREFIX, PACK_PREFIX, STAGING_PREFIX, TRASH_PREFIX,
+                                   kind)
 from cache_tools.manifest import EntryRecord, FileRecord, is_triton
 from cache_tools.scan import GROUP_PREFIX, entry_at, read_group, triton_hits
 
-#: a staging directory of another host (shared filesystem) is removed after this long
+#: a leftover of another host (shared filesystem) is removed after this long
 STALE_AFTER_S = 24 * 3600.0
+#: the names own_name() makes; nothing else is ever removed as a leftover
+_OWN_NAME = re.compile("(%s)(.+)-([0-9]+)-[0-9a-f]{12}(?:\\.tmp)?" % "|".join(
+    re.escape(p) for p in (STAGING_PREFIX, TRASH_PREFIX, PACK_PREFIX, MERGE_PREFIX)))
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -86,7 +91,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def clean_stale(directory: Path) -> list[Path]:
-    """Remove leftover staging/trash directories of dead processes in ``directory``."""
+    """Remove leftovers of dead processes in ``directory``: staging and trash directories,
+    pack and merge temporaries.  Only names ``own_name()`` makes are touched; one of this host
+    goes when its pid is not alive, one of another host after ``STALE_AFTER_S``."""
     removed = []
     try:
         names = os.listdir(directory)
@@ -94,25 +101,27 @@ def clean_stale(directory: Path) -> list[Path]:
         return removed
     host = _host()
     for name in names:
-        for prefix in (STAGING_PREFIX, TRASH_PREFIX):
-            if not name.startswith(prefix):
-                continue
-            path = directory / name
-            if path in _ACTIVE:
-                continue
-            try:
-                rest = name[len(prefix):]
-                owner, pid_text, _ = rest.rsplit("-", 2)
-                pid = int(pid_text)
-            except ValueError:
-                owner, pid = "", -1
-            try:
-                age = time.time() - os.lstat(path).st_mtime
-            except OSError:
-                continue
-            if (owner == host and not _pid_alive(pid)) or age > STALE_AFTER_S:
+        m = _OWN_NAME.fullmatch(name)
+        if m is None:
+            continue
+        path = directory / name
+        if path in _ACTIVE:
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        mine = m.group(2) == host
+        if (mine and not _pid_alive(int(m.group(3)))) or \
+                (not mine and time.time() - st.st_mtime > STALE_AFTER_S):
+            if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path, ignore_errors=True)
-                removed.append(path)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    continue
+            removed.append(path)
     return removed
 
 
