@@ -31,13 +31,13 @@ from cache_tools.errors import ArchiveError, CacheError, IncompatibleError, os_e
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import MERGE_PREFIX, PACK_PREFIX, Location, kind
 from cache_tools.manifest import (MANIFEST_NAME, EntryRecord, FileRecord, Manifest,
-                                  check_overlaps)
+                                  check_overlaps, paused_gc)
 from cache_tools.progress import Progress
 from cache_tools.reader import (CHUNK, WHOLE, ZSTD_MAGIC, ArchiveReader, Limits, Member,
                                 zstandard_module, zstd_structure_problem)
 from cache_tools.restore import (EntryPlanView, PlannedEntry, RestorePlan, RestoreResult,
                                  plan_entry, plan_restore, restore_roots)
-from cache_tools.scan import CacheEntry, CacheWarning, scan, size_str
+from cache_tools.scan import CacheEntry, CacheWarning, noatime_fd, scan, size_str
 from cache_tools.staging import _ACTIVE, clean_stale, own_name
 
 __all__ = ["ArchiveReader", "CHUNK", "EntryPlanView", "Limits", "Member", "MergeResult",
@@ -45,8 +45,6 @@ __all__ = ["ArchiveReader", "CHUNK", "EntryPlanView", "Limits", "Member", "Merge
            "VerifyReport", "ZSTD_MAGIC", "merge", "pack", "plan_entry", "plan_restore",
            "read_entry", "restore_roots", "verify", "write_archive", "zstd_structure_problem"]
 
-_NOATIME = getattr(os, "O_NOATIME", 0)
-_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _PLACEHOLDER = "0" * 64
 
 
@@ -60,17 +58,6 @@ def _producer() -> str:
 
 
 # --- reading files ------------------------------------------------------------------------------
-
-
-def _open(path: str) -> int:
-    """A descriptor opened without updating the access time where the OS allows it (Linux,
-    O_NOATIME, file owner), so packing does not make every entry look recently used."""
-    try:
-        return os.open(path, _READ | _NOATIME)
-    except PermissionError:
-        if not _NOATIME:
-            raise
-        return os.open(path, _READ)
 
 
 def _changed(path: str) -> CacheError:
@@ -116,7 +103,7 @@ def _plan_entry(entry: CacheEntry) -> list[_File]:
     for rel, path, (size, mode, ino, mtime_ns) in zip(entry.files, paths, stats):
         mode = 0o755 if mode & 0o111 else 0o644
         if triton and groups.is_group(rel):
-            fd = _open(path)
+            fd = noatime_fd(path)
             try:
                 raw = _read_exact(fd, size, path)
             finally:
@@ -148,7 +135,7 @@ def _read_file(f: _File) -> bytes:
     longer is the file the scan saw)."""
     if f.data is not None:
         return f.data
-    fd = _open(f.path)
+    fd = noatime_fd(f.path)
     try:
         data = os.read(fd, f.size) if f.size else b""
         if len(data) != f.size:
@@ -349,10 +336,15 @@ def pack(out: str | os.PathLike[str], locations: Iterable[Location], *, zstd: bo
          progress: Progress | None = None, jobs: int | None = None) -> PackResult:
     """Pack every complete entry of ``locations`` into ``out``, reading each file once.
     ``jobs``: zstd compression threads (default: one per CPU; the archive is the same)."""
-    progress = progress or Progress.null()
+    with paused_gc():
+        return _pack_all(Path(out), list(locations), zstd, level, fingerprint,
+                         progress or Progress.null(), jobs)
+
+
+def _pack_all(out: Path, locations: list[Location], zstd: bool, level: int,
+              fingerprint: Fingerprint | None, progress: Progress, jobs: int | None
+              ) -> PackResult:
     started = time.monotonic()
-    locations = list(locations)
-    out = Path(out)
     progress.step("scanning " + ", ".join(loc.kind.name for loc in locations if loc.path))
     info = scan(locations)
     warnings = list(info.warnings)
@@ -450,7 +442,7 @@ def _write_entry(w: _Writer, entry: CacheEntry, files: list[_File], progress: Pr
             progress.advance(f.size)
             continue
         try:
-            fd = _open(f.path)
+            fd = noatime_fd(f.path)
         except FileNotFoundError:
             raise _Vanished(entry) from None
         try:
@@ -497,7 +489,7 @@ def verify(archive: str | os.PathLike[str], *, limits: Limits | None = None,
     """Check every member against the manifest with the reader restore uses (the same
     refusals); an ArchiveError names the first bad member."""
     progress = progress or Progress.null()
-    with ArchiveReader(archive, limits) as reader:
+    with ArchiveReader(archive, limits) as reader, paused_gc():
         manifest = reader.read_manifest()
         progress.start("verify", manifest.size)
         advance = progress.advance

@@ -8,7 +8,9 @@ files that make the entry complete by the kind's rule, and no entry inside anoth
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import hashlib
 import json
 import re
@@ -81,6 +83,20 @@ class EntryRecord:
                 "sha256": self.digest, "files": [f.to_list() for f in self.files]}
 
 
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector off while a manifest's hundreds of thousands of small
+    objects are built or walked (its full collections made parsing superlinear: 40 % of a
+    4,000-entry parse); it is back on, as it was, afterwards."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def is_triton(entry: EntryRecord) -> bool:
     """Whether ``entry`` is a Triton-style directory (Triton's own cache, or Inductor's nested
     one): its group files name its children and are rewritten on restore."""
@@ -147,6 +163,11 @@ class Manifest:
     @classmethod
     def parse(cls, data: bytes, where: str = MANIFEST_NAME) -> "Manifest":
         """Parse and validate; an ArchiveError naming the offending field otherwise."""
+        with paused_gc():
+            return cls._parse(data, where)
+
+    @classmethod
+    def _parse(cls, data: bytes, where: str) -> "Manifest":
         try:
             doc = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:

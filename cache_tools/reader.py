@@ -311,7 +311,7 @@ class ArchiveReader:
         """Every payload member, in manifest order (see the module docstring)."""
         manifest = self.manifest or self.read_manifest()
         tar = self._tar
-        match, data_of, header = tar.match, self._data, tarfmt.header
+        match, whole, data_of, header = tar.match, tar.whole, self._data, tarfmt.header
         sha256 = hashlib.sha256
         previous = MANIFEST_NAME
         for entry in manifest.entries:
@@ -325,13 +325,15 @@ class ArchiveReader:
                 if len(expected) > tarfmt.BLOCK and \
                         int(expected[124:135], 8) > self.limits.max_header_bytes:
                     expected = b""          # a PAX header over the limit: the careful path
-                try:
-                    fast = match(expected) if expected else False
-                except tarfmt.TarFormatError:
-                    raise ArchiveError(f"archive is truncated after member {previous!r}",
-                                       hint=HINT_CORRUPT) from None
-                if not fast:
-                    self._listed_header(name, f, previous, manifest)
+                data = whole(expected, f.size) if expected and f.size <= WHOLE else None
+                if data is None:
+                    try:
+                        fast = match(expected) if expected else False
+                    except tarfmt.TarFormatError:
+                        raise ArchiveError(f"archive is truncated after member {previous!r}",
+                                           hint=HINT_CORRUPT) from None
+                    if not fast:
+                        self._listed_header(name, f, previous, manifest)
                 if f.size > WHOLE:
                     member = Member(self, name, entry, f, None, None)
                     yield member
@@ -339,7 +341,8 @@ class ArchiveReader:
                         member.drain()
                     previous = name
                     continue
-                data = data_of(name, f.size)
+                if data is None:
+                    data = data_of(name, f.size)
                 group = triton and f.path.startswith("__grp__") and groups.is_group(f.path)
                 got = sha256(data).hexdigest()
                 if got != f.sha256:

@@ -21,7 +21,7 @@ from cache_tools import groups
 from cache_tools.errors import ArchiveError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import kind, resolve
-from cache_tools.manifest import EntryRecord, Manifest, is_triton
+from cache_tools.manifest import EntryRecord, Manifest, is_triton, paused_gc
 from cache_tools.progress import Progress
 from cache_tools.reader import ArchiveReader, Limits
 from cache_tools.staging import (Installer, Outcome, StagedEntry, clean_roots, complete_at,
@@ -92,7 +92,7 @@ class RestorePlan(EntryPlanView):
         """Stage every entry to write while checking the whole archive, then move entries into
         place one rename each.  ``on_entry`` is called after each entry is committed."""
         with os_errors("restore", "check free space and permissions of the destination; "
-                                  "no partial entry is visible, rerun to finish"):
+                                  "no partial entry is visible, rerun to finish"), paused_gc():
             return _execute(self, progress or Progress.null(), on_entry)
 
 

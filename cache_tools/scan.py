@@ -23,23 +23,36 @@ GROUP_PREFIX = "__grp__"
 # Triton writes these without a group file (runtime/build.py, runtime/autotuner.py).
 _TRITON_LONE_FILES = ("*.so", "*.autotune.json")
 _TRITON_RULE = EntryRule(("*",), "triton")
+_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_NOATIME_READ = _READ | getattr(os, "O_NOATIME", 0)
+
+
+def noatime_fd(path: Path | str) -> int:
+    """A read-only descriptor opened without updating the access time where the OS allows it
+    (Linux, O_NOATIME, file owner), so packing or scanning does not make every entry look
+    recently used to ``prune``."""
+    try:
+        return os.open(path, _NOATIME_READ)
+    except PermissionError:
+        if _NOATIME_READ == _READ:
+            raise
+        return os.open(path, _READ)
 
 
 def open_noatime(path: Path | str):
-    """Open for reading without updating the access time where the OS allows it (Linux,
-    O_NOATIME, file owner), so packing or scanning does not make every entry look recently
-    used to ``prune``."""
-    flags = os.O_RDONLY | getattr(os, "O_NOATIME", 0)
-    try:
-        fd = os.open(path, flags)
-    except PermissionError:
-        fd = os.open(path, os.O_RDONLY)
-    return os.fdopen(fd, "rb")
+    """``noatime_fd`` as a binary file object."""
+    return os.fdopen(noatime_fd(path), "rb")
 
 
 def read_noatime(path: Path | str) -> bytes:
-    with open_noatime(path) as f:
-        return f.read()
+    fd = noatime_fd(path)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def size_str(n: int) -> str:

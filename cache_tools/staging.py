@@ -255,11 +255,12 @@ class Installer:
 
     def commit(self, entry: EntryRecord) -> Outcome:
         root = self.roots[entry.kind]
-        target = target_of(root, entry)
         staged = self._staged_str(entry)
         if not entry.name:
-            return self._commit_whole(entry, staged, target)
-        parent = os.path.dirname(target)
+            return self._commit_whole(entry, staged, root)
+        target_str = f"{root}/{entry.name}"
+        target = Path(target_str)
+        parent = target_str.rpartition("/")[0]
         if parent not in self._made:
             os.makedirs(parent, exist_ok=True)
             self._made.add(parent)
@@ -276,9 +277,9 @@ class Installer:
                     return Outcome(entry, target, "present", "already there")
                 os.rename(staged, target)
                 return Outcome(entry, target, "added")
-        if not os.path.lexists(target):
+        if not os.path.lexists(target_str):
             try:
-                os.rename(staged, target)
+                os.rename(staged, target_str)
                 return Outcome(entry, target, "added")
             except OSError as exc:
                 if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):

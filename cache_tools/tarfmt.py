@@ -224,6 +224,24 @@ class TarStream:
         self.offset += n
         return True
 
+    def whole(self, expected: bytes, size: int) -> memoryview | None:
+        """The fast path for a small member of our own: header ``expected`` then ``size``
+        bytes of data, consumed at once; None, with nothing consumed, when the bytes are not
+        exactly that (the caller then goes through ``match``/``next_header`` and ``data``)."""
+        pad, n = self._pad, len(expected)
+        need = pad + n + size
+        if len(self._buf) - self._pos < need and not self._ensure(need):
+            return None
+        buf = self._buf
+        start = self._pos + pad
+        if buf[start:start + n] != expected:
+            return None
+        start += n
+        self._pos = start + size
+        self.offset += need
+        self._pad = -size % BLOCK
+        return memoryview(buf)[start:start + size]
+
     def next_header(self) -> Header | None:
         """The next member's header, PAX records applied; None at the end-of-archive block."""
         self._skip_padding("the previous member")
