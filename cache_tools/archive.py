@@ -1,5 +1,6 @@
 """Archives of JIT caches: pack, verify and merge (restore is in restore.py, reading in
-reader.py, the tar format in tarfmt.py; their public names are re-exported here).
+reader.py, writing in writer.py, the tar format in tarfmt.py; their public names are
+re-exported here).
 
 An archive is a tar (optionally zstd-compressed) whose first member is ``manifest.json``; the
 payload members follow in manifest order, one per file, named ``<kind>/<entry>/<file>``, with
@@ -9,10 +10,8 @@ absolute paths on restore, so a relocated cache still hits.
 
 Pack reads each file once.  The manifest must come first but lists every file's sha256, which
 is only known once the file is read; its length, however, is known from the scan alone (sizes,
-names and modes; every hash has 64 digits), so pack leaves exactly that much room, streams the
-payload after it while hashing, and writes the manifest into the room at the end.  A zstd
-archive is two frames: the manifest's, then the payload's (compressed while it is written, on
-worker threads; the output does not depend on their number).
+names and modes; every hash has 64 digits), so the writer leaves exactly that much room, the
+payload streams after it while it is hashed, and the manifest fills the room at the end.
 """
 
 from __future__ import annotations
@@ -23,24 +22,25 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from cache_tools import fingerprint as fp_mod
 from cache_tools import groups, tarfmt
 from cache_tools.errors import ArchiveError, CacheError, IncompatibleError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
-from cache_tools.locations import MERGE_PREFIX, PACK_PREFIX, Location, kind
-from cache_tools.manifest import (MANIFEST_NAME, EntryRecord, FileRecord, Manifest,
-                                  check_overlaps, paused_gc)
+from cache_tools.locations import MERGE_PREFIX, Location, kind
+from cache_tools.manifest import EntryRecord, FileRecord, Manifest, check_overlaps, paused_gc
 from cache_tools.progress import Progress
 from cache_tools.reader import (CHUNK, WHOLE, ZSTD_MAGIC, ArchiveReader, Limits, Member,
-                                zstandard_module, zstd_structure_problem)
+                                zstd_structure_problem)
 from cache_tools.restore import (EntryPlanView, PlannedEntry, RestorePlan, RestoreResult,
                                  plan_entry, plan_restore, restore_roots)
 from cache_tools.scan import CacheEntry, CacheWarning, noatime_fd, scan, size_str
 from cache_tools.staging import _ACTIVE, clean_stale, own_name
+from cache_tools.writer import ArchiveWriter, Source, write_archive
 
-__all__ = ["ArchiveReader", "CHUNK", "EntryPlanView", "Limits", "Member", "MergeResult",
+__all__ = ["ArchiveReader", "ArchiveWriter", "CHUNK", "EntryPlanView", "Limits", "Member",
+           "MergeResult",
            "PackResult", "PlannedEntry", "RestorePlan", "RestoreResult", "Source",
            "VerifyReport", "ZSTD_MAGIC", "merge", "pack", "plan_entry", "plan_restore",
            "read_entry", "restore_roots", "verify", "write_archive", "zstd_structure_problem"]
@@ -166,152 +166,6 @@ def read_entry(entry: CacheEntry) -> tuple[EntryRecord, list[bytes]]:
     return _record(entry, files, hashes), datas
 
 
-# --- writing ----------------------------------------------------------------------------------
-
-
-class _Writer:
-    """One archive being written under a temporary name beside ``out``: room for a manifest of
-    ``manifest_len`` bytes, then payload members, then ``finish`` fills the room and renames."""
-
-    def __init__(self, out: Path, manifest_len: int, zstd: bool, level: int,
-                 threads: int) -> None:
-        self.out = out
-        self.manifest_len = manifest_len
-        self.room = len(tarfmt.header(MANIFEST_NAME, manifest_len, 0o644)) + manifest_len + \
-            len(tarfmt.padding(manifest_len))
-        self.offset = self.room          # of the (uncompressed) tar stream
-        self.tmp = out.parent / own_name(PACK_PREFIX, ".tmp")
-        self.spool: Path | None = None
-        self._zstd = None
-        _ACTIVE.add(self.tmp)
-        self._raw = open(self.tmp, "xb", buffering=0)
-        if zstd:
-            z = zstandard_module("write a zstd-compressed archive")
-            self._zstd = z
-            self.level = level
-            self.spool = out.parent / own_name(PACK_PREFIX, ".tmp")
-            _ACTIVE.add(self.spool)
-            self._spool = open(self.spool, "xb", buffering=0)
-            # threads >= 1: zstd's multithreaded format, identical for any number of workers.
-            self._compressor = z.ZstdCompressor(level=level, write_checksum=True,
-                                                threads=max(1, threads))
-            self._sink = self._compressor.stream_writer(self._spool, closefd=False,
-                                                        write_size=1 << 20)
-            self.write = self._sink.write
-        else:
-            self._raw.seek(self.room)
-            self._buffered = open(self._raw.fileno(), "wb", buffering=1 << 20, closefd=False)
-            self.write = self._buffered.write
-
-    def member(self, name: str, size: int, mode: int) -> None:
-        """Start a member: its header; then ``size`` bytes of ``write`` and ``pad``."""
-        head = tarfmt.header(name, size, mode)
-        self.write(head)
-        self.offset += len(head) + size + (-size % tarfmt.BLOCK)
-
-    def pad(self, size: int) -> None:
-        if size % tarfmt.BLOCK:
-            self.write(tarfmt.padding(size))
-
-    def finish(self, manifest_json: bytes) -> int:
-        """Write the manifest into its room and the end of the archive; rename into place.
-        Returns the archive's size."""
-        if len(manifest_json) != self.manifest_len:
-            raise AssertionError("the manifest's length differs from the room left for it")
-        self.write(tarfmt.end(self.offset))
-        head = tarfmt.header(MANIFEST_NAME, len(manifest_json), 0o644) + manifest_json + \
-            tarfmt.padding(len(manifest_json))
-        if self._zstd is None:
-            self._buffered.flush()
-            os.pwrite(self._raw.fileno(), head, 0)
-        else:
-            self._sink.flush(self._zstd.FLUSH_FRAME)
-            self._sink.close()
-            self._spool.close()
-            frame = self._zstd.ZstdCompressor(level=self.level, write_checksum=True
-                                              ).compress(head)
-            self._raw.write(frame)
-            assert self.spool is not None
-            with open(self.spool, "rb", buffering=0) as src:
-                _copy(src, self._raw)
-        self._raw.close()
-        os.replace(self.tmp, self.out)
-        return os.stat(self.out).st_size
-
-    def close(self) -> None:
-        """Remove the temporaries (after ``finish``, or when writing failed)."""
-        for f in (getattr(self, "_buffered", None), getattr(self, "_spool", None), self._raw):
-            try:
-                if f is not None:
-                    f.close()
-            except (OSError, ValueError):
-                pass
-        for p in (self.tmp, self.spool):
-            if p is not None:
-                _ACTIVE.discard(p)
-                try:
-                    os.unlink(p)
-                except FileNotFoundError:
-                    pass
-
-
-def _copy(src: IO[bytes], dst: IO[bytes]) -> None:
-    """The rest of ``src`` appended to ``dst`` (in the kernel where it can)."""
-    try:
-        while os.copy_file_range(src.fileno(), dst.fileno(), 1 << 30):
-            pass
-        return
-    except (AttributeError, OSError):
-        pass
-    shutil.copyfileobj(src, dst, CHUNK)
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where the bytes of one archived file come from."""
-
-    entry: EntryRecord
-    file: FileRecord
-    #: returns a binary file object positioned at the start of exactly ``file.size`` bytes
-    open: Callable[[], IO[bytes]]
-
-
-def write_archive(out: str | os.PathLike[str], manifest: Manifest, sources: Sequence[Source], *,
-                  zstd: bool = False, level: int = 3, progress: Progress | None = None,
-                  threads: int | None = None) -> int:
-    """Write ``manifest`` then every source in manifest order; atomic (temp file + rename).
-    Returns the archive's size in bytes."""
-    progress = progress or Progress.null()
-    out = Path(out)
-    order = [(e.key, f.path) for e in manifest.entries for f in e.files]
-    if order != [(s.entry.key, s.file.path) for s in sources]:
-        raise AssertionError("sources must follow the manifest order")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale(out.parent)
-    data = manifest.to_json()
-    writer = _Writer(out, len(data), zstd, level, threads or os.cpu_count() or 1)
-    try:
-        progress.start("pack", manifest.size)
-        for s in sources:
-            writer.member(s.entry.member(s.file), s.file.size, s.file.mode)
-            with s.open() as f:
-                left = s.file.size
-                while left:
-                    chunk = f.read(min(CHUNK, left))
-                    if not chunk:
-                        raise CacheError(f"{s.entry.member(s.file)}: source ended early",
-                                         hint="the source changed while writing")
-                    writer.write(chunk)
-                    left -= len(chunk)
-                    progress.advance(len(chunk))
-            writer.pad(s.file.size)
-        size = writer.finish(data)
-    finally:
-        writer.close()
-    progress.finish()
-    return size
-
-
 # --- pack -------------------------------------------------------------------------------------
 
 
@@ -385,7 +239,7 @@ def _pack(out: Path, planned: list[tuple[CacheEntry, list[_File]]], fp: Fingerpr
     producer = _producer()
     room = Manifest(fp, tuple(_record(e, files, [_PLACEHOLDER] * len(files))
                               for e, files in planned), producer).to_json()
-    writer = _Writer(out, len(room), zstd, level, jobs)
+    writer = ArchiveWriter(out, len(room), zstd, level, jobs)
     try:
         progress.start("pack", sum(f.size for _, files in planned for f in files))
         records = []
@@ -427,7 +281,7 @@ def _encode_one(entry: CacheEntry, f: _File, name: str) -> tuple[bytes, str]:
             hashlib.sha256(data).hexdigest())
 
 
-def _write_entry(w: _Writer, entry: CacheEntry, files: list[_File], progress: Progress
+def _write_entry(w: ArchiveWriter, entry: CacheEntry, files: list[_File], progress: Progress
                  ) -> EntryRecord:
     """An entry holding a file too large to read whole: each member written as it is read."""
     hashes = []
@@ -452,7 +306,7 @@ def _write_entry(w: _Writer, entry: CacheEntry, files: list[_File], progress: Pr
     return _record(entry, files, hashes)
 
 
-def _write_large(w: _Writer, fd: int, name: str, f: _File, progress: Progress) -> str:
+def _write_large(w: ArchiveWriter, fd: int, name: str, f: _File, progress: Progress) -> str:
     w.member(name, f.size, f.mode)
     h = hashlib.sha256()
     left = f.size
