@@ -2,7 +2,9 @@
 reader's limits.  ``verify``, ``restore`` and ``merge`` read archives only through it, so they
 accept and refuse exactly the same archives.
 
-What is checked, in stream order, before any byte of a member reaches its consumer:
+What is checked, in stream order (a member up to ``WHOLE`` bytes is checked completely before
+its consumer sees a byte of it; a larger one streams in chunks and its sha256 is checked after
+the last one, so restore stages it and moves nothing into place before the end):
 
 * the file: a tar or a complete zstd stream (frames walked first; see
   ``zstd_structure_problem``); decompressed volume and ratio bounded as it is read;
@@ -16,8 +18,7 @@ What is checked, in stream order, before any byte of a member reaches its consum
 
 Our own members are recognized by comparing their header bytes with what the writer produces
 for the listed name, size and mode (one comparison); anything else goes through the careful
-parse in ``tarfmt.TarStream.next_header``.  Small members (up to ``WHOLE``) are handed over
-whole and already verified; larger ones in chunks, verified when their last chunk is read.
+parse in ``tarfmt.TarStream.next_header``.
 """
 
 from __future__ import annotations
