@@ -3,5 +3,6 @@
 Standard library only at import time (it runs in slim image stages); torch, Triton, SGLang,
 redis and zstandard are imported lazily by the functions that need them.  The modules:
 locations (cache kinds and directories), fingerprint (toolchain identity), scan (inventory),
-manifest / archive / staging (pack, verify, restore, merge), prune, remote (Redis), cli.
+manifest / tarfmt / reader / writer / groups / archive / restore / staging (pack, verify,
+restore, merge), prune, remote (Redis), cli.
 """

@@ -14,19 +14,25 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import importlib.util
 import os
 import pwd
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
 from cache_tools.errors import CacheError
 
-# Names cache_tools itself creates inside cache directories: restore staging and prune trash.
-# They are never entries; scan reports leftovers of interrupted runs, restore cleans them.
+# Names cache_tools itself creates: restore/pull staging and prune trash inside cache
+# directories, pack and merge temporaries beside the output.  Each is
+# ``<prefix><host>-<pid>-<12 hex digits>`` (``.tmp`` for pack's files); they are never entries,
+# scan reports leftovers, and the next run removes those of dead processes (staging.clean_stale).
 STAGING_PREFIX = ".sgw-staging-"
 TRASH_PREFIX = ".sgw-trash-"
+PACK_PREFIX = ".sgw-pack-"
+MERGE_PREFIX = ".sgw-merge-"
 OWN_PATTERNS = (STAGING_PREFIX + "*", TRASH_PREFIX + "*")
 
 
@@ -59,10 +65,10 @@ class Layout:
     entry: str = ""
 
     def is_temp(self, name: str) -> bool:
-        return any(fnmatch.fnmatchcase(name, p) for p in self.temp)
+        return _matcher(self.temp)(name)
 
     def is_ignored(self, name: str) -> bool:
-        return any(fnmatch.fnmatchcase(name, p) for p in self.ignore + OWN_PATTERNS)
+        return _matcher(self.ignore + OWN_PATTERNS)(name)
 
     def match(self, parts: tuple[str, ...], is_dir: bool) -> tuple[str, EntryRule | None]:
         """Classify a path below the root: ``("entry", rule)``, ``("descend", None)`` or
@@ -82,6 +88,15 @@ class Layout:
         """The rule that makes ``parts`` an entry (used to validate archive manifests)."""
         verdict, rule = self.match(parts, is_dir)
         return rule if verdict == "entry" else None
+
+
+@functools.lru_cache(maxsize=None)
+def _matcher(globs: tuple[str, ...]) -> Callable[[str], bool]:
+    """One compiled test for "the name matches any of these globs" (scan calls it per file)."""
+    if not globs:
+        return lambda name: False
+    match = re.compile("|".join(fnmatch.translate(g) for g in globs)).match
+    return lambda name: match(name) is not None
 
 
 def _globs_match(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
@@ -496,7 +511,9 @@ def resolve(kinds: Iterable[CacheKind] | None = None, *, env: Mapping[str, str] 
     resolves it from ``env`` (default: this process's environment)."""
     chosen = tuple(kinds) if kinds is not None else KINDS
     if root is not None:
-        r = Path(root)
+        # Absolute: restored Triton group files record paths below it, and a server runs in
+        # another working directory (a relative root would also misreport copied caches).
+        r = Path(os.path.abspath(root))
         return tuple(Location(k, r / k.root_subdir, "--root") for k in chosen)
     e = _Env(os.environ if env is None else env)
     p = profile or detect_profile()

@@ -24,7 +24,7 @@ from cache_tools.errors import CacheError
 from cache_tools.fingerprint import Fingerprint
 from cache_tools.locations import TRASH_PREFIX, Location
 from cache_tools.scan import GROUP_PREFIX, CacheEntry, CacheInfo, read_noatime, scan, size_str
-from cache_tools.staging import own_dir_name
+from cache_tools.staging import clean_roots, own_name
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
@@ -104,7 +104,7 @@ class PruneStrategy:
                         home = e.path.parent if e.name == "" else _root_of(e)
                         bin_ = trash.get(home)
                         if bin_ is None:
-                            bin_ = home / own_dir_name(TRASH_PREFIX)
+                            bin_ = home / own_name(TRASH_PREFIX)
                             bin_.mkdir()
                             trash[home] = bin_
                         os.rename(e.path, bin_ / str(removed))
@@ -133,11 +133,15 @@ def plan_prune(locations: Iterable[Location], *, older_than: float | None = None
                max_size: int | None = None, other_toolchain: bool = False,
                local: Fingerprint | None = None, now: float | None = None,
                info: CacheInfo | None = None) -> PruneStrategy:
-    """Choose what to delete.  At least one criterion is required."""
+    """Choose what to delete.  At least one criterion is required.  Leftovers of killed
+    prunes, restores and pulls (trash and staging directories of dead processes) are removed
+    first, so a dry run or an empty prune does not leave them behind either."""
     if older_than is None and max_size is None and not other_toolchain:
         raise CacheError("nothing to prune by",
                          hint="give --older-than 7d, --max-size 10G and/or --fingerprint other")
     now = time.time() if now is None else now
+    locations = list(locations)
+    clean_roots(loc.path for loc in locations if loc.path is not None)
     info = info or scan(locations)
     entries = sorted(info.entries, key=lambda e: (e.last_used, e.kind, e.name))
     reasons: dict[int, list[str]] = {}

@@ -12,7 +12,7 @@ import json
 import os
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -22,23 +22,37 @@ from cache_tools.locations import (STAGING_PREFIX, TRASH_PREFIX, CacheKind, Entr
 GROUP_PREFIX = "__grp__"
 # Triton writes these without a group file (runtime/build.py, runtime/autotuner.py).
 _TRITON_LONE_FILES = ("*.so", "*.autotune.json")
+_TRITON_RULE = EntryRule(("*",), "triton")
+_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_NOATIME_READ = _READ | getattr(os, "O_NOATIME", 0)
+
+
+def noatime_fd(path: Path | str) -> int:
+    """A read-only descriptor opened without updating the access time where the OS allows it
+    (Linux, O_NOATIME, file owner), so packing or scanning does not make every entry look
+    recently used to ``prune``."""
+    try:
+        return os.open(path, _NOATIME_READ)
+    except PermissionError:
+        if _NOATIME_READ == _READ:
+            raise
+        return os.open(path, _READ)
 
 
 def open_noatime(path: Path | str):
-    """Open for reading without updating the access time where the OS allows it (Linux,
-    O_NOATIME, file owner), so packing or scanning does not make every entry look recently
-    used to ``prune``."""
-    flags = os.O_RDONLY | getattr(os, "O_NOATIME", 0)
-    try:
-        fd = os.open(path, flags)
-    except PermissionError:
-        fd = os.open(path, os.O_RDONLY)
-    return os.fdopen(fd, "rb")
+    """``noatime_fd`` as a binary file object."""
+    return os.fdopen(noatime_fd(path), "rb")
 
 
 def read_noatime(path: Path | str) -> bytes:
-    with open_noatime(path) as f:
-        return f.read()
+    fd = noatime_fd(path)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def size_str(n: int) -> str:
@@ -92,6 +106,9 @@ class CacheEntry:
     complete: bool
     #: why the entry is incomplete ('' when complete)
     problem: str = ""
+    #: per file (aligned with ``files``): (size, mode, inode, mtime_ns) as scanned; pack
+    #: checks a file against them after reading it (a change means it was rewritten meanwhile)
+    stats: tuple[tuple[int, int, int, int], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def size_on_disk_str(self) -> str:
@@ -176,11 +193,6 @@ def scan_kind(loc: Location) -> KindInfo:
     for e in entries:
         if not e.complete:
             warnings.append(CacheWarning(loc.kind.name, e.path, "incomplete: " + e.problem))
-        elif e.is_dir and any(f.startswith(GROUP_PREFIX) for f in e.files) and \
-                stale_group_paths(e):
-            warnings.append(CacheWarning(
-                loc.kind.name, e.path, "Triton group file records another directory (a copied "
-                "cache); Triton misses it until `cache restore` places it"))
     return KindInfo(loc, True, tuple(entries), tuple(warnings))
 
 
@@ -215,7 +227,7 @@ def _walk(k: CacheKind, root: Path, parts: tuple[str, ...], warnings: list[Cache
     verdict, rule = k.layout.match(parts, is_dir)
     if verdict == "entry":
         assert rule is not None
-        entry = _entry(k, root, parts, rule, warnings)
+        entry = _entry(k, root, parts, rule, warnings, path, st)
         if entry is not None:
             yield entry
         return
@@ -255,82 +267,111 @@ def _listdir(path: Path) -> list[str]:
 
 
 def _entry(k: CacheKind, root: Path, parts: tuple[str, ...], rule: EntryRule,
-           warnings: list[CacheWarning]) -> CacheEntry | None:
-    path = root.joinpath(*parts)
+           warnings: list[CacheWarning], path: Path | None = None,
+           st: os.stat_result | None = None) -> CacheEntry | None:
+    path = path or root.joinpath(*parts)
     name = "/".join(parts)
-    files: list[str] = []
+    found: list[tuple[str, tuple[int, int, int, int]]] = []
     size = 0
     used = modified = 0.0
     temp_seen: list[str] = []
-    for rel, st in _files(path, k.layout, temp_seen, warnings, k.name):
-        files.append(rel)
-        size += st.st_size
-        modified = max(modified, st.st_mtime)
-        used = max(used, st.st_atime, st.st_mtime)
+    for rel, fst in _files(path, k.layout, temp_seen, warnings, k.name, st):
+        found.append((rel, (fst.st_size, fst.st_mode, fst.st_ino, fst.st_mtime_ns)))
+        size += fst.st_size
+        if fst.st_mtime > modified:
+            modified = fst.st_mtime
+        if fst.st_atime > used:
+            used = fst.st_atime
+    used = max(used, modified)
+    found.sort()
+    files = [rel for rel, _ in found]
     try:
-        is_dir = stat.S_ISDIR(os.lstat(path).st_mode)
+        is_dir = stat.S_ISDIR((st or os.lstat(path)).st_mode)
     except OSError:
         return None
-    problem = _problem(rule, path, parts, files, is_dir)
+    problem = layout_problem(rule, parts, files, is_dir)
+    if problem == "" and rule.complete == "triton":
+        problem, stale = _triton_groups(path, files)
+        if stale and problem == "":
+            warnings.append(CacheWarning(
+                k.name, path, "Triton group file records another directory (a copied "
+                "cache); Triton misses it until `cache restore` places it"))
     if problem == "" and temp_seen and rule.complete != "triton":
         problem = "being written (temporary file " + temp_seen[0] + " present)"
     elif problem == "" and temp_seen:
         # Triton publishes each file by os.replace and the group last: the entry is usable.
         warnings.append(CacheWarning(k.name, path / temp_seen[0],
                                      "in-flight or abandoned temporary file; skipped"))
-    return CacheEntry(k.name, name, path, is_dir, tuple(sorted(files)), size, used, modified,
-                      problem == "", problem)
+    return CacheEntry(k.name, name, path, is_dir, tuple(files), size, used, modified,
+                      problem == "", problem, tuple(st for _, st in found))
 
 
 def _files(path: Path, layout: Layout, temp_seen: list[str], warnings: list[CacheWarning],
-           kind_name: str) -> Iterator[tuple[str, os.stat_result]]:
+           kind_name: str, st: os.stat_result | None = None
+           ) -> Iterator[tuple[str, os.stat_result]]:
     """Regular files below ``path`` (or ``path`` itself), skipping temp and ignored names."""
     try:
-        st = os.lstat(path)
+        st = st or os.lstat(path)
     except OSError:
         return
     if stat.S_ISREG(st.st_mode):
         yield "", st
         return
-    stack = [("", path)]
+    ignored, temp = layout.is_ignored, layout.is_temp
+    stack = [("", str(path))]
     while stack:
         rel, current = stack.pop()
-        for name in _listdir(current):
+        try:
+            with os.scandir(current) as it:
+                children = sorted(it, key=lambda d: d.name)
+        except OSError:
+            continue
+        for d in children:
+            name = d.name
             child_rel = f"{rel}/{name}" if rel else name
-            child = current / name
-            if layout.is_ignored(name) or _own(name):
+            if ignored(name):
                 continue
-            if layout.is_temp(name):
+            if temp(name):
                 temp_seen.append(child_rel)
                 continue
             try:
-                cst = os.lstat(child)
+                cst = d.stat(follow_symlinks=False)
             except OSError:
                 continue
             if stat.S_ISDIR(cst.st_mode):
-                stack.append((child_rel, child))
+                stack.append((child_rel, d.path))
             elif stat.S_ISREG(cst.st_mode):
                 yield child_rel, cst
             else:
-                warnings.append(CacheWarning(kind_name, child,
+                warnings.append(CacheWarning(kind_name, Path(d.path),
                                              "not a regular file (link or device); never packed"))
 
 
-def _problem(rule: EntryRule, path: Path, parts: tuple[str, ...], files: list[str],
-             is_dir: bool) -> str:
+def layout_problem(rule: EntryRule, parts: tuple[str, ...], files: Iterable[str],
+                   is_dir: bool) -> str:
+    """Why an entry with these files is incomplete by its kind's rule ('' when complete), from
+    the file names alone: the one completeness rule of scan, archives and the shared store.
+    For Triton it leaves the group files' content to ``triton_problem`` / ``groups.check``."""
+    names = list(files)
     if not is_dir:
         return ""
-    if not files:
+    if not names:
         return "empty directory (being written or interrupted)"
     if rule.complete == "any":
         return ""
     if rule.complete.startswith("marker:"):
         glob = rule.complete[len("marker:"):].replace("{name}", parts[-1] if parts else "")
-        if any("/" not in f and fnmatch.fnmatchcase(f, glob) for f in files):
+        if any("/" not in f and fnmatch.fnmatchcase(f, glob) for f in names):
             return ""
         return f"no {glob} yet (being built or interrupted)"
     if rule.complete == "triton":
-        return triton_problem(path, files)
+        if any("/" in f for f in names):
+            return "unexpected subdirectory in a Triton entry"
+        if not any(f.startswith(GROUP_PREFIX) and f.endswith(".json") for f in names) and \
+                not all(any(fnmatch.fnmatchcase(f, g) for g in _TRITON_LONE_FILES)
+                        for f in names):
+            return "no __grp__*.json group file (compile in flight or interrupted)"
+        return ""
     raise AssertionError(rule.complete)
 
 
@@ -355,25 +396,29 @@ def triton_problem(path: Path, files: Iterable[str]) -> str:
     writes without one (launcher ``.so``, ``.autotune.json``).
     """
     names = list(files)
-    if any("/" in f for f in names):
-        return "unexpected subdirectory in a Triton entry"
-    groups = [f for f in names if f.startswith(GROUP_PREFIX) and f.endswith(".json")]
-    if not groups:
-        if names and all(any(fnmatch.fnmatchcase(f, g) for g in _TRITON_LONE_FILES)
-                         for f in names):
-            return ""
-        return "no __grp__*.json group file (compile in flight or interrupted)"
+    return layout_problem(_TRITON_RULE, (), names, True) or _triton_groups(path, names)[0]
+
+
+def _triton_groups(path: Path, names: list[str]) -> tuple[str, bool]:
+    """The group-file half of ``triton_problem`` (each group read once), and whether a group
+    records another directory than ``path`` (a copied cache)."""
     present = set(names)
-    for g in groups:
+    stale = False
+    for g in names:
+        if not (g.startswith(GROUP_PREFIX) and g.endswith(".json")):
+            continue
         children = read_group(path / g)
         if children is None:
-            return f"unreadable group file {g}"
+            return f"unreadable group file {g}", stale
+        here = str(path)
         for child, recorded in children.items():
-            if "/" in child or child in ("", ".", "..") or os.path.basename(recorded) != child:
-                return f"group file {g} names {child!r} outside its entry"
+            where, _, base = recorded.rpartition("/")
+            if "/" in child or child in ("", ".", "..") or base != child:
+                return f"group file {g} names {child!r} outside its entry", stale
             if child not in present:
-                return f"group file {g} references missing file {child}"
-    return ""
+                return f"group file {g} references missing file {child}", stale
+            stale = stale or where != here
+    return "", stale
 
 
 def triton_hits(path: Path) -> bool:

@@ -5,28 +5,35 @@ move is a same-filesystem ``rename``), checked, and only then moved into place, 
 rename.  A reader (Triton, SGLang, a concurrent restore) therefore sees an entry complete or not
 at all; a process killed mid-way leaves only a ``.sgw-staging-<host>-<pid>-<id>`` directory,
 which scan ignores and the next run removes.  A complete entry is never overwritten.
+
+Files are written through a descriptor of their entry's staging directory (``dir_fd``), with one
+``open``/``write``/``close`` each: restore's cost per file is what ``tar -x`` pays.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
+import re
 import shutil
 import socket
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import BinaryIO, Callable, Mapping
 
-from cache_tools.errors import ArchiveError, CacheError
-from cache_tools.locations import STAGING_PREFIX, TRASH_PREFIX, kind
-from cache_tools.manifest import EntryRecord, FileRecord
-from cache_tools.scan import GROUP_PREFIX, entry_at, triton_hits, triton_problem
+from cache_tools.locations import (MERGE_PREFIX, PACK_PREFIX, STAGING_PREFIX, TRASH_PREFIX,
+                                   kind)
+from cache_tools.manifest import EntryRecord, FileRecord, is_triton
+from cache_tools.scan import GROUP_PREFIX, entry_at, read_group, triton_hits
 
-#: a staging directory of another host (shared filesystem) is removed after this long
+#: a leftover of another host (shared filesystem) is removed after this long
 STALE_AFTER_S = 24 * 3600.0
+#: the names own_name() makes; nothing else is ever removed as a leftover
+_OWN_NAME = re.compile("(%s)(.+)-([0-9]+)-[0-9a-f]{12}(?:\\.tmp)?" % "|".join(
+    re.escape(p) for p in (STAGING_PREFIX, TRASH_PREFIX, PACK_PREFIX, MERGE_PREFIX)))
+_WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(frozen=True)
@@ -44,18 +51,12 @@ def target_of(root: Path, entry: EntryRecord) -> Path:
     return root.joinpath(*entry.name.split("/")) if entry.name else root
 
 
-def is_triton_entry(entry: EntryRecord) -> bool:
-    parts = tuple(entry.name.split("/")) if entry.name else ()
-    rule = kind(entry.kind).layout.entry_rule(parts, entry.is_dir)
-    return rule is not None and rule.complete == "triton"
-
-
 def complete_at(root: Path, entry: EntryRecord) -> bool:
     """Whether the destination already holds this entry complete (never overwritten then)."""
     target = target_of(root, entry)
     if not os.path.lexists(target):
         return False
-    if is_triton_entry(entry):
+    if is_triton(entry):
         groups = [f.path for f in entry.files if f.path.startswith(GROUP_PREFIX)]
         return triton_hits(target) and all((target / g).is_file() for g in groups)
     if not entry.is_dir:
@@ -69,7 +70,7 @@ def complete_at(root: Path, entry: EntryRecord) -> bool:
     return found is not None and found.complete
 
 
-#: staging directories of live installers in this process (never cleaned as leftovers)
+#: our own temporaries in use by this process (never cleaned as leftovers)
 _ACTIVE: set[Path] = set()
 
 
@@ -90,7 +91,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def clean_stale(directory: Path) -> list[Path]:
-    """Remove leftover staging/trash directories of dead processes in ``directory``."""
+    """Remove leftovers of dead processes in ``directory``: staging and trash directories,
+    pack and merge temporaries.  Only names ``own_name()`` makes are touched; one of this host
+    goes when its pid is not alive, one of another host after ``STALE_AFTER_S``."""
     removed = []
     try:
         names = os.listdir(directory)
@@ -98,30 +101,84 @@ def clean_stale(directory: Path) -> list[Path]:
         return removed
     host = _host()
     for name in names:
-        for prefix in (STAGING_PREFIX, TRASH_PREFIX):
-            if not name.startswith(prefix):
-                continue
-            path = directory / name
-            if path in _ACTIVE:
-                continue
-            try:
-                rest = name[len(prefix):]
-                owner, pid_text, _ = rest.rsplit("-", 2)
-                pid = int(pid_text)
-            except ValueError:
-                owner, pid = "", -1
-            try:
-                age = time.time() - os.lstat(path).st_mtime
-            except OSError:
-                continue
-            if (owner == host and not _pid_alive(pid)) or age > STALE_AFTER_S:
+        m = _OWN_NAME.fullmatch(name)
+        if m is None:
+            continue
+        path = directory / name
+        if path in _ACTIVE:
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        mine = m.group(2) == host
+        if (mine and not _pid_alive(int(m.group(3)))) or \
+                (not mine and time.time() - st.st_mtime > STALE_AFTER_S):
+            if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path, ignore_errors=True)
-                removed.append(path)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    continue
+            removed.append(path)
     return removed
 
 
-def own_dir_name(prefix: str) -> str:
-    return f"{prefix}{_host()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+def own_name(prefix: str, suffix: str = "") -> str:
+    """A name for one of our temporaries: ``<prefix><host>-<pid>-<12 hex digits><suffix>``."""
+    return f"{prefix}{_host()}-{os.getpid()}-{uuid.uuid4().hex[:12]}{suffix}"
+
+
+class StagedEntry:
+    """One entry being written into the staging area: ``write`` a small file whole, ``open``
+    a large one; files of a directory entry go through the directory's descriptor."""
+
+    def __init__(self, path: str, is_dir: bool) -> None:
+        self.path = path
+        self.is_dir = is_dir
+        self._fd: int | None = None
+        self._dirs: set[str] = set()
+
+    def _where(self, f: FileRecord) -> tuple[str, int | None]:
+        if not self.is_dir:
+            return self.path, None
+        if self._fd is None:            # created on first use: possibly on a writer thread
+            os.mkdir(self.path)
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        head, _, _ = f.path.rpartition("/")
+        if head and head not in self._dirs:
+            parts = head.split("/")
+            for i in range(1, len(parts) + 1):
+                sub = "/".join(parts[:i])
+                if sub not in self._dirs:
+                    try:
+                        os.mkdir(sub, dir_fd=self._fd)
+                    except FileExistsError:
+                        pass
+                    self._dirs.add(sub)
+        return f.path, self._fd
+
+    def write(self, f: FileRecord, data: bytes | memoryview) -> None:
+        name, dir_fd = self._where(f)
+        fd = os.open(name, _WRITE, f.mode, dir_fd=dir_fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+
+    def open(self, f: FileRecord) -> BinaryIO:
+        name, dir_fd = self._where(f)
+        return os.fdopen(os.open(name, _WRITE, f.mode, dir_fd=dir_fd), "wb")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        elif self.is_dir and not os.path.isdir(self.path):
+            os.mkdir(self.path)         # an entry of no file is impossible; be safe anyway
 
 
 class Installer:
@@ -131,16 +188,14 @@ class Installer:
         self.roots = dict(roots)
         self._stages: dict[Path, Path] = {}   # directory that holds a stage -> the stage
         self._created: list[Path] = []        # directories made for stages, deepest first
+        self._made: set[str] = set()          # directories inside stages, and commit parents
+        self._paths: dict[str, str] = {}      # entry key -> its staged path
         self.staged: list[EntryRecord] = []
 
     def clean_stale(self) -> list[Path]:
         """Remove leftovers of killed restores/pulls in every root (and beside it, where a
         whole-directory entry stages)."""
-        removed: list[Path] = []
-        for root in self.roots.values():
-            removed += clean_stale(root)
-            removed += clean_stale(root.parent)
-        return removed
+        return clean_roots(self.roots.values())
 
     # -- staging ------------------------------------------------------------------------------
 
@@ -157,53 +212,39 @@ class Installer:
             home.mkdir(parents=True, exist_ok=True)
             self._created.extend(missing)
             clean_stale(home)
-            stage = home / own_dir_name(STAGING_PREFIX)
+            stage = home / own_name(STAGING_PREFIX)
             stage.mkdir()
             _ACTIVE.add(stage)
             self._stages[home] = stage
         return stage
 
     def staged_path(self, entry: EntryRecord) -> Path:
-        stage = self._stage_dir(entry)
-        if entry.name:
-            return stage.joinpath(*entry.name.split("/"))
-        return stage / self.roots[entry.kind].name
+        return Path(self._staged_str(entry))
 
-    def open(self, entry: EntryRecord, f: FileRecord):
-        """A binary file object for one file of ``entry`` in the staging area."""
-        base = self.staged_path(entry)
-        path = base.joinpath(*f.path.split("/")) if f.path else base
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, f.mode)
-        return os.fdopen(fd, "wb")
+    def _staged_str(self, entry: EntryRecord) -> str:
+        path = self._paths.get(entry.key)
+        if path is None:
+            stage = str(self._stage_dir(entry))
+            path = f"{stage}/{entry.name or self.roots[entry.kind].name}"
+            self._paths[entry.key] = path
+        return path
 
-    def mark_staged(self, entry: EntryRecord) -> None:
+    def stage(self, entry: EntryRecord) -> StagedEntry:
+        """Start staging ``entry`` (its directory, or its file's parent, is created); the
+        caller writes its files and closes it, then the entry is committed with the others."""
+        path = self._staged_str(entry)
+        parent = path.rpartition("/")[0]
+        if parent not in self._made:
+            os.makedirs(parent, exist_ok=True)
+            self._made.add(parent)
         self.staged.append(entry)
-
-    def prepare(self) -> None:
-        """Check and rewrite every staged Triton group file for its final location.  Runs
-        before the first rename, so a bad group leaves the destination untouched."""
-        for entry in self.staged:
-            if not (entry.is_dir and is_triton_entry(entry)):
-                continue
-            staged = self.staged_path(entry)
-            target = target_of(self.roots[entry.kind], entry)
-            names = {f.path for f in entry.files}
-            problem = triton_problem(staged, sorted(names))
-            if problem:
-                raise ArchiveError(f"entry {entry.kind}:{entry.name}: {problem}",
-                                   hint="the archive holds an incomplete Triton entry; "
-                                        "repack it from a complete cache")
-            for f in entry.files:
-                if f.path.startswith(GROUP_PREFIX) and f.path.endswith(".json"):
-                    rewrite_group(staged / f.path, target, names,
-                                  f"{entry.kind}/{entry.name}/{f.path}")
+        return StagedEntry(path, entry.is_dir)
 
     # -- commit -------------------------------------------------------------------------------
 
     def commit_all(self, on_entry: "Callable[[Outcome], None] | None" = None) -> list[Outcome]:
-        """``prepare()``, then move every staged entry into place, one rename each."""
-        self.prepare()  # everything is verified: only now does anything move into place
+        """Move every staged entry into place, one rename each (called once everything
+        staged has been verified, so a bad archive leaves the destination untouched)."""
         outcomes = []
         for entry in self.staged:
             outcome = self.commit(entry)
@@ -214,11 +255,15 @@ class Installer:
 
     def commit(self, entry: EntryRecord) -> Outcome:
         root = self.roots[entry.kind]
-        target = target_of(root, entry)
-        staged = self.staged_path(entry)
+        staged = self._staged_str(entry)
         if not entry.name:
-            return self._commit_whole(entry, staged, target)
-        target.parent.mkdir(parents=True, exist_ok=True)
+            return self._commit_whole(entry, staged, root)
+        target_str = f"{root}/{entry.name}"
+        target = Path(target_str)
+        parent = target_str.rpartition("/")[0]
+        if parent not in self._made:
+            os.makedirs(parent, exist_ok=True)
+            self._made.add(parent)
         if not entry.is_dir:
             try:
                 os.link(staged, target)   # create-if-absent: never replaces a file
@@ -232,9 +277,9 @@ class Installer:
                     return Outcome(entry, target, "present", "already there")
                 os.rename(staged, target)
                 return Outcome(entry, target, "added")
-        if not os.path.lexists(target):
+        if not os.path.lexists(target_str):
             try:
-                os.rename(staged, target)
+                os.rename(staged, target_str)
                 return Outcome(entry, target, "added")
             except OSError as exc:
                 if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
@@ -242,14 +287,14 @@ class Installer:
         # The target exists (or appeared while we were working).
         if complete_at(root, entry):
             return Outcome(entry, target, "present", "already complete")
-        if is_triton_entry(entry) and target.is_dir() and not target.is_symlink():
-            self._fill_triton(entry, staged, target)
+        if is_triton(entry) and target.is_dir() and not target.is_symlink():
+            self._fill_triton(entry, Path(staged), target)
             return Outcome(entry, target, "completed", "filled in an incomplete entry")
         return Outcome(entry, target, "blocked",
                        "an incomplete entry is there (being written by another process, or "
                        "abandoned); left alone")
 
-    def _commit_whole(self, entry: EntryRecord, staged: Path, target: Path) -> Outcome:
+    def _commit_whole(self, entry: EntryRecord, staged: str, target: Path) -> Outcome:
         try:
             os.rename(staged, target)  # succeeds onto an absent or empty directory only
             return Outcome(entry, target, "added")
@@ -301,45 +346,14 @@ class Installer:
 
 
 def triton_hits_group(group_file: Path) -> bool:
-    from cache_tools.scan import read_group
-
     children = read_group(group_file)
     return children is not None and all(os.path.exists(p) for p in children.values())
 
 
-def normalize_group(data: bytes, where: str) -> bytes:
-    """A Triton group file with its child paths made relative to the entry (archive form)."""
-    try:
-        doc = json.loads(data.decode("utf-8"))
-        children = doc["child_paths"]
-        assert isinstance(children, dict)
-    except Exception:
-        raise CacheError(f"{where}: unreadable Triton group file",
-                         hint="the cache entry is damaged; delete it and let Triton recompile"
-                         ) from None
-    return json.dumps({"child_paths": {c: os.path.basename(p) for c, p in children.items()}}
-                      ).encode()
-
-
-def rewrite_group(path: Path, target: Path, names: Iterable[str], member: str) -> None:
-    """Rewrite a staged (archive-form) group so every child path is absolute under ``target``,
-    as Triton's FileCacheManager.get_group expects."""
-    names = set(names)
-    try:
-        doc = json.loads(path.read_bytes().decode("utf-8"))
-        children = doc["child_paths"]
-        assert isinstance(children, dict)
-    except Exception:
-        raise ArchiveError(f"archive member {member!r}: not a Triton group file",
-                           hint="the archive is corrupt or was not written by "
-                                "`sglang-warmup cache pack`") from None
-    rewritten = {}
-    for child, rel in children.items():
-        if not (isinstance(child, str) and isinstance(rel, str)) or rel != child or \
-                child not in names:
-            raise ArchiveError(
-                f"archive member {member!r}: group child {child!r} -> {rel!r} is not a file "
-                "of the same entry",
-                hint="the archive is corrupt or hostile; nothing was written")
-        rewritten[child] = str(target / rel)
-    path.write_bytes(json.dumps({"child_paths": rewritten}).encode())
+def clean_roots(roots) -> list[Path]:
+    """``clean_stale`` in each root and beside it (where whole-directory entries stage)."""
+    removed: list[Path] = []
+    for root in roots:
+        removed += clean_stale(root)
+        removed += clean_stale(root.parent)
+    return removed

@@ -1,11 +1,31 @@
 #!/usr/bin/env python3
-"""Benchmark: `cache pack` / `cache restore` throughput against plain `tar` and `tar --zstd` on
-the same data: a real Triton cache from CPU compiles (sm_90 cubins), replicated to a target size.
+"""Benchmark: `cache pack / verify / restore` against `tar` on the same data, as ratios.
 
-    .venv/bin/python scripts/bench_cache.py --size-mb 200 --repeat 3
+Two caches are built from real artifacts:
 
-Prints a Markdown table (for docs/benchmarks.md) and, with --json, writes the raw numbers.
-Times are wall-clock medians with a warm page cache; restores go into a fresh directory each run.
+* **triton**: a few dozen real kernels compiled on CPU for sm_90 (Triton's own cache entries),
+  cloned under new hash names with their group files rewritten for the clone, until the cache
+  holds ``--size-mb`` MiB (268 MiB: about 4,300 entries and 34,400 files);
+* **flashinfer**: real CUDA shared libraries of this environment (torch, nvidia, triton wheels)
+  cloned into FlashInfer's layout, ``<version>/<archs>/cached_ops/<op>/<op>.so``, until it holds
+  ``--so-mb`` MiB (default: 1 GiB, scaled with ``--size-mb``).
+
+Each round runs ours and the baseline back to back in this process (the order alternates
+between rounds), and the table prints medians of the per-round ratios ours / baseline:
+
+| operation | ours | baseline |
+|---|---|---|
+| pack | ``archive.pack`` | ``tar -cf`` |
+| pack zstd | ``archive.pack(zstd=True)`` | ``tar -cf - | zstd -3 -T0`` |
+| verify | ``archive.verify`` | ``tar -xOf ARCHIVE | sha256sum`` (same archive) |
+| restore | ``plan_restore().execute()`` | ``tar -xf ARCHIVE`` (same archive, same file system) |
+| restore zstd | the same on the zstd archive | ``zstd -dc ARCHIVE | tar -xf -`` |
+
+    .venv/bin/python scripts/bench_cache.py                    # full size, 5 rounds
+    .venv/bin/python scripts/bench_cache.py --size-mb 40 --rounds 3   # a quick run
+
+Ratios, not absolute times, are what this measures: shared machines are noisy, and a ratio of
+two runs made seconds apart on the same data cancels most of the noise.
 """
 
 from __future__ import annotations
@@ -23,16 +43,30 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-from cache_tools import archive  # noqa: E402
+from cache_tools import archive, fingerprint  # noqa: E402
 from cache_tools.locations import Location, kind  # noqa: E402
+from cache_tools.scan import scan  # noqa: E402
+
+OPS = ("pack", "pack zstd", "verify", "restore", "restore zstd")
 
 
-def compile_seed(cache: Path) -> None:
-    """Compile a few distinct kernels on CPU for sm_90 into ``cache`` (TRITON_CACHE_DIR)."""
-    os.environ["TRITON_CACHE_DIR"] = str(cache)
+# --- building the caches ----------------------------------------------------------------------
+
+
+def compile_seed(seed: Path) -> None:
+    """Compile the seed kernels in a fresh interpreter (Triton reads TRITON_CACHE_DIR once)."""
+    subprocess.run([sys.executable, __file__, "--compile-seed", str(seed)], check=True)
+
+
+def compile_kernels(seed: Path) -> None:
+    """Real Triton compiles on CPU for sm_90: element-wise, reductions and matmuls with several
+    block sizes and warp counts (27 entries, 64 KiB each on average)."""
+    os.environ["TRITON_CACHE_DIR"] = str(seed)
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
@@ -45,6 +79,15 @@ def compile_seed(cache: Path) -> None:
                  mask=mask)
 
     @triton.jit
+    def scale_kernel(x, out, n, factor, BLOCK: tl.constexpr, SQUARE: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        v = tl.load(x + offs, mask=mask) * factor
+        if SQUARE:
+            v = v * v
+        tl.store(out + offs, v, mask=mask)
+
+    @triton.jit
     def softmax_kernel(x, out, stride, n, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
@@ -53,119 +96,269 @@ def compile_seed(cache: Path) -> None:
         e = tl.exp(v)
         tl.store(out + row * stride + offs, e / tl.sum(e, axis=0), mask=offs < n)
 
+    @triton.jit
+    def rmsnorm_kernel(x, w, out, stride, n, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        v = tl.load(x + row * stride + offs, mask=offs < n, other=0.0).to(tl.float32)
+        r = tl.rsqrt(tl.sum(v * v, axis=0) / n + eps)
+        g = tl.load(w + offs, mask=offs < n, other=0.0)
+        tl.store(out + row * stride + offs, (v * r * g).to(out.dtype.element_ty), mask=offs < n)
+
+    @triton.jit
+    def matmul_kernel(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, K, BK):
+            x = tl.load(a + rm[:, None] * sam + (k + rk)[None, :] * sak)
+            y = tl.load(b + (k + rk)[:, None] * sbk + rn[None, :] * sbn)
+            acc += tl.dot(x, y)
+        tl.store(c + rm[:, None] * scm + rn[None, :] * scn, acc.to(c.dtype.element_ty))
+
     target = GPUTarget("cuda", 90, 32)
-    specs = [(add_kernel, {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32"}, {"BLOCK": b})
-             for b in (64, 128, 256, 512, 1024)]
-    specs += [(softmax_kernel, {"x": "*fp32", "out": "*fp32", "stride": "i32", "n": "i32"},
-               {"BLOCK": b}) for b in (128, 256, 512, 1024, 2048)]
-    for fn, sig, const in specs:
+    vec = {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32"}
+    row = {"x": "*fp16", "out": "*fp16", "stride": "i32", "n": "i32"}
+    norm = {"x": "*bf16", "w": "*bf16", "out": "*bf16", "stride": "i32", "n": "i32",
+            "eps": "fp32"}
+    mm = {"a": "*fp16", "b": "*fp16", "c": "*fp16", **{k: "i32" for k in (
+        "M", "N", "K", "sam", "sak", "sbk", "sbn", "scm", "scn")}}
+    scale = {"x": "*fp32", "out": "*fp32", "n": "i32", "factor": "fp32"}
+    specs = [(add_kernel, vec, {"BLOCK": b}, 4) for b in (64, 128, 256, 512, 1024, 2048)]
+    specs += [(scale_kernel, scale, {"BLOCK": b, "SQUARE": sq}, 4)
+              for b in (128, 512, 2048) for sq in (False, True)]
+    specs += [(softmax_kernel, row, {"BLOCK": b}, w)
+              for b, w in ((128, 4), (256, 4), (512, 4), (1024, 4), (256, 8), (1024, 8))]
+    specs += [(rmsnorm_kernel, norm, {"BLOCK": b}, w)
+              for b, w in ((256, 4), (512, 4), (1024, 4), (2048, 4), (512, 8), (2048, 8))]
+    specs += [(matmul_kernel, mm, {"BM": 32, "BN": 32, "BK": 32}, 4),
+              (matmul_kernel, mm, {"BM": 64, "BN": 64, "BK": 32}, 4),
+              (matmul_kernel, mm, {"BM": 128, "BN": 64, "BK": 32}, 4)]
+    for fn, sig, const, warps in specs:
         triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const),
-                       target=target)
+                       target=target, options={"num_warps": warps})
 
 
-def replicate(seed: Path, cache: Path, size: int) -> int:
-    """Copy the seed entries under new hash names (groups pointing at the copy) until the
-    cache holds ``size`` bytes."""
+def clone_name(src: str, i: int) -> str:
+    """A Triton-style hash directory name (base32 of a sha256, 52 characters)."""
+    digest = hashlib.sha256(f"{src}-{i}".encode()).digest()
+    return base64.b32encode(digest).decode().rstrip("=")
+
+
+def build_triton(seed: Path, cache: Path, size: int) -> int:
+    """Clone the seed entries under new hash names until ``cache`` holds ``size`` bytes; each
+    clone's group file lists the clone's own files, as Triton would have written it there."""
     entries = sorted(p for p in seed.iterdir() if p.is_dir())
     total = i = 0
+    cache.mkdir(parents=True)
     while total < size:
         for src in entries:
-            name = base64.b32encode(hashlib.sha256(f"{src.name}-{i}".encode()).digest()
-                                    ).decode().rstrip("=")
-            dst = cache / name
-            shutil.copytree(src, dst)
-            for grp in dst.glob("__grp__*.json"):
-                grp.write_text(grp.read_text().replace(str(src), str(dst)))
-            total += sum(f.stat().st_size for f in dst.iterdir())
+            dst = cache / clone_name(src.name, i)
+            dst.mkdir()
+            for f in sorted(src.iterdir()):
+                data = f.read_bytes()
+                if f.name.startswith("__grp__"):
+                    children = json.loads(data)["child_paths"]
+                    data = json.dumps({"child_paths": {c: str(dst / os.path.basename(p))
+                                                       for c, p in children.items()}}).encode()
+                (dst / f.name).write_bytes(data)
+                total += len(data)
+            if total >= size:
+                break
         i += 1
     return total
 
 
-def timed(fn, repeat: int, before=None) -> float:
-    times = []
-    for _ in range(repeat):
-        if before:
-            before()
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def real_shared_libraries(source: Path | None, low: int = 1 << 20, high: int = 64 << 20
+                          ) -> list[Path]:
+    """Shared libraries between ``low`` and ``high`` bytes, largest first (real machine code,
+    as FlashInfer's ops are): under ``source``, or this environment's CUDA, torch and Triton
+    wheels."""
+    import sysconfig
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    roots = [source] if source else [site / "nvidia", site / "torch" / "lib", site / "triton"]
+    found = []
+    for root in roots:
+        for p in root.rglob("*.so*"):
+            if p.is_file() and not p.is_symlink() and low <= p.stat().st_size <= high:
+                found.append(p)
+    if not found:
+        raise SystemExit(f"no shared libraries of 1-64 MiB under {[str(r) for r in roots]}")
+    return sorted(found, key=lambda p: (-p.stat().st_size, str(p)))
 
 
-def run(cmd: list[str]) -> None:
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+def build_flashinfer(cache: Path, size: int, source: Path | None = None) -> int:
+    """Ops in FlashInfer's layout (``<version>/<archs>/cached_ops/<op>/<op>.so`` plus its
+    ``build.ninja``) until ``cache`` holds ``size`` bytes; libraries are used round-robin."""
+    libs = real_shared_libraries(source)
+    ops = cache / "0.2.14" / "90" / "cached_ops"
+    total = i = 0
+    while total < size:
+        lib = libs[i % len(libs)]
+        name = f"op_{i:04d}_{lib.name.split('.')[0]}"
+        d = ops / name
+        d.mkdir(parents=True)
+        shutil.copyfile(lib, d / f"{name}.so")
+        os.chmod(d / f"{name}.so", 0o755)
+        ninja = f"rule link\n  command = nvcc -shared $in -o $out\nbuild {name}.so: link\n"
+        (d / "build.ninja").write_text(ninja)
+        total += lib.stat().st_size + len(ninja)
+        i += 1
+    return total
+
+
+# --- timing -----------------------------------------------------------------------------------
+
+
+def sh(cmd: str) -> None:
+    subprocess.run(["bash", "-o", "pipefail", "-c", cmd], check=True, stdout=subprocess.DEVNULL)
+
+
+def clock(fn: Callable[[], object], before: Callable[[], None] | None) -> float:
+    if before:
+        before()
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def paired(rounds: int, ours: Callable[[], object], base: Callable[[], object],
+           before: Callable[[], None] | None = None) -> dict[str, float]:
+    """Median times and the median of per-round ratios; the order alternates per round."""
+    t_ours, t_base, ratios = [], [], []
+    for r in range(rounds):
+        if r % 2:
+            b = clock(base, before)
+            o = clock(ours, before)
+        else:
+            o = clock(ours, before)
+            b = clock(base, before)
+        t_ours.append(o)
+        t_base.append(b)
+        ratios.append(o / b)
+    return {"ours_s": statistics.median(t_ours), "base_s": statistics.median(t_base),
+            "ratio": statistics.median(ratios), "ratios": ratios}
+
+
+def bench_cache(name: str, root: Path, kind_dir: str, loc: Location, work: Path, rounds: int,
+                ops: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    fp = fingerprint.current(probe_gpu=False)
+    dest = work / "dest"
+    ours_tar, ours_zst = work / "ours.tar", work / "ours.tar.zst"
+    base_tar, base_zst = work / "base.tar", work / "base.tar.zst"
+
+    def fresh() -> None:
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir()
+
+    def restore(path: Path) -> Callable[[], object]:
+        return lambda: archive.plan_restore(path, dest=dest, local=fp).execute()
+
+    out: dict[str, dict[str, float]] = {}
+    # The archives the read-side operations use exist before those are timed.
+    archive.pack(ours_tar, [loc], fingerprint=fp)
+    if "pack zstd" in ops or "restore zstd" in ops:
+        archive.pack(ours_zst, [loc], zstd=True, fingerprint=fp)
+    for op in ops:
+        if op == "pack":
+            out[op] = paired(rounds, lambda: archive.pack(ours_tar, [loc], fingerprint=fp),
+                             lambda: sh(f"tar -cf {base_tar} -C {root} {kind_dir}"))
+        elif op == "pack zstd":
+            out[op] = paired(rounds,
+                             lambda: archive.pack(ours_zst, [loc], zstd=True, fingerprint=fp),
+                             lambda: sh(f"tar -cf - -C {root} {kind_dir} | zstd -q -3 -T0 -f "
+                                        f"-o {base_zst}"))
+        elif op == "verify":
+            out[op] = paired(rounds, lambda: archive.verify(ours_tar, local=fp),
+                             lambda: sh(f"tar -xOf {ours_tar} | sha256sum"))
+        elif op == "restore":
+            out[op] = paired(rounds, restore(ours_tar),
+                             lambda: sh(f"tar -xf {ours_tar} -C {dest}"), fresh)
+        elif op == "restore zstd":
+            out[op] = paired(rounds, restore(ours_zst),
+                             lambda: sh(f"zstd -q -dc {ours_zst} | tar -xf - -C {dest}"), fresh)
+        print(f"  {name:10} {op:13} ours {out[op]['ours_s']:7.3f}s  baseline "
+              f"{out[op]['base_s']:7.3f}s  ratio {out[op]['ratio']:.2f}", flush=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size-mb", type=int, default=200)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--size-mb", type=int, default=268, help="Triton cache size (MiB)")
+    ap.add_argument("--so-mb", type=int, default=None,
+                    help="FlashInfer cache size (MiB; default: 1024 scaled like --size-mb)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--caches", default="triton,flashinfer")
+    ap.add_argument("--ops", default=",".join(OPS), help="comma-separated: " + ", ".join(OPS))
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="where caches, archives and restores go (default: a temporary "
+                         "directory, removed afterwards); the file system under test")
     ap.add_argument("--json", type=Path, default=None, help="write raw numbers here")
+    ap.add_argument("--seed", type=Path, default=None,
+                    help="compiled Triton entries to clone (default: compile them here; a "
+                         "machine without Triton can use a copy made by --compile-seed)")
+    ap.add_argument("--so-source", type=Path, default=None,
+                    help="where to find real shared libraries (default: this environment's "
+                         "CUDA, torch and Triton wheels)")
+    ap.add_argument("--compile-seed", type=Path, default=None,
+                    help="only compile the seed Triton entries into this directory")
     args = ap.parse_args()
+    if args.compile_seed:
+        compile_kernels(args.compile_seed)
+        return
+    so_mb = args.so_mb if args.so_mb is not None else max(1, args.size_mb * 1024 // 268)
+    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    unknown = set(ops) - set(OPS)
+    if unknown:
+        raise SystemExit(f"--ops: unknown {sorted(unknown)}")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-cache-"))
     work.mkdir(parents=True, exist_ok=True)
-    seed, root = work / "seed", work / "root"
-    cache = root / "triton"
-    shutil.rmtree(seed, ignore_errors=True)
-    shutil.rmtree(root, ignore_errors=True)
-    cache.mkdir(parents=True)
-    compile_seed(seed)
-    data = replicate(seed, cache, args.size_mb << 20)
-    files = sum(1 for _ in cache.rglob("*") if _.is_file())
-    loc = [Location(kind("triton"), cache, "bench")]
-    dest = work / "dest"
-
-    def fresh():
-        shutil.rmtree(dest, ignore_errors=True)
-        dest.mkdir()
-
-    out = {}
-    results = {"bytes": data, "files": files, "entries": len(list(cache.iterdir())),
-               "python": platform.python_version(), "cpus": os.cpu_count(), "ops": out}
-    tar_plain, tar_zst = work / "tar.tar", work / "tar.tar.zst"
-    ours_plain, ours_zst = work / "ours.tar", work / "ours.tar.zst"
-    zstd_flag = ["-I", "zstd -3 -T1"]
-    out["pack"] = {
-        "ours": timed(lambda: archive.pack(ours_plain, loc), args.repeat),
-        "tar": timed(lambda: run(["tar", "-cf", str(tar_plain), "-C", str(root), "triton"]),
-                     args.repeat)}
-    out["pack zstd"] = {
-        "ours": timed(lambda: archive.pack(ours_zst, loc, zstd=True), args.repeat),
-        "tar": timed(lambda: run(["tar", *zstd_flag, "-cf", str(tar_zst), "-C", str(root),
-                                  "triton"]), args.repeat)}
-    out["verify (tar: -t)"] = {"ours": timed(lambda: archive.verify(ours_plain), args.repeat),
-                     "tar": timed(lambda: run(["tar", "-tf", str(tar_plain)]), args.repeat)}
-    out["restore"] = {
-        "ours": timed(lambda: archive.plan_restore(ours_plain, dest=dest).execute(),
-                      args.repeat, fresh),
-        "tar": timed(lambda: run(["tar", "-xf", str(tar_plain), "-C", str(dest)]),
-                     args.repeat, fresh)}
-    out["restore zstd"] = {
-        "ours": timed(lambda: archive.plan_restore(ours_zst, dest=dest).execute(),
-                      args.repeat, fresh),
-        "tar": timed(lambda: run(["tar", *zstd_flag, "-xf", str(tar_zst), "-C", str(dest)]),
-                     args.repeat, fresh)}
-    sizes = {"ours": ours_plain.stat().st_size, "tar": tar_plain.stat().st_size,
-             "ours zstd": ours_zst.stat().st_size, "tar zstd": tar_zst.stat().st_size}
-    results["archive_bytes"] = sizes
-
-    mib = data / (1 << 20)
-    print(f"data: {mib:.0f} MiB, {results['entries']} Triton entries, {files} files; "
-          f"{results['cpus']} CPUs; median of {args.repeat}\n")
-    print("| operation | ours (s) | ours (MiB/s) | tar (s) | tar (MiB/s) | ours / tar time |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for op, t in out.items():
-        print(f"| {op} | {t['ours']:.2f} | {mib / t['ours']:.0f} | {t['tar']:.2f} | "
-              f"{mib / t['tar']:.0f} | {t['ours'] / t['tar']:.2f} |")
-    print("\n| archive | bytes | ratio to data |")
-    print("|---|---:|---:|")
-    for name, n in sizes.items():
-        print(f"| {name} | {n} | {n / data:.3f} |")
+    results: dict[str, object] = {"python": platform.python_version(), "cpus": os.cpu_count(),
+                                  "rounds": args.rounds, "caches": {}}
+    try:
+        for name in [c.strip() for c in args.caches.split(",") if c.strip()]:
+            cw = work / name
+            shutil.rmtree(cw, ignore_errors=True)
+            root = cw / "root"
+            if name == "triton":
+                seed = args.seed or work / "seed-triton"
+                if not seed.is_dir():
+                    compile_seed(seed)
+                data = build_triton(seed, root / "triton", args.size_mb << 20)
+                kind_dir, loc = "triton", Location(kind("triton"), root / "triton", "bench")
+            elif name == "flashinfer":
+                base = root / ".cache" / "flashinfer"
+                data = build_flashinfer(base, so_mb << 20, args.so_source)
+                kind_dir, loc = ".cache", Location(kind("flashinfer"), base, "bench")
+            else:
+                raise SystemExit(f"--caches: unknown {name!r} (triton, flashinfer)")
+            files = sum(1 for p in root.rglob("*") if p.is_file())
+            entries = len(scan([loc]).entries)
+            print(f"{name}: {data / (1 << 20):.0f} MiB, {entries} entries, {files} files",
+                  flush=True)
+            numbers = bench_cache(name, root, kind_dir, loc, cw, args.rounds, ops)
+            results["caches"][name] = {"bytes": data, "entries": entries, "files": files,  # type: ignore[index]
+                                       "ops": numbers}
+            shutil.rmtree(cw, ignore_errors=True)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"\nmedian of {args.rounds} paired rounds; {results['cpus']} CPUs; "
+          f"Python {results['python']}\n")
+    print("| cache | operation | ours / baseline (median) | ours (s) | baseline (s) |")
+    print("|---|---|---:|---:|---:|")
+    for name, c in results["caches"].items():  # type: ignore[union-attr]
+        for op, t in c["ops"].items():
+            print(f"| {name} | {op} | {t['ratio']:.2f} | {t['ours_s']:.2f} | "
+                  f"{t['base_s']:.2f} |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
-    if not args.workdir:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -35,5 +35,68 @@ def slow_restore(archive_path: str, dest: str, pause_s: float) -> None:
     print("done", flush=True)
 
 
+def _die() -> None:
+    import os
+    import signal
+
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def killed(op: str, point: str, args: dict) -> None:
+    """Run ``op`` (pack, pack-zstd, restore, pull, prune) and SIGKILL this process at
+    ``point`` (the kill test's step): nothing after it runs, not even ``finally``."""
+    from pathlib import Path
+
+    from cache_tools import archive, prune, remote
+    from cache_tools.locations import Location, kind
+    from cache_tools.progress import Progress
+
+    class DieOnAdvance(Progress):
+        def __init__(self) -> None:
+            super().__init__(enabled=False)
+            self.calls = 0
+
+        def advance(self, nbytes: int) -> None:
+            self.calls += 1
+            if self.calls > 1:
+                _die()
+
+    def die_on_commit(outcome) -> None:
+        _die()
+
+    progress = DieOnAdvance() if point == "stream" else None
+    on_entry = die_on_commit if point == "commit" else None
+    if op in ("pack", "pack-zstd"):
+        if point == "rename":
+            archive.os.replace = lambda *a: _die()
+        loc = [Location(kind("triton"), Path(args["src"]), "kill-test")]
+        archive.pack(args["out"], loc, zstd=op == "pack-zstd", progress=progress)
+    elif op == "restore":
+        plan = archive.plan_restore(args["archive"], dest=args["dest"])
+        plan.execute(progress=progress, on_entry=on_entry)
+    elif op == "pull":
+        plan = remote.plan_pull(args["url"], dest=args["dest"], namespace=args["ns"])
+        plan.execute(progress=progress, on_entry=on_entry)
+    elif op == "prune":
+        if point == "trash":
+            real = prune.os.rename
+
+            def rename_then_die(*a):
+                real(*a)
+                _die()
+            prune.os.rename = rename_then_die
+        elif point == "rmtree":
+            prune.shutil.rmtree = lambda *a, **k: _die()
+        loc = [Location(kind("triton"), Path(args["src"]), "kill-test")]
+        prune.plan_prune(loc, older_than=0.0).execute()
+    print("finished", flush=True)
+
+
 if __name__ == "__main__":
-    slow_restore(sys.argv[1], sys.argv[2], float(sys.argv[3]))
+    if sys.argv[1] == "kill":
+        import json
+
+        killed(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))
+    else:
+        slow_restore(sys.argv[1], sys.argv[2], float(sys.argv[3]))

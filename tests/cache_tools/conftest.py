@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cache_helpers import compile_into
+from cache_helpers import compile_into, triton_location
 from cache_tools.fingerprint import Fingerprint, current
 
 # Variables that choose cache directories: cleared so no test reads the developer's caches.
@@ -43,3 +43,16 @@ def triton_cache(tmp_path) -> Path:
     path = tmp_path / "src" / "triton"
     assert compile_into(path) == [False, False, False]
     return path
+
+
+@pytest.fixture(scope="session")
+def valid_archive(tmp_path_factory, fp) -> Path:
+    """A real archive of three Triton entries, packed once per session (read-only: tests that
+    change it copy it first)."""
+    from cache_tools import archive
+
+    base = tmp_path_factory.mktemp("valid-archive")
+    assert compile_into(base / "src" / "triton") == [False, False, False]
+    out = base / "valid.tar"
+    archive.pack(out, [triton_location(base / "src" / "triton")], fingerprint=fp)
+    return out

@@ -159,15 +159,16 @@ def test_decompression_bomb(valid, dest, fp, tmp_path):
     zeros = b"\0" * (8 << 20)
     import hashlib
 
+    # A lone launcher .so: a complete Triton entry without a group file.
     bomb = {"kind": "triton", "name": "BOMB", "type": "dir",
-            "files": [["zeros.bin", len(zeros), hashlib.sha256(zeros).hexdigest(), 420]]}
+            "files": [["zeros.so", len(zeros), hashlib.sha256(zeros).hexdigest(), 420]]}
     doc["entries"].insert(0, bomb)
     _set_manifest(m, doc)
-    m.insert(1, _regular("triton/BOMB/zeros.bin", zeros))
+    m.insert(1, _regular("triton/BOMB/zeros.so", zeros))
     path = _write(tmp_path / "bomb.tar.zst", m, zstd=True)
     assert path.stat().st_size < 200_000
     _rejects(path, dest, fp, re.compile(
-        r"archive member 'triton/BOMB/zeros\.bin': decompression ratio exceeds 50:1 "
+        r"archive member 'triton/BOMB/zeros\.so': decompression ratio exceeds 50:1 "
         r"\(\d+ bytes from \d+\); refusing a possible decompression bomb"),
         limits=Limits(max_ratio=50, ratio_floor_bytes=1 << 20))
 

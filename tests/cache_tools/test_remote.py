@@ -129,3 +129,244 @@ def test_unreachable_store():
         remote.connect("redis://127.0.0.1:1/0")
     assert err.value.message.startswith("cannot reach Redis at redis://127.0.0.1:1/0: ")
     assert err.value.exit_code == 5
+
+
+# --- hostile stores and failing connections (issue 17 items 1, 5, 6, 7) -----------------------
+
+
+import dataclasses  # noqa: E402
+import hashlib  # noqa: E402
+import socket  # noqa: E402
+import threading  # noqa: E402
+from urllib.parse import urlsplit  # noqa: E402
+
+from cache_helpers import tree  # noqa: E402
+from cache_tools.manifest import EntryRecord, FileRecord  # noqa: E402
+
+
+def _client():
+    import redis
+
+    return redis.Redis.from_url(URL)
+
+
+def _publish(r, ns: str, fp: Fingerprint, kind: str, name: str, is_dir: bool,
+             files: dict[str, bytes]) -> EntryRecord:
+    """Write a record, its blob and the index entry by hand (what push would write)."""
+    rec = EntryRecord(kind, name, is_dir, tuple(
+        FileRecord(p, len(d), hashlib.sha256(d).hexdigest(), 0o644)
+        for p, d in sorted(files.items())))
+    prefix = f"{ns}:{fp.hash}"
+    r.set(f"{prefix}:meta", json.dumps(fp.to_dict()), nx=True)
+    r.set(f"{prefix}:{rec.key}", json.dumps(rec.to_dict()))
+    r.set(f"{prefix}:blob:{rec.digest}",
+          remote.entry_blob(rec, [files[f.path] for f in rec.files]))
+    r.sadd(f"{prefix}:index", rec.key)
+    return rec
+
+
+def test_pull_into_a_relative_dest_hits_from_anywhere(triton_cache, tmp_path, fp, ns,
+                                                      monkeypatch):
+    remote.push(URL, [triton_location(triton_cache)], namespace=ns, fingerprint=fp)
+    monkeypatch.chdir(tmp_path)
+    plan = remote.plan_pull(URL, dest="node", namespace=ns, local=fp)
+    assert plan.roots == {"triton": tmp_path / "node" / "triton"}
+    plan.execute()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert compile_into(tmp_path / "node" / "triton") == [True, True, True]
+
+
+def test_incomplete_records_are_refused(tmp_path, fp, ns):
+    r = _client()
+    _publish(r, ns, fp, "sglang_jit", "sm90/topk/build-k/deps-k", True, {"topk.so": b"elf"})
+    with pytest.raises(RemoteError) as err:
+        remote.plan_pull(URL, dest=tmp_path / "d", namespace=ns, local=fp)
+    assert err.value.message == (
+        f"{ns}:{fp.hash}:sglang_jit:sm90/topk/build-k/deps-k: sglang_jit entry "
+        "'sm90/topk/build-k/deps-k' is incomplete: no sgl_deps.json yet (being built or "
+        "interrupted)")
+    assert not (tmp_path / "d").exists()
+
+
+def test_overlapping_records_are_refused_before_anything_is_written(tmp_path, fp, ns):
+    r = _client()
+    _publish(r, ns, fp, "cute_aot", "fp/a.o", True, {"x": b"outer"})
+    _publish(r, ns, fp, "cute_aot", "fp/a.o/b.o", False, {"": b"inner"})
+    with pytest.raises(RemoteError) as err:
+        remote.plan_pull(URL, dest=tmp_path / "d", namespace=ns, local=fp)
+    assert err.value.message == (f"{ns}:{fp.hash}:index: entries cute_aot:fp/a.o and "
+                                 "cute_aot:fp/a.o/b.o overlap ('fp/a.o/b.o' lies inside "
+                                 "'fp/a.o')")
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_group_naming_another_entry_is_refused(tmp_path, fp, ns):
+    r = _client()
+    grp = json.dumps({"child_paths": {"k.cubin": "/etc/passwd"}}).encode()
+    rec = _publish(r, ns, fp, "triton", "ABC", True, {"__grp__k.json": grp, "k.cubin": b"x"})
+    plan = remote.plan_pull(URL, dest=tmp_path / "d", namespace=ns, local=fp)
+    with pytest.raises(RemoteError) as err:
+        plan.execute()
+    assert err.value.message == (f"{ns}:{fp.hash}:blob:{rec.digest}: entry triton:ABC: group "
+                                 "file __grp__k.json names 'k.cubin' outside its entry")
+    assert tree(tmp_path / "d") == {}
+
+
+def test_a_wrong_redis_type_is_one_line(tmp_path, fp, ns):
+    r = _client()
+    prefix = f"{ns}:{fp.hash}"
+    r.set(f"{prefix}:meta", json.dumps(fp.to_dict()))
+    r.set(f"{prefix}:index", "not a set")
+    with pytest.raises(RemoteError) as err:
+        remote.plan_pull(URL, dest=tmp_path / "d", namespace=ns, local=fp)
+    assert err.value.message.startswith(f"{prefix}:index: holds another Redis type than "
+                                        "sglang-warmup writes (WRONGTYPE ")
+
+
+def test_a_blob_over_the_limit_is_refused_before_it_is_fetched(tmp_path, fp, ns):
+    r = _client()
+    rec = _publish(r, ns, fp, "tilelang", "k", True, {"k.so": b"x" * 65536})
+    plan = remote.plan_pull(URL, dest=tmp_path / "d", namespace=ns, local=fp)
+    small = dataclasses.replace(plan, max_entry_bytes=1024)
+    key = f"{ns}:{fp.hash}:blob:{rec.digest}"
+    size = r.strlen(key)
+    with pytest.raises(RemoteError) as err:
+        small.execute()
+    assert err.value.message == (f"{key}: {size} bytes exceeds the limit of "
+                                 f"{1024 + 2048 * 9} bytes")
+
+
+def test_a_record_over_the_limit_is_refused(tmp_path, fp, ns, monkeypatch):
+    r = _client()
+    _publish(r, ns, fp, "tilelang", "k", True, {"k.so": b"x"})
+    key = f"{ns}:{fp.hash}:tilelang:k"
+    monkeypatch.setattr(remote, "MAX_RECORD_BYTES", r.strlen(key) - 1)
+    with pytest.raises(RemoteError) as err:
+        remote.plan_pull(URL, dest=tmp_path / "d", namespace=ns, local=fp)
+    assert err.value.message == (f"{key}: {r.strlen(key)} bytes exceeds the limit of "
+                                 f"{r.strlen(key) - 1} bytes")
+    monkeypatch.setattr(remote, "MAX_RECORD_BYTES", r.strlen(key))   # at the limit: accepted
+    assert len(remote.plan_pull(URL, dest=tmp_path / "d", namespace=ns, local=fp).items) == 1
+
+
+def test_garbage_in_the_index_and_meta_is_one_line(tmp_path, fp, ns):
+    r = _client()
+    prefix = f"{ns}:{fp.hash}"
+    r.set(f"{prefix}:meta", json.dumps(fp.to_dict()))
+    r.sadd(f"{prefix}:index", b"\xff\xfe")
+    with pytest.raises(RemoteError) as err:
+        remote.plan_pull(URL, dest=tmp_path / "d", namespace=ns, local=fp)
+    assert err.value.message == f"{prefix}:index: member b'\\xff\\xfe' is not UTF-8"
+    r.delete(f"{prefix}:index")
+    r.set(f"{prefix}:meta", b"[" * 50_000)
+    with pytest.raises(RemoteError) as err:
+        remote.plan_pull(URL, dest=tmp_path / "d", namespace=ns, local=fp)
+    assert err.value.message == f"{prefix}:meta: not valid JSON"
+
+
+def test_wrong_credentials_are_one_line_without_the_password():
+    parts = urlsplit(URL)
+    url = f"redis://nobody:s3cret@{parts.hostname}:{parts.port}/0"
+    with pytest.raises(RemoteError) as err:
+        remote.connect(url)
+    assert err.value.message.startswith(
+        f"Redis at redis://nobody:***@{parts.hostname}:{parts.port}/0 refused the credentials: ")
+    assert "s3cret" not in err.value.message and err.value.exit_code == 5
+
+
+def test_a_user_without_write_access_gets_one_line(triton_cache, fp, ns):
+    r = _client()
+    user = f"sgw-ro-{ns[-6:]}"
+    r.execute_command("ACL", "SETUSER", user, "on", ">pw", "~*", "+@read", "+ping")
+    try:
+        parts = urlsplit(URL)
+        url = f"redis://{user}:pw@{parts.hostname}:{parts.port}/0"
+        with pytest.raises(RemoteError) as err:
+            remote.push(url, [triton_location(triton_cache)], namespace=ns, fingerprint=fp)
+        assert err.value.message.startswith(
+            f"Redis at redis://{user}:***@{parts.hostname}:{parts.port}/0 does not allow SET "
+            f"{ns}:{fp.hash}:meta: ")
+        assert "no permissions" in err.value.message
+    finally:
+        r.execute_command("ACL", "DELUSER", user)
+
+
+class _Proxy:
+    """A TCP proxy in front of the test Redis that cuts (``mode="reset"``) or stops answering
+    (``"stall"``) after ``after`` bytes from the server on each connection."""
+
+    def __init__(self, mode: str, after: int) -> None:
+        parts = urlsplit(URL)
+        self.upstream = (parts.hostname, parts.port)
+        self.mode, self.after = mode, after
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"redis://127.0.0.1:{self.sock.getsockname()[1]}/0"
+        self.open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            self.open += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, None), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, self.after),
+                             daemon=True).start()
+
+    def _pump(self, src, dst, limit) -> None:
+        sent = 0
+        try:
+            while data := src.recv(65536):
+                if limit is not None and sent + len(data) > limit:
+                    dst.sendall(data[:limit - sent])
+                    if self.mode == "reset":
+                        for s in (dst, src):
+                            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                         b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                            s.shutdown(socket.SHUT_RDWR)    # wakes the other pump's recv
+                            s.close()
+                    return                      # stall: nothing more is forwarded
+                dst.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for s in self.open:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+@pytest.mark.parametrize("mode,expect", [
+    ("reset", "lost the connection to Redis at {url} (GET {key}): "),
+    ("stall", "Redis at {url} did not answer in time (GET {key}): "),
+    ("reset-early", "lost the connection to Redis at {url} (STRLEN {key}): "),
+])
+def test_a_connection_that_fails_mid_transfer_is_one_line(triton_cache, tmp_path, fp, ns,
+                                                          mode, expect):
+    import redis
+
+    remote.push(URL, [triton_location(triton_cache)], namespace=ns, fingerprint=fp)
+    plan = remote.plan_pull(URL, dest=tmp_path / "d", namespace=ns, local=fp)
+    # the connection's handshake and STRLEN's answer pass, the blob is cut; or nothing passes
+    proxy = _Proxy(mode.split("-")[0], after=0 if mode.endswith("early") else 2000)
+    try:
+        client = redis.Redis.from_url(proxy.url, socket_timeout=0.3,
+                                      socket_connect_timeout=1)
+        with pytest.raises(RemoteError) as err:
+            dataclasses.replace(plan, client=client).execute()
+    finally:
+        proxy.close()
+    key = f"{ns}:{fp.hash}:blob:{plan.to_write[0].entry.digest}"
+    assert err.value.message.startswith(expect.format(url=URL, key=key)), err.value.message
+    assert not (tmp_path / "d" / "triton").exists() or \
+        not any((tmp_path / "d" / "triton").iterdir())

@@ -15,7 +15,7 @@ import cache_workers
 from cache_helpers import HERE, compile_into, triton_location
 from cache_tools import archive
 from cache_tools.scan import scan_kind
-from cache_tools.staging import clean_stale, own_dir_name
+from cache_tools.staging import clean_stale, own_name
 from cache_tools.locations import STAGING_PREFIX
 
 
@@ -80,7 +80,7 @@ def test_sigkill_mid_restore_leaves_no_partial_entry_and_a_rerun_completes(
 
 
 def test_only_dead_processes_staging_is_cleaned(tmp_path):
-    mine = tmp_path / own_dir_name(STAGING_PREFIX)           # this (live) process... but
+    mine = tmp_path / own_name(STAGING_PREFIX)           # this (live) process... but
     mine.mkdir()                                              # same pid: treated as a leftover
     alive_pid = os.getppid()
     theirs = tmp_path / mine.name.replace(f"-{os.getpid()}-", f"-{alive_pid}-")

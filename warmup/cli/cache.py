@@ -125,10 +125,11 @@ def restore_cmd(
 ) -> None:
     """Restore an archive: plan, verify, then move each entry into place atomically.
 
-    Never overwrites: complete entries already in place are kept (no -y needed)."""
+    Never overwrites: complete entries already in place are kept (no -y needed).  The whole
+    archive is read and checked even when every entry is already in place."""
     as_json = options.output_format(fmt, json_alias) == "json"
     plan = archive.plan_restore(path, dest=dest, kinds=_chosen_kinds(kinds), force=force)
-    _install(plan, str(path), as_json, dry_run, quiet, verb="Restored")
+    _install(plan, str(path), as_json, dry_run, quiet, verb="Restored", check_all=True)
 
 
 @app.command("prune")
@@ -227,18 +228,20 @@ def pull_cmd(
     _install(plan, plan.namespace, fmt == "json", dry_run, quiet, verb="Pulled")
 
 
-def _install(plan, source: str, as_json: bool, dry_run: bool, quiet: bool, *, verb: str) -> None:
-    """Print a restore or pull plan, execute it unless there is nothing to do, print what
-    happened (JSON: ``{"plan": ..., "outcomes": [...]}``)."""
+def _install(plan, source: str, as_json: bool, dry_run: bool, quiet: bool, *, verb: str,
+             check_all: bool = False) -> None:
+    """Print a restore or pull plan, execute it unless there is nothing to do (``check_all``:
+    even then, so a restore reads and checks the whole archive), print what happened (JSON:
+    ``{"plan": ..., "outcomes": [...]}``)."""
     if not as_json:
         output.data(render.plan_text(plan, source))
     result = None
-    if not (dry_run or plan.nothing_to_do):
+    if not dry_run and (check_all or not plan.nothing_to_do):
         result = plan.execute(progress=output.progress(quiet))
     if as_json:
         _json({"plan": render.plan_json(plan),
                "outcomes": render.outcomes_json(result) if result else []})
-    elif result is not None:
+    elif result is not None and not plan.nothing_to_do:
         output.data(render.result_text(result, verb=verb))
     if result is not None:
         output.warn(render.result_warnings(result))

@@ -1,0 +1,474 @@
+"""The archive reader: ``manifest.json`` first, then every member checked against it, within the
+reader's limits.  ``verify``, ``restore`` and ``merge`` read archives only through it, so they
+accept and refuse exactly the same archives.
+
+What is checked, in stream order (a member up to ``WHOLE`` bytes is checked completely before
+its consumer sees a byte of it; a larger one streams in chunks and its sha256 is checked after
+the last one, so restore stages it and moves nothing into place before the end):
+
+* the file: a tar or a complete zstd stream (frames walked first; see
+  ``zstd_structure_problem``); decompressed volume and ratio bounded as it is read;
+* every header: bounded before it is read (``Limits.max_header_bytes``), a plain relative UTF-8
+  name, a regular file (links, devices, FIFOs, directories, sparse files are refused);
+* the manifest: first, at most ``max_manifest_bytes``, valid (``Manifest.parse``: layout,
+  completeness, no overlapping entries), within the entry, file and total limits;
+* every payload member: the one the manifest lists next, with its size and sha256; Triton group
+  files name only files of their own entry (``groups.check``);
+* the end: nothing unlisted after the last member, only zeros after the end-of-archive block.
+
+Our own members are recognized by comparing their header bytes with what the writer produces
+for the listed name, size and mode (one comparison); anything else goes through the careful
+parse in ``tarfmt.TarStream.next_header``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Callable, Iterator
+
+from cache_tools import groups, tarfmt
+from cache_tools.errors import ArchiveError, CacheError
+from cache_tools.manifest import MANIFEST_NAME, EntryRecord, FileRecord, Manifest, is_triton
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: members up to this size are read whole (one buffer, hashed at once); larger ones in chunks
+WHOLE = 4 << 20
+CHUNK = 1 << 20
+HINT_CORRUPT = "the archive is corrupt, truncated or hostile; nothing was written"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a reader accepts.  The defaults leave room for large real caches; pass tighter
+    limits when the archive comes from an untrusted place.  docs/cache.md lists them."""
+
+    max_file_bytes: int = 8 << 30
+    max_total_bytes: int = 256 << 30
+    #: decompressed/compressed bytes (zstd archives only)
+    max_ratio: float = 1000.0
+    #: the ratio is only checked once this much has been decompressed
+    ratio_floor_bytes: int = 16 << 20
+    max_manifest_bytes: int = 64 << 20
+    max_entries: int = 2_000_000
+    max_files: int = 4_000_000
+    #: one PAX extended header (our writer's are a name of at most 4 KiB)
+    max_header_bytes: int = 64 << 10
+
+
+def zstandard_module(why: str):
+    """The zstandard package, or a CacheError saying how to install it."""
+    try:
+        import zstandard
+    except ImportError:
+        raise CacheError(f"the zstandard package is needed to {why}",
+                         hint="pip install 'sglang-warmup[zstd]' (or zstandard)") from None
+    return zstandard
+
+
+class _Counted:
+    """The compressed file as the decompressor reads it: counts bytes for the ratio check."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+        self.count = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.count += len(data)
+        return data
+
+
+class Member:
+    """One payload member.  ``data`` holds the whole verified content of a member up to
+    ``WHOLE`` bytes; a larger one is read with ``chunks()`` (verified after the last chunk; the
+    reader drains and verifies what the consumer leaves).  ``children`` lists a Triton group
+    file's children (checked against its entry)."""
+
+    __slots__ = ("reader", "name", "entry", "file", "data", "children", "consumed")
+
+    def __init__(self, reader: "ArchiveReader", name: str, entry: EntryRecord, file: FileRecord,
+                 data: memoryview | None, children: list[str] | None) -> None:
+        self.reader = reader
+        self.name = name
+        self.entry = entry
+        self.file = file
+        self.data = data
+        self.children = children
+        self.consumed = data is not None
+
+    def chunks(self) -> Iterator[memoryview]:
+        if self.data is not None:
+            yield self.data
+            return
+        self.consumed = True
+        yield from self.reader._chunks(self.name, self.file)
+
+    def drain(self) -> None:
+        for _ in self.chunks():
+            pass
+
+
+class ArchiveReader:
+    """Streams an archive once: the manifest, then every member checked against it."""
+
+    def __init__(self, path: str | os.PathLike[str], limits: Limits | None = None) -> None:
+        self.path = Path(path)
+        self.limits = limits or Limits()
+        self.current = MANIFEST_NAME
+        self.manifest: Manifest | None = None
+        #: sha256 of the manifest's bytes (a plan compares it before executing)
+        self.manifest_sha256 = ""
+        try:
+            self._file = open(self.path, "rb", buffering=0)
+        except FileNotFoundError:
+            raise CacheError(f"{self.path}: no such archive",
+                             hint="check the path (`sglang-warmup cache pack OUT` writes one)"
+                             ) from None
+        except OSError as exc:
+            raise CacheError(f"{self.path}: cannot open ({exc.strerror})",
+                             hint="check the path and its permissions") from None
+        try:
+            self._open_stream()
+        except BaseException:
+            self._file.close()
+            raise
+        # Decompressed bytes allowed: payload + manifest + tar framing; tightened to what the
+        # manifest declares once it is read (see _framing).
+        lim = self.limits
+        self._budget = lim.max_total_bytes + lim.max_manifest_bytes + \
+            (lim.max_files + 16) * (3 * tarfmt.BLOCK + lim.max_header_bytes)
+        self._produced = 0
+        self._tar = tarfmt.TarStream(self._read, max_header_bytes=lim.max_header_bytes,
+                                     chunk=CHUNK)
+
+    def _open_stream(self) -> None:
+        head = self._file.read(4)
+        self._file.seek(0)
+        self.compressed = head == ZSTD_MAGIC
+        self._zstd_error: type[BaseException] = _NoError
+        self._counted = _Counted(self._file)
+        if not self.compressed:
+            self._source: Callable[[int], bytes] = self._file.read
+            return
+        zstd = zstandard_module("read a zstd-compressed archive")
+        problem = zstd_structure_problem(self._file)
+        if problem:
+            raise ArchiveError(f"archive is truncated or damaged: {problem}", hint=HINT_CORRUPT)
+        stream = zstd.ZstdDecompressor(max_window_size=1 << 27).stream_reader(
+            self._counted, read_across_frames=True)
+        self._source = stream.read
+        self._zstd_error = zstd.ZstdError
+
+    def __enter__(self) -> "ArchiveReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+    @property
+    def archive_bytes(self) -> int:
+        return os.fstat(self._file.fileno()).st_size
+
+    # -- the byte stream ------------------------------------------------------------------------
+
+    def _read(self, n: int) -> bytes:
+        try:
+            data = self._source(n)
+        except self._zstd_error as exc:
+            raise ArchiveError(f"archive is truncated or damaged at member {self.current!r} "
+                               f"({exc})", hint=HINT_CORRUPT) from None
+        self._produced += len(data)
+        produced, lim = self._produced, self.limits
+        if produced > self._budget:
+            raise ArchiveError(f"archive member {self.current!r}: decompressed data exceeds what "
+                               f"the manifest declares ({produced} bytes); refusing a possible "
+                               "decompression bomb", hint=HINT_CORRUPT)
+        if self.compressed and produced > lim.ratio_floor_bytes and \
+                produced > lim.max_ratio * max(self._counted.count, 1):
+            raise ArchiveError(f"archive member {self.current!r}: decompression ratio exceeds "
+                               f"{lim.max_ratio:g}:1 ({produced} bytes from "
+                               f"{self._counted.count}); refusing a possible decompression "
+                               "bomb", hint=HINT_CORRUPT)
+        return data
+
+    def _where(self, previous: str | None, offset: int) -> str:
+        if previous is None:
+            return "the first archive member (byte 0)"
+        return f"the archive member after {previous!r} (byte {offset})"
+
+    def _header(self, previous: str | None) -> tarfmt.Header | None:
+        """The next header, parsed carefully; format errors become ArchiveErrors."""
+        try:
+            return self._tar.next_header()
+        except tarfmt.TarFormatError as exc:
+            if previous is None and exc.offset == 0:
+                reason = "it ends inside its first header" if exc.truncated else exc.reason
+                raise ArchiveError(f"{self.path}: not a tar or tar.zst archive ({reason})",
+                                   hint="give an archive written by "
+                                   "`sglang-warmup cache pack`") from None
+            if exc.truncated:
+                raise ArchiveError(f"archive is truncated at byte {exc.offset} (after member "
+                                   f"{previous!r})", hint=HINT_CORRUPT) from None
+            raise ArchiveError(f"{self._where(previous, exc.offset)}: {exc.reason}",
+                               hint=HINT_CORRUPT) from None
+
+    def _check(self, h: tarfmt.Header, previous: str | None) -> str:
+        """A member that could write outside the destination or is not a plain file is refused;
+        returns its name."""
+        if h.name is None:
+            raise ArchiveError(f"{self._where(previous, h.offset)}: member name is not valid "
+                               f"UTF-8 ({h.raw_name[:120]!r})", hint=HINT_CORRUPT)
+        name = h.name
+        if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+            raise ArchiveError(f"archive member {name!r}: absolute path; members must be "
+                               "relative", hint=HINT_CORRUPT)
+        parts = name.split("/")
+        if ".." in parts:
+            raise ArchiveError(f"archive member {name!r}: path leaves the destination ('..')",
+                               hint=HINT_CORRUPT)
+        if any(p in ("", ".") for p in parts) or "\\" in name or "\x00" in name:
+            raise ArchiveError(f"archive member {name!r}: not a plain relative path",
+                               hint=HINT_CORRUPT)
+        what = _TYPES.get(h.typeflag)
+        if h.sparse:
+            what = "sparse file"
+        elif what is not None and h.typeflag in (b"1", b"2"):
+            what += f" {h.linkname!r}"
+        if what is not None:
+            raise ArchiveError(f"archive member {name!r}: {what}; only regular files are "
+                               "allowed", hint=HINT_CORRUPT)
+        if h.typeflag not in (b"0", b"\0"):
+            raise ArchiveError(f"archive member {name!r}: unsupported member type "
+                               f"{h.typeflag!r}; only regular files are allowed",
+                               hint=HINT_CORRUPT)
+        if h.size > self.limits.max_file_bytes and name != MANIFEST_NAME:
+            raise ArchiveError(f"archive member {name!r}: {h.size} bytes exceeds the per-file "
+                               f"limit of {self.limits.max_file_bytes} bytes", hint=HINT_CORRUPT)
+        return name
+
+    def _data(self, name: str, size: int) -> memoryview:
+        try:
+            return self._tar.data(size)
+        except tarfmt.TarFormatError as exc:
+            raise ArchiveError(f"archive is truncated: member {name!r} ends after "
+                               f"{exc.reason}", hint=HINT_CORRUPT) from None
+
+    # -- the manifest ---------------------------------------------------------------------------
+
+    def read_manifest(self, parsed: Manifest | None = None, parsed_sha256: str = ""
+                      ) -> Manifest:
+        """Read and validate the first member, which must be ``manifest.json``.  ``parsed`` is
+        a manifest already parsed from bytes with sha256 ``parsed_sha256`` (a plan's): when the
+        bytes match it is used as is, otherwise they are parsed."""
+        h = self._header(None)
+        if h is None:
+            raise ArchiveError(f"{self.path}: empty archive (no manifest.json)",
+                               hint=HINT_CORRUPT)
+        name = self._check(h, None)
+        if name != MANIFEST_NAME:
+            raise ArchiveError(f"archive member {name!r} comes first; {MANIFEST_NAME} must "
+                               "be the first member", hint="only archives written by "
+                               "`sglang-warmup cache pack` or `cache merge` are accepted")
+        lim = self.limits
+        if h.size > lim.max_manifest_bytes:
+            raise ArchiveError(f"archive member {MANIFEST_NAME!r}: {h.size} bytes exceeds the "
+                               f"limit of {lim.max_manifest_bytes} bytes", hint=HINT_CORRUPT)
+        data = bytes(self._data(MANIFEST_NAME, h.size))
+        self.manifest_sha256 = hashlib.sha256(data).hexdigest()
+        if parsed is not None and parsed_sha256 == self.manifest_sha256:
+            self.manifest = parsed
+            self._budget = parsed.size + lim.max_manifest_bytes + _framing(parsed)
+            return parsed
+        manifest = Manifest.parse(data)
+        if len(manifest.entries) > lim.max_entries:
+            raise ArchiveError(f"{MANIFEST_NAME}: {len(manifest.entries)} entries exceed the "
+                               f"limit of {lim.max_entries}", hint=HINT_CORRUPT)
+        if manifest.nb_files > lim.max_files:
+            raise ArchiveError(f"{MANIFEST_NAME}: {manifest.nb_files} files exceed the limit "
+                               f"of {lim.max_files}", hint=HINT_CORRUPT)
+        for e in manifest.entries:
+            if max(f.size for f in e.files) > lim.max_file_bytes:
+                f = next(f for f in e.files if f.size > lim.max_file_bytes)
+                raise ArchiveError(f"archive member {e.member(f)!r}: {f.size} bytes exceeds "
+                                   f"the per-file limit of {lim.max_file_bytes} bytes",
+                                   hint=HINT_CORRUPT)
+        if manifest.size > lim.max_total_bytes:
+            raise ArchiveError(f"{MANIFEST_NAME}: the archive declares {manifest.size} bytes, "
+                               f"more than the limit of {lim.max_total_bytes} bytes",
+                               hint=HINT_CORRUPT)
+        self.manifest = manifest
+        self._budget = manifest.size + lim.max_manifest_bytes + _framing(manifest)
+        return manifest
+
+    # -- the payload ----------------------------------------------------------------------------
+
+    def members(self) -> Iterator[Member]:
+        """Every payload member, in manifest order (see the module docstring)."""
+        manifest = self.manifest or self.read_manifest()
+        tar = self._tar
+        match, whole, data_of, header = tar.match, tar.whole, self._data, tarfmt.header
+        sha256 = hashlib.sha256
+        previous = MANIFEST_NAME
+        for entry in manifest.entries:
+            triton = is_triton(entry)
+            paths = {f.path for f in entry.files} if triton else ()
+            prefix = "/".join(p for p in (entry.kind, entry.name) if p)
+            for f in entry.files:
+                name = f"{prefix}/{f.path}" if f.path else prefix
+                self.current = name
+                expected = header(name, f.size, f.mode)
+                if len(expected) > tarfmt.BLOCK and \
+                        int(expected[124:135], 8) > self.limits.max_header_bytes:
+                    expected = b""          # a PAX header over the limit: the careful path
+                data = whole(expected, f.size) if expected and f.size <= WHOLE else None
+                if data is None:
+                    try:
+                        fast = match(expected) if expected else False
+                    except tarfmt.TarFormatError:
+                        raise ArchiveError(f"archive is truncated after member {previous!r}",
+                                           hint=HINT_CORRUPT) from None
+                    if not fast:
+                        self._listed_header(name, f, previous, manifest)
+                if f.size > WHOLE:
+                    member = Member(self, name, entry, f, None, None)
+                    yield member
+                    if not member.consumed:
+                        member.drain()
+                    previous = name
+                    continue
+                if data is None:
+                    data = data_of(name, f.size)
+                group = triton and f.path.startswith("__grp__") and groups.is_group(f.path)
+                got = sha256(data).hexdigest()
+                if got != f.sha256:
+                    raise _mismatch(name, f, got)
+                children = groups.check(data, f.path, paths, entry.key) if group else None
+                yield Member(self, name, entry, f, data, children)
+                previous = name
+        self.current = previous
+        h = self._header(previous)
+        if h is not None:
+            raise ArchiveError(f"archive member {self._check(h, previous)!r} is not listed in "
+                               "the manifest", hint=HINT_CORRUPT)
+        if not tar.end_block:
+            raise ArchiveError(f"archive is truncated after member {previous!r} (no "
+                               "end-of-archive block)", hint=HINT_CORRUPT)
+        junk = tar.rest_is_zero()
+        if junk is not None:
+            raise ArchiveError(f"archive holds data after its end-of-archive block (byte "
+                               f"{junk})", hint=HINT_CORRUPT)
+
+    def _listed_header(self, name: str, f: FileRecord, previous: str, manifest: Manifest
+                       ) -> None:
+        """The careful path: a header that is not byte for byte ours must still be a regular
+        file with the listed name and size."""
+        h = self._header(previous)
+        if h is None:
+            raise ArchiveError(f"archive is truncated: the manifest lists {name!r} but the "
+                               "archive ends before it", hint=HINT_CORRUPT)
+        got = self._check(h, previous)
+        if got != name:
+            if any(got == n for n, _, _ in manifest.members()):
+                raise ArchiveError(f"archive member {got!r} is out of order (expected "
+                                   f"{name!r})", hint=HINT_CORRUPT)
+            raise ArchiveError(f"archive member {got!r} is not listed in the manifest",
+                               hint=HINT_CORRUPT)
+        if h.size != f.size:
+            raise ArchiveError(f"archive member {name!r}: {h.size} bytes, the manifest lists "
+                               f"{f.size}", hint=HINT_CORRUPT)
+
+    def _chunks(self, name: str, f: FileRecord) -> Iterator[memoryview]:
+        h = hashlib.sha256()
+        try:
+            for chunk in self._tar.chunks(f.size):
+                h.update(chunk)
+                yield chunk
+        except tarfmt.TarFormatError as exc:
+            raise ArchiveError(f"archive is truncated: member {name!r} ends after "
+                               f"{exc.reason}", hint=HINT_CORRUPT) from None
+        got = h.hexdigest()
+        if got != f.sha256:
+            raise _mismatch(name, f, got)
+
+
+def _mismatch(name: str, f: FileRecord, got: str) -> ArchiveError:
+    return ArchiveError(f"archive member {name!r}: sha256 mismatch (manifest "
+                        f"{f.sha256[:16]}, content {got[:16]})", hint=HINT_CORRUPT)
+
+
+_TYPES = {b"2": "symbolic link to", b"1": "hard link to", b"3": "character device",
+          b"4": "block device", b"6": "FIFO", b"5": "directory", b"S": "sparse file"}
+
+
+def zstd_structure_problem(f: IO[bytes]) -> str:
+    """Walk the zstd frame and block headers (RFC 8878) without decompressing; '' when every
+    frame is complete.  The decompressor itself reports a stream cut at a block boundary as a
+    clean end, so truncation is caught here, before anything is read."""
+    size = os.fstat(f.fileno()).st_size
+    pos = 0
+
+    def read(n: int) -> bytes:
+        nonlocal pos
+        f.seek(pos)
+        data = f.read(n)
+        if len(data) != n:
+            raise EOFError
+        pos += n
+        return data
+
+    try:
+        frames = 0
+        while pos < size:
+            magic = int.from_bytes(read(4), "little")
+            if magic & 0xFFFFFFF0 == 0x184D2A50:          # skippable frame
+                pos += int.from_bytes(read(4), "little")
+                if pos > size:
+                    raise EOFError
+                continue
+            if magic != 0xFD2FB528:
+                return f"no zstd frame at byte {pos - 4}"
+            fhd = read(1)[0]
+            single = fhd >> 5 & 1
+            header = (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + \
+                ((1 if single else 0), 2, 4, 8)[fhd >> 6]
+            read(header)
+            while True:
+                bh = int.from_bytes(read(3), "little")
+                btype, bsize = bh >> 1 & 3, bh >> 3
+                if btype == 3:
+                    return f"reserved block type at byte {pos - 3}"
+                pos += 1 if btype == 1 else bsize
+                if pos > size:
+                    raise EOFError
+                if bh & 1:
+                    break
+            if fhd >> 2 & 1:
+                read(4)
+            frames += 1
+        return "" if frames else "no zstd frame"
+    except EOFError:
+        return f"the zstd stream ends inside a frame (file is {size} bytes)"
+    finally:
+        f.seek(0)
+
+
+def _framing(manifest: Manifest) -> int:
+    """An upper bound of the tar framing around the payload: per member a header, a PAX
+    header and its records (about the name's length, at most 4 bytes a character), data
+    padding; then the end blocks."""
+    total = 0
+    for e in manifest.entries:
+        n = len(e.files)
+        total += n * (2560 + 8 * (len(e.kind) + len(e.name) + 2)) + \
+            8 * sum(len(f.path) for f in e.files)
+    return total + 2560 + 2 * len(MANIFEST_NAME) + 64 * 1024
+
+
+class _NoError(Exception):
+    """Placeholder for zstandard.ZstdError when reading an uncompressed archive."""

@@ -1,0 +1,197 @@
+"""Restore: plan what an archive would add to the destination, then execute the plan — stream
+the archive once through the checking reader into staging, and move each entry into place with
+one rename once the whole archive has been read and found good.
+
+Execution always reads and checks every member, also when every entry is already in place, so
+a damaged archive never passes as restored.  Triton group files are written already rewritten
+for their final, absolute place (``groups.relocate``); a relative ``--dest`` is made absolute
+first, because a server in another working directory reads those paths.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+from cache_tools import fingerprint as fp_mod
+from cache_tools import groups
+from cache_tools.errors import ArchiveError, os_errors
+from cache_tools.fingerprint import Compatibility, Fingerprint
+from cache_tools.locations import kind, resolve
+from cache_tools.manifest import EntryRecord, Manifest, is_triton, paused_gc
+from cache_tools.progress import Progress
+from cache_tools.reader import ArchiveReader, Limits
+from cache_tools.staging import (Installer, Outcome, StagedEntry, clean_roots, complete_at,
+                                 target_of)
+
+
+@dataclass(frozen=True)
+class PlannedEntry:
+    """One entry of a restore plan."""
+
+    entry: EntryRecord
+    target: Path | None
+    #: add | fill (complete an incomplete Triton entry) | skip (already complete) |
+    #: blocked (an incomplete non-Triton entry is there) | nowhere (kind has no directory here)
+    action: str
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What ``RestorePlan.execute`` did, entry by entry."""
+
+    outcomes: tuple[Outcome, ...]
+    seconds: float
+    bytes_read: int
+
+    def count(self, status: str) -> int:
+        return sum(1 for o in self.outcomes if o.status == status)
+
+
+class EntryPlanView:
+    """What every entry-by-entry install plan (restore, pull) says about itself.  Needs an
+    ``items`` tuple of :class:`PlannedEntry`."""
+
+    items: tuple[PlannedEntry, ...]
+
+    def by_action(self, action: str) -> tuple[PlannedEntry, ...]:
+        return tuple(i for i in self.items if i.action == action)
+
+    @property
+    def to_write(self) -> tuple[PlannedEntry, ...]:
+        return tuple(i for i in self.items if i.action in ("add", "fill"))
+
+    @property
+    def bytes_to_write(self) -> int:
+        return sum(i.entry.size for i in self.to_write)
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return not self.to_write
+
+
+@dataclass(frozen=True)
+class RestorePlan(EntryPlanView):
+    """What a restore would do; nothing has been written yet.  ``execute()`` does it (and
+    reads and checks the whole archive even when ``nothing_to_do``)."""
+
+    archive: Path
+    manifest: Manifest
+    compatibility: Compatibility
+    roots: Mapping[str, Path]
+    items: tuple[PlannedEntry, ...]
+    limits: Limits = field(default_factory=Limits)
+    #: sha256 of the manifest's bytes: execute() refuses an archive changed since planning
+    manifest_sha256: str = ""
+
+    def execute(self, *, progress: Progress | None = None,
+                on_entry: Callable[[Outcome], None] | None = None) -> RestoreResult:
+        """Stage every entry to write while checking the whole archive, then move entries into
+        place one rename each.  ``on_entry`` is called after each entry is committed."""
+        with os_errors("restore", "check free space and permissions of the destination; "
+                                  "no partial entry is visible, rerun to finish"), paused_gc():
+            return _execute(self, progress or Progress.null(), on_entry)
+
+
+def restore_roots(kinds: Iterable[str], dest: str | os.PathLike[str] | None,
+                  env: Mapping[str, str] | None = None) -> dict[str, Path | None]:
+    """Where each kind goes: under ``dest`` (the ``--root`` layout) or where SGLang looks;
+    always absolute (restored Triton group files record these paths)."""
+    chosen = [kind(k) for k in sorted(set(kinds))]
+    locs = resolve(chosen, root=dest) if dest is not None else resolve(chosen, env=env)
+    return {loc.kind.name: Path(os.path.abspath(loc.path)) if loc.path is not None else None
+            for loc in locs}
+
+
+def plan_restore(archive: str | os.PathLike[str], *, dest: str | os.PathLike[str] | None = None,
+                 kinds: Iterable[str] | None = None, force: bool = False,
+                 env: Mapping[str, str] | None = None, limits: Limits | None = None,
+                 local: Fingerprint | None = None) -> RestorePlan:
+    """Read the manifest, apply the compatibility rule and compare with the destination.
+    Leftovers of killed restores and pulls in the destination are removed first."""
+    limits = limits or Limits()
+    with ArchiveReader(archive, limits) as reader:
+        manifest = reader.read_manifest()
+        digest = reader.manifest_sha256
+    compat = fp_mod.require_compatible(manifest.fingerprint, local or fp_mod.current(),
+                                       force=force, what=f"archive {archive}")
+    wanted = set(kinds) if kinds is not None else None
+    entries = [e for e in manifest.entries if wanted is None or e.kind in wanted]
+    roots = restore_roots((e.kind for e in entries), dest, env)
+    present = {k: v for k, v in roots.items() if v is not None}
+    clean_roots(present.values())
+    return RestorePlan(Path(archive), manifest, compat, present,
+                       tuple(plan_entry(e, roots.get(e.kind)) for e in entries), limits, digest)
+
+
+def plan_entry(entry: EntryRecord, root: Path | None) -> PlannedEntry:
+    if root is None:
+        return PlannedEntry(entry, None, "nowhere")
+    target = target_of(root, entry)
+    if not os.path.lexists(target):
+        return PlannedEntry(entry, target, "add")
+    if complete_at(root, entry):
+        return PlannedEntry(entry, target, "skip")
+    if is_triton(entry) and target.is_dir() and not target.is_symlink():
+        return PlannedEntry(entry, target, "fill")
+    if not entry.name and target.is_dir() and not os.listdir(target):
+        return PlannedEntry(entry, target, "add")
+    return PlannedEntry(entry, target, "blocked")
+
+
+def _execute(plan: RestorePlan, progress: Progress,
+             on_entry: Callable[[Outcome], None] | None) -> RestoreResult:
+    started = time.monotonic()
+    targets = {i.entry.key: i.target for i in plan.to_write}
+    installer = Installer(plan.roots)
+    installer.clean_stale()
+    outcomes: list[Outcome] = []
+    try:
+        with ArchiveReader(plan.archive, plan.limits) as reader:
+            manifest = reader.read_manifest(plan.manifest, plan.manifest_sha256)
+            if manifest is not plan.manifest and manifest != plan.manifest:
+                raise ArchiveError(f"{plan.archive} changed since the restore was planned",
+                                   hint="plan and restore again")
+            progress.start("restore", manifest.size)
+            _stream(reader, installer, targets, progress.advance)
+            bytes_read = reader.archive_bytes
+        progress.finish()
+        outcomes.extend(installer.commit_all(on_entry))
+    finally:
+        installer.cleanup()
+    return RestoreResult(tuple(outcomes), time.monotonic() - started, bytes_read)
+
+
+def _stream(reader: ArchiveReader, installer: Installer, targets: Mapping[str, Path | None],
+            advance: Callable[[int], None]) -> None:
+    """Every member through the reader's checks; those of entries to write into staging."""
+    staged: StagedEntry | None = None
+    key = ""
+    target: Path | None = None
+    try:
+        for m in reader.members():
+            if m.entry.key != key:
+                if staged is not None:
+                    staged.close()
+                    staged = None
+                key = m.entry.key
+                target = targets.get(key)
+                if target is not None:
+                    staged = installer.stage(m.entry)
+            if staged is None:
+                m.drain()
+            elif m.children is not None:
+                staged.write(m.file, groups.relocate(m.children, target))  # type: ignore[arg-type]
+            elif m.data is not None:
+                staged.write(m.file, m.data)
+            else:
+                with staged.open(m.file) as out:
+                    for chunk in m.chunks():
+                        out.write(chunk)
+            advance(m.file.size)
+    finally:
+        if staged is not None:
+            staged.close()

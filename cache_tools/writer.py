@@ -1,0 +1,169 @@
+"""The archive writer: an archive is written under a temporary name beside its output, with
+room for the manifest first, then the payload, then the manifest written into the room, then
+one rename.
+
+The room is needed because the manifest comes first but is only known once the payload has
+been read and hashed; its length, though, is known before (see ``archive.pack``).  A zstd
+archive is two frames: the manifest's, written last, and the payload's, compressed while it is
+written (zstd's worker threads; the output does not depend on their number), spooled to a
+second temporary file and appended.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Callable, Sequence
+
+from cache_tools import tarfmt
+from cache_tools.errors import CacheError
+from cache_tools.locations import PACK_PREFIX
+from cache_tools.manifest import MANIFEST_NAME, EntryRecord, FileRecord, Manifest
+from cache_tools.progress import Progress
+from cache_tools.reader import CHUNK, zstandard_module
+from cache_tools.staging import _ACTIVE, clean_stale, own_name
+
+
+class ArchiveWriter:
+    """One archive being written under a temporary name beside ``out``: room for a manifest of
+    ``manifest_len`` bytes, then payload members, then ``finish`` fills the room and renames."""
+
+    def __init__(self, out: Path, manifest_len: int, zstd: bool, level: int,
+                 threads: int) -> None:
+        self.out = out
+        self.manifest_len = manifest_len
+        self.room = len(tarfmt.header(MANIFEST_NAME, manifest_len, 0o644)) + manifest_len + \
+            len(tarfmt.padding(manifest_len))
+        self.offset = self.room          # of the (uncompressed) tar stream
+        self.tmp = out.parent / own_name(PACK_PREFIX, ".tmp")
+        self.spool: Path | None = None
+        self._zstd = None
+        _ACTIVE.add(self.tmp)
+        self._raw = open(self.tmp, "xb", buffering=0)
+        if zstd:
+            z = zstandard_module("write a zstd-compressed archive")
+            self._zstd = z
+            self.level = level
+            self.spool = out.parent / own_name(PACK_PREFIX, ".tmp")
+            _ACTIVE.add(self.spool)
+            self._spool = open(self.spool, "xb", buffering=0)
+            # threads >= 1: zstd's multithreaded format, identical for any number of workers.
+            self._compressor = z.ZstdCompressor(level=level, write_checksum=True,
+                                                threads=max(1, threads))
+            self._sink = self._compressor.stream_writer(self._spool, closefd=False,
+                                                        write_size=1 << 20)
+            self.write = self._sink.write
+        else:
+            self._raw.seek(self.room)
+            self._buffered = open(self._raw.fileno(), "wb", buffering=1 << 20, closefd=False)
+            self.write = self._buffered.write
+
+    def member(self, name: str, size: int, mode: int) -> None:
+        """Start a member: its header; then ``size`` bytes of ``write`` and ``pad``."""
+        head = tarfmt.header(name, size, mode)
+        self.write(head)
+        self.offset += len(head) + size + (-size % tarfmt.BLOCK)
+
+    def pad(self, size: int) -> None:
+        if size % tarfmt.BLOCK:
+            self.write(tarfmt.padding(size))
+
+    def finish(self, manifest_json: bytes) -> int:
+        """Write the manifest into its room and the end of the archive; rename into place.
+        Returns the archive's size."""
+        if len(manifest_json) != self.manifest_len:
+            raise AssertionError("the manifest's length differs from the room left for it")
+        self.write(tarfmt.end(self.offset))
+        head = tarfmt.header(MANIFEST_NAME, len(manifest_json), 0o644) + manifest_json + \
+            tarfmt.padding(len(manifest_json))
+        if self._zstd is None:
+            self._buffered.flush()
+            os.pwrite(self._raw.fileno(), head, 0)
+        else:
+            self._sink.flush(self._zstd.FLUSH_FRAME)
+            self._sink.close()
+            self._spool.close()
+            frame = self._zstd.ZstdCompressor(level=self.level, write_checksum=True
+                                              ).compress(head)
+            self._raw.write(frame)
+            assert self.spool is not None
+            with open(self.spool, "rb", buffering=0) as src:
+                _copy(src, self._raw)
+        self._raw.close()
+        os.replace(self.tmp, self.out)
+        return os.stat(self.out).st_size
+
+    def close(self) -> None:
+        """Remove the temporaries (after ``finish``, or when writing failed)."""
+        for f in (getattr(self, "_buffered", None), getattr(self, "_spool", None), self._raw):
+            try:
+                if f is not None:
+                    f.close()
+            except (OSError, ValueError):
+                pass
+        for p in (self.tmp, self.spool):
+            if p is not None:
+                _ACTIVE.discard(p)
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+
+
+def _copy(src: IO[bytes], dst: IO[bytes]) -> None:
+    """The rest of ``src`` appended to ``dst`` (in the kernel where it can)."""
+    try:
+        while os.copy_file_range(src.fileno(), dst.fileno(), 1 << 30):
+            pass
+        return
+    except (AttributeError, OSError):
+        pass
+    shutil.copyfileobj(src, dst, CHUNK)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the bytes of one archived file come from."""
+
+    entry: EntryRecord
+    file: FileRecord
+    #: returns a binary file object positioned at the start of exactly ``file.size`` bytes
+    open: Callable[[], IO[bytes]]
+
+
+def write_archive(out: str | os.PathLike[str], manifest: Manifest, sources: Sequence[Source], *,
+                  zstd: bool = False, level: int = 3, progress: Progress | None = None,
+                  threads: int | None = None) -> int:
+    """Write ``manifest`` then every source in manifest order; atomic (temp file + rename).
+    Returns the archive's size in bytes."""
+    progress = progress or Progress.null()
+    out = Path(out)
+    order = [(e.key, f.path) for e in manifest.entries for f in e.files]
+    if order != [(s.entry.key, s.file.path) for s in sources]:
+        raise AssertionError("sources must follow the manifest order")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(out.parent)
+    data = manifest.to_json()
+    writer = ArchiveWriter(out, len(data), zstd, level, threads or os.cpu_count() or 1)
+    try:
+        progress.start("pack", manifest.size)
+        for s in sources:
+            writer.member(s.entry.member(s.file), s.file.size, s.file.mode)
+            with s.open() as f:
+                left = s.file.size
+                while left:
+                    chunk = f.read(min(CHUNK, left))
+                    if not chunk:
+                        raise CacheError(f"{s.entry.member(s.file)}: source ended early",
+                                         hint="the source changed while writing")
+                    writer.write(chunk)
+                    left -= len(chunk)
+                    progress.advance(len(chunk))
+            writer.pad(s.file.size)
+        size = writer.finish(data)
+    finally:
+        writer.close()
+    progress.finish()
+    return size

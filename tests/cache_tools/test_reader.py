@@ -1,0 +1,189 @@
+"""reader.py: every limit of docs/cache.md at its edge (at the limit passes, one above is
+refused with its one-line error), and the reader reads archives of the old (tarfile) writer."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+from pathlib import Path
+
+
+import hostile
+from cache_helpers import triton_location
+from cache_tools import archive
+from cache_tools.errors import ArchiveError
+from cache_tools.groups import MAX_GROUP_BYTES
+from cache_tools.manifest import NAME_MAX, PATH_MAX, Manifest
+from cache_tools.reader import ArchiveReader, Limits
+
+
+def _verify(path: Path, fp, **limits) -> str | None:
+    """None when ``verify`` accepts ``path`` under ``limits``, else its error message."""
+    try:
+        archive.verify(path, local=fp, limits=Limits(**limits))
+    except ArchiveError as exc:
+        return exc.message
+    return None
+
+
+def _facts(path: Path) -> tuple[int, Manifest]:
+    with ArchiveReader(path) as reader:
+        manifest = reader.read_manifest()
+    with tarfile.open(path) as tar:
+        size = tar.getmember("manifest.json").size
+    return size, manifest
+
+
+def test_manifest_size(valid_archive, fp):
+    size, _ = _facts(valid_archive)
+    assert _verify(valid_archive, fp, max_manifest_bytes=size) is None
+    assert _verify(valid_archive, fp, max_manifest_bytes=size - 1) == (
+        f"archive member 'manifest.json': {size} bytes exceeds the limit of {size - 1} bytes")
+
+
+def test_file_size_total_entries_and_files(valid_archive, fp):
+    _, m = _facts(valid_archive)
+    name, _, big = max(m.members(), key=lambda x: x[2].size)
+    assert _verify(valid_archive, fp, max_file_bytes=big.size) is None
+    assert _verify(valid_archive, fp, max_file_bytes=big.size - 1) == (
+        f"archive member {name!r}: {big.size} bytes exceeds the per-file limit of "
+        f"{big.size - 1} bytes")
+    assert _verify(valid_archive, fp, max_total_bytes=m.size) is None
+    assert _verify(valid_archive, fp, max_total_bytes=m.size - 1) == (
+        f"manifest.json: the archive declares {m.size} bytes, more than the limit of "
+        f"{m.size - 1} bytes")
+    assert _verify(valid_archive, fp, max_entries=3) is None
+    assert _verify(valid_archive, fp, max_entries=2) == \
+        "manifest.json: 3 entries exceed the limit of 2"
+    assert _verify(valid_archive, fp, max_files=m.nb_files) is None
+    assert _verify(valid_archive, fp, max_files=m.nb_files - 1) == \
+        f"manifest.json: {m.nb_files} files exceed the limit of {m.nb_files - 1}"
+
+
+def test_header_size(tmp_path, fp):
+    """A member name longer than 100 characters gets a PAX header; its size is the limit."""
+    root = tmp_path / "root"
+    long_file = root / ".cache" / "flashinfer" / "cubins" / ("n" * 200) / "kernel.cubin"
+    long_file.parent.mkdir(parents=True)
+    long_file.write_bytes(b"cubin")
+    from cache_tools.locations import resolve
+
+    out = tmp_path / "long.tar"
+    archive.pack(out, resolve(root=root), fingerprint=fp)
+    member = "flashinfer/cubins/" + "n" * 200 + "/kernel.cubin"
+    records = hostile.record("path", member)
+    assert _verify(out, fp, max_header_bytes=len(records)) is None
+    assert re.fullmatch(
+        r"the archive member after 'manifest\.json' \(byte \d+\): PAX header of "
+        rf"{len(records)} bytes exceeds the limit of {len(records) - 1} bytes",
+        _verify(out, fp, max_header_bytes=len(records) - 1) or "")
+
+
+def test_compression_ratio(tmp_path, fp):
+    """A zstd archive of zeros: refused once past the floor when over the ratio; a floor
+    above the decompressed size never checks."""
+    zeros = b"\0" * (4 << 20)
+    path = hostile.synthetic(tmp_path / "zeros.tar", fp, [("tilelang", "z", True,
+                                                          {"zeros.bin": zeros})])
+    import zstandard
+
+    zpath = tmp_path / "zeros.tar.zst"
+    zpath.write_bytes(zstandard.ZstdCompressor(level=19).compress(path.read_bytes()))
+    total = len(path.read_bytes())
+    assert _verify(zpath, fp, max_ratio=10, ratio_floor_bytes=total) is None
+    msg = _verify(zpath, fp, max_ratio=10, ratio_floor_bytes=1 << 20)
+    assert re.fullmatch(r"archive member 'tilelang/z/zeros\.bin': decompression ratio exceeds "
+                        r"10:1 \(\d+ bytes from \d+\); refusing a possible decompression bomb",
+                        msg or ""), msg
+    assert _verify(zpath, fp, max_ratio=100_000, ratio_floor_bytes=1 << 20) is None
+
+
+def _entry(kind: str, name: str, is_dir: bool, files: dict[str, bytes]) -> dict:
+    return hostile.entry_doc(kind, name, is_dir, files)
+
+
+def _parse(fp, *entries: dict) -> str | None:
+    doc = json.loads(Manifest(fp, ()).to_json())
+    doc["entries"] = list(entries)
+    try:
+        Manifest.parse(json.dumps(doc).encode())
+    except ArchiveError as exc:
+        return exc.message
+    return None
+
+
+def test_name_lengths(fp):
+    ok = "c" * NAME_MAX
+    assert _parse(fp, _entry("tilelang", ok, True, {"f": b"x"})) is None
+    assert _parse(fp, _entry("tilelang", ok + "c", True, {"f": b"x"})) == (
+        f"manifest.json: entries[0]: name {('c' * 60)!r}...: a path component is longer than "
+        f"{NAME_MAX} bytes")
+    # a member name is <kind>/<name>/<path>: cubins/** nests as deep as it likes
+    prefix = "flashinfer/cubins/"
+    deep = "/".join(["d" * 200] * 20)
+    fill = PATH_MAX - len(prefix) - len(deep) - 1
+    at_limit = deep + "/" + "f" * fill
+    assert len(prefix + at_limit) == PATH_MAX
+    assert _parse(fp, _entry("flashinfer", "cubins/" + at_limit, False, {"": b"x"})) is None
+    assert _parse(fp, _entry("flashinfer", "cubins/" + at_limit + "f", False, {"": b"x"})) == \
+        f"manifest.json: entries[0].files[0]: member name longer than {PATH_MAX} bytes"
+
+
+def test_group_file_size(fp):
+    def grp(n: int) -> bytes:
+        doc = json.dumps({"child_paths": {}}).encode()
+        return doc + b" " * (n - len(doc))
+
+    assert _parse(fp, _entry("triton", "T", True, {"__grp__k.json": grp(MAX_GROUP_BYTES),
+                                                   "k.so": b"x"})) is None
+    assert _parse(fp, _entry("triton", "T", True, {"__grp__k.json": grp(MAX_GROUP_BYTES + 1),
+                                                   "k.so": b"x"})) == (
+        f"manifest.json: entries[0].files[0]: Triton group file of {MAX_GROUP_BYTES + 1} bytes "
+        f"exceeds the limit of {MAX_GROUP_BYTES} bytes")
+
+
+def test_archives_of_the_old_writer_are_read(triton_cache, tmp_path, fp):
+    """The writer before this one: tarfile's PAX stream writer, an indented manifest and one
+    zstd frame.  Its archives still verify and restore."""
+    import zstandard
+
+    new = tmp_path / "new.tar"
+    packed = archive.pack(new, [triton_location(triton_cache)], fingerprint=fp)
+    members = hostile.read_members(new)
+    doc = json.loads(members[0][1])
+    hostile.set_manifest(members, json.dumps(doc, sort_keys=True, indent=1,
+                                             ensure_ascii=False).encode() + b"\n")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for ti, data in members:
+            ti.mtime, ti.uid, ti.gid, ti.uname, ti.gname = 0, 0, 0, "", ""
+            tar.addfile(ti, io.BytesIO(data))
+    old = tmp_path / "old.tar.zst"
+    w = zstandard.ZstdCompressor(level=3, write_checksum=True, threads=0)
+    old.write_bytes(w.compress(buf.getvalue()))
+    assert archive.verify(old, local=fp).manifest == packed.manifest
+    result = archive.plan_restore(old, dest=tmp_path / "dest", local=fp).execute()
+    assert [o.status for o in result.outcomes] == ["added"] * 3
+    # and the new writer's payload (everything after the manifest) is the old one's, byte
+    # for byte: only the manifest's spelling changed
+    assert _payload(new.read_bytes()) == _payload(buf.getvalue())
+
+
+def _payload(raw: bytes) -> bytes:
+    """The payload members (the end-of-archive padding depends on the manifest's length)."""
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        infos = tar.getmembers()
+    last = infos[-1]
+    return raw[infos[1].offset:last.offset_data + last.size + (-last.size % 512)]
+
+
+def test_every_write_is_deterministic_and_zstd_does_not_depend_on_threads(triton_cache,
+                                                                          tmp_path, fp):
+    loc = [triton_location(triton_cache)]
+    a, b, c = tmp_path / "a.tar.zst", tmp_path / "b.tar.zst", tmp_path / "c.tar.zst"
+    archive.pack(a, loc, zstd=True, fingerprint=fp, jobs=1)
+    archive.pack(b, loc, zstd=True, fingerprint=fp, jobs=4)
+    archive.pack(c, loc, zstd=True, fingerprint=fp)
+    assert a.read_bytes() == b.read_bytes() == c.read_bytes()
