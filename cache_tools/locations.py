@@ -8,6 +8,9 @@ under ``SGLANG_CACHE_DIR`` (0.5.22 and later; 0.5.17 has no such redirect), the 
 ignores ``SGLANG_CACHE_DIR`` (hard-coded ``~/.cache/sglang/jit``), and DeepGEMM's
 ``DG_JIT_CACHE_DIR`` is overwritten with ``SGLANG_DG_CACHE_DIR``.  Which of these rules apply
 is read off the installed SGLang's source files without importing it (see ``SGLangProfile``).
+
+Longer than 500 lines: the table of eleven cache kinds (variable, default, entry layout,
+in-flight names) is one piece of data; split, every kind would be described in two places.
 """
 
 from __future__ import annotations

@@ -283,7 +283,7 @@ def outcomes_json(r: RestoreResult) -> list[dict[str, Any]]:
 
 def result_text(r: RestoreResult, verb: str = "Restored") -> str:
     added, filled = r.count("added"), r.count("completed")
-    present, blocked = r.count("present"), r.count("blocked")
+    present = r.count("present")
     written = sum(o.entry.size for o in r.outcomes if o.status in ("added", "completed"))
     return (f"{verb} {added} entries ({size_str(written)}), completed {filled}, "
             f"{present} appeared meanwhile (left as they are) in {r.seconds:.1f}s.")

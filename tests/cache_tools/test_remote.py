@@ -305,7 +305,8 @@ class _Proxy:
         self.sock.listen(8)
         self.url = f"redis://127.0.0.1:{self.sock.getsockname()[1]}/0"
         self.open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
 
     def _accept(self) -> None:
         while True:
@@ -315,9 +316,10 @@ class _Proxy:
                 return
             server = socket.create_connection(self.upstream)
             self.open += [client, server]
-            threading.Thread(target=self._pump, args=(client, server, None), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, self.after),
-                             daemon=True).start()
+            for args in ((client, server, None), (server, client, self.after)):
+                thread = threading.Thread(target=self._pump, args=args, daemon=True)
+                self.threads.append(thread)
+                thread.start()
 
     def _pump(self, src, dst, limit) -> None:
         sent = 0
@@ -338,12 +340,16 @@ class _Proxy:
             pass
 
     def close(self) -> None:
-        self.sock.close()
-        for s in self.open:
+        """Stop every thread (a test process with threads alive may not fork: later tests
+        would see them)."""
+        for s in [self.sock, *self.open]:
             try:
-                s.close()
+                s.shutdown(socket.SHUT_RDWR)  # wakes a blocked accept() or recv()
             except OSError:
                 pass
+            s.close()
+        for thread in self.threads:
+            thread.join(timeout=5)
 
 
 @pytest.mark.parametrize("mode,expect", [

@@ -17,8 +17,8 @@ import typer
 from cache_tools.errors import HintedError
 from cache_tools.versions import dist_version
 from warmup import settings
-from warmup.cli import (audit, cache, coverage, doctor, learn, patches, plan, prebake, serve,
-                        sidecar, traffic)
+from warmup.cli import (audit, cache, coverage, doctor, learn, patches, plan, prebake, report,
+                        serve, sidecar, traffic)
 
 PROG = "sglang-warmup"
 
@@ -62,6 +62,7 @@ app.add_typer(plan.app, name="plan", help="Check and expand shape plans.")
 app.command("prebake", context_settings=_PASS_THROUGH,
             help="Run SGLang once with a plan against empty caches and pack what it compiled: "
                  "prebake --plan P --out A -- <sglang args>")(prebake.prebake_command)
+app.command("report")(report.report_command)
 app.command("serve", context_settings=_PASS_THROUGH,
             help="Run SGLang with a plan warmed before the port opens: "
                  "serve --plan P -- <sglang args>")(serve.serve_command)

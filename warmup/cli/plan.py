@@ -15,7 +15,9 @@ from warmup.cli.options import Format
 from warmup.errors import FactsError
 from warmup.plan import facts as facts_mod
 from warmup.plan import loader, shipped
-from warmup.plan.model import Expansion, expand
+from warmup.plan import schema as schema_mod
+from warmup.plan.model import Expansion
+from warmup.plan.expand import expand
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -100,7 +102,7 @@ def show_facts(
 @app.command("schema")
 def schema() -> None:
     """Print the JSON Schema of plan files (the shipped warmup/plans/schema.json)."""
-    output.data(loader.schema_text(), nl=False)
+    output.data(schema_mod.schema_text(), nl=False)
 
 
 @app.command("list")

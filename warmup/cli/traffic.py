@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from warmup.cli import output
-from warmup.coverage import traffic
+from warmup.coverage import request_logs, traffic
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -35,6 +35,6 @@ def convert_command(
         help="sglang-log: requests arriving within this many ms are one concurrent burst"),
 ) -> None:
     """Convert a request log into a traffic sample (JSON lines on stdout; lengths only)."""
-    conv = traffic.convert(fmt, path, burst_window_ms=burst_window_ms)
+    conv = request_logs.convert(fmt, path, burst_window_ms=burst_window_ms)
     output.data(traffic.dump(conv.steps), nl=False)
     output.note(conv.summary())

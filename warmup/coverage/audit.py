@@ -15,6 +15,9 @@ step has a first-hit latency and a steady-state latency.  Attribution has two mo
 
 The result is written to ``audit-<time>.json`` (steps with their shapes, latencies and misses),
 which ``sglang-warmup learn`` turns into plan classes.
+
+Longer than 500 lines: the audit file's types, its two attribution modes and its one run loop
+read one another's state; split, the run loop would reach into three modules.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from warmup.observe import phase as phase_mod
-from cache_tools import compile_log
+from cache_tools import atomic, compile_log
 from cache_tools.compile_log import is_compile_event
 from warmup.coverage.classes import KeyEvents, aggregate
 from warmup.errors import TransportError, WarmupError
@@ -45,6 +48,11 @@ CLASS_PREFIX = "audit:"
 #: A first pass this much slower than the second (and by more than SLOW_MIN_MS) is a cold step.
 SLOW_RATIO = 1.5
 SLOW_MIN_MS = 5.0
+#: Request features, in the words the audit names a first use with.
+FEATURE_WORDS = {"return_logprob": "logprobs", "logprob_start_len": "input logprobs",
+                 "top_logprobs_num": "top logprobs", "token_ids_logprob": "token-id logprobs",
+                 "n": "parallel sampling (n > 1)", "stop_token_ids": "stop token ids",
+                 "stream": "streaming"}
 COMPILE_METRIC = "sglang_warmup_compile_events"
 LOAD_METRIC = "sglang_warmup_kernel_loads"
 
@@ -90,10 +98,41 @@ class StepAudit:
         return (self.first.ms > SLOW_RATIO * self.second.ms
                 and self.first.ms - self.second.ms > SLOW_MIN_MS)
 
+    @property
+    def ratio(self) -> float | None:
+        """First pass over second pass (None when the second took no time)."""
+        return self.first.ms / self.second.ms if self.second.ms > 0 else None
+
+    @property
+    def cause(self) -> str:
+        """What the audit can see behind a slow first pass: ``compile`` (a kernel compiled or
+        JIT-built for this step), ``cache load`` (loaded from the disk cache), ``kernel load``
+        (a first launch on the device), ``first use of …`` (request features this step was the
+        first to send, e.g. logprobs or n > 1), or ``none found``; empty when the step was not
+        slow."""
+        if not self.slow_first:
+            return ""
+        keys = self.first.keys
+        if any(k.compiled for k in keys):
+            return "compile"
+        if any(k.disk_hits for k in keys):
+            return "cache load"
+        if self.first.device_loads or any(k.device_loads for k in keys):
+            return "kernel load"
+        # logprob_start_len 0 (input logprobs from the first token) counts; other zeros do not
+        features = [FEATURE_WORDS[k] for k, v in sorted(self.step.features.items())
+                    if k in FEATURE_WORDS and v is not False
+                    and (v is True or v > 0 or k == "logprob_start_len")]
+        if features:
+            return "first use of " + ", ".join(dict.fromkeys(features))
+        return "none found"
+
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, **self.step.to_json(), "prefix_cached": self.prefix_cached,
                 "pass1": self.first.to_json(), "pass2": self.second.to_json(),
-                "misses": self.misses, "slow_first": self.slow_first}
+                "misses": self.misses, "slow_first": self.slow_first,
+                "ratio": None if self.ratio is None else round(self.ratio, 3),
+                "cause": self.cause}
 
 
 @dataclass(frozen=True)
@@ -161,11 +200,11 @@ class AuditReport:
                 keys = ", ".join(dict.fromkeys(k.name for k in s.first.keys + s.second.keys))
                 rows.append([s.index, s.step.label or s.step.kind, s.step.kind,
                              _prompts(s.step), round(s.first.ms, 1), round(s.second.ms, 1),
-                             round(s.first.ms / s.second.ms, 1) if s.second.ms > 0 else None,
-                             s.first.misses, s.second.misses, keys or "-"])
+                             round(s.ratio, 1) if s.ratio is not None else None,
+                             s.first.misses, s.second.misses, s.cause or "-", keys or "-"])
             head.append(table(["step", "label", "kind", "prompts", "pass 1 ms", "pass 2 ms",
-                               "x", "miss 1", "miss 2", "kernels"], rows,
-                              align="rllrrrrrrl"))
+                               "x", "miss 1", "miss 2", "slow because", "kernels"], rows,
+                              align="rllrrrrrrll"))
         quiet = n - len(shown)
         if quiet:
             head.append(f"{quiet} other step(s): no misses, first pass within "
@@ -464,10 +503,7 @@ def write(report: AuditReport, out: str | os.PathLike[str] | None = None) -> Aud
 
     done = replace(report, file=str(path))
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(done.to_json(), indent=1) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        atomic.write_text(path, json.dumps(done.to_json(), indent=1) + "\n")
     except OSError as exc:
         raise WarmupError(f"cannot write the audit file {path}: {exc.strerror or exc}",
                           hint="pass a writable --out directory") from None

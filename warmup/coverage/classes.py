@@ -176,6 +176,9 @@ def aggregate(records: Iterable[Mapping[str, Any]]) -> list[KeyEvents]:
 # coverage of a plan
 # --------------------------------------------------------------------------------------------
 
+#: The coverage record's JSON format and version (``coverage.json``).
+FORMAT = "sglang-warmup-coverage"
+VERSION = 1
 #: A class's first hit after the warm-up may be at most this many times its repeat, and at
 #: most :data:`FIRST_HIT_MIN_MS` slower (below that, timing noise), for the plan to be closed.
 FIRST_HIT_RATIO = 1.10
@@ -270,7 +273,8 @@ class Coverage:
                      if c.latency is not None and c.latency.slow(self.max_ratio, self.min_ms))
 
     def to_json(self) -> dict[str, Any]:
-        return {"plan": self.plan, "closed": self.closed, "open_classes": list(self.open_classes),
+        return {"format": FORMAT, "version": VERSION,
+                "plan": self.plan, "closed": self.closed, "open_classes": list(self.open_classes),
                 "slow_classes": list(self.slow_classes),
                 "first_hit": {"max_ratio": self.max_ratio, "min_ms": self.min_ms},
                 "classes": [c.to_json() for c in self.classes],

@@ -23,10 +23,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from cache_tools import compile_log
+from cache_tools import atomic, compile_log
 from cache_tools.compile_log import is_miss, kernel_name
 from warmup.coverage.classes import ClassLatency, Coverage, compute
-from warmup.errors import WarmupError
 from warmup.observe import metrics
 from warmup.serve.report import RunReport
 
@@ -262,9 +261,7 @@ async def run(driver: Any, exp: Any, *, second_pass: bool | None = None,
 def _write(cov: Coverage, state_dir: Any) -> None:
     path = Path(state_dir) / "coverage.json"
     try:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(cov.to_json(), indent=2) + "\n")
-        tmp.replace(path)
+        atomic.write_text(path, json.dumps(cov.to_json(), indent=2) + "\n")
     except OSError as exc:
         logger.warning("sglang-warmup: cannot write %s: %s", path, exc)
 

@@ -10,6 +10,9 @@ for ``cuda:90`` without one) into an empty temporary cache while this process ho
 at ``warmup`` (a miss), then, after this process switched the phase file to ``serving``, again
 with fresh in-process state (a disk hit).  This process then reads the counts back from the
 Prometheus multiprocess directory and the compile log.
+
+Longer than 500 lines: the child process's side and the parent's side of one check, kept
+together so that what the child writes and what the parent reads stay in step.
 """
 
 from __future__ import annotations

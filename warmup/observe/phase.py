@@ -18,10 +18,10 @@ import logging
 import os
 import threading
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from cache_tools import atomic
 from warmup import settings
 from warmup.errors import WarmupError
 
@@ -148,23 +148,9 @@ def _cached_or_local(path: str) -> PhaseState:
 
 
 def _write(path: Path, state: PhaseState) -> None:
-    """Atomic write: stage under a unique temporary name in the same directory, then replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    data = json.dumps(state.to_json(), sort_keys=True).encode()
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Atomic write (every process reads it); no fsync: a phase that is lost in a crash of the
+    machine is rewritten by the next launch."""
+    atomic.write_bytes(path, json.dumps(state.to_json(), sort_keys=True).encode(), fsync=False)
 
 
 def _parse(raw: bytes) -> PhaseState:

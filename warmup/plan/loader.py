@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,91 +21,22 @@ from warmup.plan import expr as E
 from warmup.plan import shipped
 from warmup.errors import PlanError
 from warmup.plan.facts import FACT_NAMES
-from warmup.plan.model import (DEFAULT_MAX_REQUESTS, FEATURES, KINDS, MAX_REQUESTS_CEILING,
-                               OVER_LIMIT, REQUEST_BOOL_FEATURES, REQUEST_FEATURES,
-                               REQUEST_INT_FEATURES, SAMPLING_KEYS, SAMPLING_VARIANTS, Located,
-                               Phase, Plan, Shape, Size, SizeRange)
+from warmup.plan.model import (DEFAULT_MAX_REQUESTS, MAX_REQUESTS_CEILING, OVER_LIMIT,
+                               REQUEST_BOOL_FEATURES, SAMPLING_KEYS, SAMPLING_VARIANTS, Located,
+                               Phase, Plan, Shape, Size, SizeRange, FEATURES, KINDS)
+from warmup.plan.spec import (DEFAULTS, IDENT, LIMITS, PHASE, REQUEST, SHAPE_COMMON, SHAPE_KIND,
+                              TOP, Field)
 
 MAX_FILE_BYTES = 256 * 1024
 MAX_NODES = 20_000
 MAX_NESTING = 24  # YAML lists/mappings inside each other (a plan needs 6)
 SUPPORTED_VERSIONS = (1,)
-_IDENT = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _SCALAR_TAGS = {
     "tag:yaml.org,2002:str", "tag:yaml.org,2002:int", "tag:yaml.org,2002:bool",
     "tag:yaml.org,2002:null", "tag:yaml.org,2002:float",
 }
 _SEQ = "tag:yaml.org,2002:seq"
 _MAP = "tag:yaml.org,2002:map"
-
-
-# --- the spec: one table drives validation and the JSON Schema -------------------------------
-@dataclass(frozen=True)
-class Field:
-    """One key of a mapping: its type and whether it is required."""
-
-    type: str  # int_expr | bool_expr | expr_list | expr_groups | range_or_list | ident | text
-    #            | int | bool | kind | features | token_classes | variant_names | sampling
-    required: bool = False
-    doc: str = ""
-
-
-TOP = {
-    "version": Field("int", True, "plan format version; 1"),
-    "name": Field("ident", True, "the plan's name; also its --warmups entry unless overridden"),
-    "description": Field("text"),
-    "let": Field("let", False, "named integer expressions over server facts, evaluated in order"),
-    "defaults": Field("defaults"),
-    "limits": Field("limits"),
-    "sampling_variants": Field("sampling_variants", False, "extra sampling variants by name"),
-    "flush": Field("bool", False, "flush the cache after the warm-up (default true)"),
-    "phases": Field("phases", True),
-}
-DEFAULTS = {
-    "sampling": Field("sampling", False, "alternate (greedy/default), or a variant name"),
-    "max_new_tokens": Field("int", False, "tokens generated per prefill-shape request (default 1)"),
-}
-LIMITS = {"max_requests": Field("max_requests", False, f"expansion limit (default {DEFAULT_MAX_REQUESTS}, "
-                                                f"at most {MAX_REQUESTS_CEILING})"),
-          "over_limit": Field("over_limit", False, "skip (default: the classes past the limit are "
-                                                   "skipped and named) or fail")}
-PHASE = {
-    "name": Field("ident", True),
-    "shapes": Field("shapes", True),
-}
-SHAPE_COMMON = {
-    "class": Field("ident", True, "shape class name, unique in the plan"),
-    "kind": Field("kind", True, "how the class is produced: " + ", ".join(KINDS)),
-    "why": Field("text", False, "why this class is a separate compile"),
-    "when": Field("bool_expr", False, "condition over server facts; false skips the class"),
-    "requires": Field("features", False, "server features the class needs: " + ", ".join(FEATURES)),
-    "sampling": Field("sampling", False),
-    "max_new_tokens": Field("int_expr", False),
-    "request": Field("request", False, "request features for every request of the class: "
-                     + ", ".join(REQUEST_FEATURES)),
-    "family": Field("ident", False, "the family the class belongs to (default: its kind); a "
-                    "user can turn a family off at launch"),
-}
-SHAPE_KIND = {
-    "extend": {"lengths": Field("expr_list", True, "prompt lengths, each one forward (<= chunk)")},
-    "chunked": {"lengths": Field("expr_list", True, "prompt lengths above chunked_prefill_size")},
-    "prefix": {"base": Field("int_expr", True, "prefix length (rounded up to whole pages)"),
-               "extends": Field("expr_list", True, "new tokens after the cached prefix")},
-    "long_context": {"prompt": Field("int_expr", True, "a prompt past the graph's context bucket"),
-                     "extends": Field("expr_list", True, "extends on that prompt as a prefix")},
-    "concurrent": {"groups": Field("expr_groups", True, "lists of prompt lengths sent at once")},
-    "batch": {"batch_sizes": Field("range_or_list", True, "batch sizes: a list or {from, to}"),
-              "tokens_per_request": Field("int_expr", False, "prompt length per item; may read bs"),
-              "token_classes": Field("token_classes", False, "aligned (total % 16 == 0), odd")},
-    "mixed": {"running": Field("expr_list", True, "numbers of decoding requests"),
-              "prompt": Field("int_expr", True, "the prompt that joins them (> chunk)"),
-              "decode_tokens": Field("int_expr", False)},
-    "decode": {"batch_sizes": Field("range_or_list", True), "decode_tokens": Field("int_expr", False)},
-    "sampling": {"variants": Field("variant_names", True), "prompt": Field("int_expr", True),
-                 "decode_tokens": Field("int_expr", False),
-                 "concurrency": Field("expr_list", False)},
-}
-assert set(SHAPE_KIND) == set(KINDS)
 
 
 # --- YAML with locations ----------------------------------------------------------------------
@@ -294,7 +224,7 @@ def _int(ctx: _Ctx, node: yaml.Node, path: str, *, minimum: int = 1) -> int:
 
 def _ident(ctx: _Ctx, node: yaml.Node, path: str) -> str:
     v = _scalar(ctx, node, path)
-    if not isinstance(v, str) or not _IDENT.match(v):
+    if not isinstance(v, str) or not IDENT.match(v):
         raise ctx.fail(node, path, f"{v!r} is not a name",
                        hint="use lower-case letters, digits and _ (start with a letter, <= 64)")
     return v
@@ -512,10 +442,6 @@ def _build_shape(ctx: _Ctx, node: yaml.Node, path: str, names: frozenset[str],
     return Shape(name=cls, kind=kind, why=why, where=ctx.at(node, path), **kw)
 
 
-REQUEST = {**{k: Field("int_expr0", False) for k in REQUEST_INT_FEATURES},
-           **{k: Field("bool", False) for k in REQUEST_BOOL_FEATURES}}
-
-
 def _request(ctx: _Ctx, node: yaml.Node, path: str,
              names: frozenset[str]) -> tuple[tuple[str, Size | bool], ...]:
     """``request:``: SGLang request fields turned on for every request of the class; integer
@@ -539,81 +465,5 @@ def _range_or_list(ctx: _Ctx, node: yaml.Node, path: str,
         hi = _size(ctx, m["to"][1], f"{path}.to", names)
         return SizeRange(lo, hi)
     return _size_list(ctx, node, path, names)
-
-
-# --- JSON Schema ----------------------------------------------------------------------------
-def json_schema() -> dict[str, Any]:
-    """The JSON Schema of plan files, generated from :data:`SPEC` (``warmup/plans/schema.json``)."""
-    expr = {"anyOf": [{"type": "integer", "minimum": 1},
-                      {"type": "string", "maxLength": E.MAX_LENGTH}]}
-    bool_expr = {"anyOf": [{"type": "boolean"}, {"type": "string", "maxLength": E.MAX_LENGTH}]}
-    expr_list = {"type": "array", "minItems": 1, "items": expr}
-    ident = {"type": "string", "pattern": _IDENT.pattern}
-    variant_name = {"type": "string", "pattern": _IDENT.pattern}
-    types: dict[str, Any] = {
-        "int_expr": expr, "bool_expr": bool_expr, "expr_list": expr_list,
-        "expr_groups": {"type": "array", "minItems": 1, "items": expr_list},
-        "range_or_list": {"anyOf": [expr_list, {"type": "object", "additionalProperties": False,
-                                                "required": ["from", "to"],
-                                                "properties": {"from": expr, "to": expr}}]},
-        "ident": ident, "text": {"type": "string"}, "int": {"type": "integer", "minimum": 1},
-        "bool": {"type": "boolean"}, "kind": {"enum": list(KINDS)},
-        "int_expr0": {"anyOf": [{"type": "integer", "minimum": 0},
-                                {"type": "string", "maxLength": E.MAX_LENGTH}]},
-        "over_limit": {"enum": list(OVER_LIMIT)},
-        "max_requests": {"type": "integer", "minimum": 1, "maximum": MAX_REQUESTS_CEILING},
-        "features": {"type": "array", "minItems": 1, "items": {"enum": list(FEATURES)}},
-        "token_classes": {"type": "array", "minItems": 1, "items": {"enum": ["aligned", "odd"]}},
-        "variant_names": {"type": "array", "minItems": 1, "items": variant_name},
-        "sampling": variant_name,
-    }
-
-    def obj(spec: dict[str, Field], **extra: Any) -> dict[str, Any]:
-        return {"type": "object", "additionalProperties": False,
-                "required": [k for k, f in spec.items() if f.required],
-                "properties": {k: dict(types[f.type], **({"description": f.doc} if f.doc else {}))
-                               for k, f in spec.items()}, **extra}
-
-    types["request"] = obj(REQUEST)
-    all_shape_keys = dict(SHAPE_COMMON)
-    for kind_spec in SHAPE_KIND.values():
-        all_shape_keys.update(kind_spec)
-    shape = obj(all_shape_keys)
-    shape["required"] = [k for k, f in SHAPE_COMMON.items() if f.required]
-    shape["allOf"] = [
-        {"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
-         "then": {"required": [k for k, f in spec.items() if f.required],
-                  "propertyNames": {"enum": list(SHAPE_COMMON) + list(spec)}}}
-        for kind, spec in SHAPE_KIND.items()
-    ]
-    types["shapes"] = {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/shape"}}
-    types["phases"] = {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/phase"}}
-    types["let"] = {"type": "object",
-                    "additionalProperties": {"anyOf": [{"type": "integer"}, {"type": "boolean"},
-                                                       {"type": "string", "maxLength": E.MAX_LENGTH}]},
-                    "propertyNames": {"pattern": "^[A-Za-z][A-Za-z0-9_]{0,63}$"}}
-    types["defaults"] = obj(DEFAULTS)
-    types["limits"] = obj(LIMITS)
-    types["sampling_variants"] = {
-        "type": "object",
-        "propertyNames": {"pattern": _IDENT.pattern, "not": {"enum": list(SAMPLING_VARIANTS)}},
-        "additionalProperties": {"type": "object", "additionalProperties": False,
-                                 "properties": {k: {"type": "number", "minimum": 0}
-                                                for k in sorted(SAMPLING_KEYS)}}}
-    top = obj(TOP)
-    top["properties"]["version"] = {"const": 1, "description": TOP["version"].doc}
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": "sglang-warmup shape plan",
-        **top,
-        "$defs": {"phase": obj(PHASE), "shape": shape},
-    }
-
-
-def schema_text() -> str:
-    import json
-
-    return json.dumps(json_schema(), indent=2) + "\n"
-
 
 Validator = Callable[[str], Plan]

@@ -213,7 +213,7 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
                report_path: str, lenient: bool, runner: Runner | None = None) -> None:
     """The registered warm-up: facts from the live server, expansion, driver, report."""
     from warmup.plan import facts as facts_mod
-    from warmup.plan.model import expand
+    from warmup.plan.expand import expand
     from warmup.serve.driver import Driver
     from warmup.serve.transport import InProcessTransport
 

@@ -13,8 +13,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from cache_tools import atomic
 from cache_tools.compile_log import is_miss, kernel_name
 from cache_tools.render import bar, table
+
+#: The run report's JSON format and version (``sglang-warmup report`` reads them).
+FORMAT = "sglang-warmup-run"
+VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -122,12 +127,14 @@ class RunReport:
         return replace(self, classes=classes, compiles_total=total, compiles_by_phase=by_phase)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON: every field (tuples as lists), plus ``requests`` and per class
-        ``ms_per_request``."""
-        d = _plain(asdict(self))
+        """JSON: the format and its version, every field (tuples as lists), plus ``requests``
+        and per class ``ms_per_request`` and ``first_hit_ratio``."""
+        d = {"format": FORMAT, "version": VERSION, **_plain(asdict(self))}
         d["requests"] = self.requests
         for c, cd in zip(self.classes, d["classes"]):
             cd["ms_per_request"] = round(c.ms_per_request, 2)
+            ratio = c.first_hit_ratio
+            cd["first_hit_ratio"] = None if ratio is None else round(ratio, 3)
         return d
 
     def write(self, path: str | Path) -> None:
@@ -136,11 +143,7 @@ class RunReport:
 
 def write_json(document: Mapping[str, Any], path: str | Path) -> None:
     """Write a report document as indented JSON, replacing the file in one step."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(document, indent=2, default=str) + "\n")
-    tmp.replace(p)
+    atomic.write_text(path, json.dumps(document, indent=2, default=str) + "\n")
 
 
 def _plain(value: Any) -> Any:

@@ -9,6 +9,9 @@ server that goes away turns ``/ready`` back to 503 and is warmed again when it i
 a failure, ``exit_on_failure`` ends the process with status 1; otherwise the sidecar stays at
 503 with the reason and tries again only after the server restarts.  Imports neither torch,
 Triton nor SGLang, so it fits a slim image.
+
+Longer than 500 lines (just): one state machine; its states and transitions read best in one
+place.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from warmup.coverage.second_pass import Passes, PassResult
 from warmup.errors import SidecarError, TransportError, WarmupError
 from warmup.observe import metrics
 from warmup.observe import phase as phase_mod
-from warmup.plan.model import Expansion, Plan, WarmupStep, expand
+from warmup.plan.model import Expansion, Plan, WarmupStep
+from warmup.plan.expand import expand
 from warmup.serve.driver import Driver
 from warmup.serve.http import HttpClient, Probe, wait_for_health
 from warmup.serve.transport import HttpTransport, Outcome

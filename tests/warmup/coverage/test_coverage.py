@@ -18,7 +18,7 @@ from warmup.cli import main
 from warmup.serve.driver import Driver
 from warmup.serve.report import render
 from warmup.errors import WarmupError
-from warmup.plan.model import expand
+from warmup.plan.expand import expand
 from warmup.serve.transport import Outcome, TokenMaker
 
 PLAN = """\

@@ -19,7 +19,7 @@ from warmup.coverage import audit, learn, traffic
 
 from warmup.plan import loader
 from warmup.errors import WarmupError
-from warmup.plan.model import expand
+from warmup.plan.expand import expand
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -97,7 +97,7 @@ phases:
 def test_the_merged_plan_loads_expands_and_keeps_the_original_text(recording, tmp_path, capsys):
     file = real_audit(recording, tmp_path)
     facts = learn.facts_from_dict(audit.read(file).data["facts"], str(file))
-    for source in (tmp_path / "small.yaml", ROOT / "plans" / "default.yaml"):
+    for source in (tmp_path / "small.yaml", ROOT / "warmup" / "plans" / "default.yaml"):
         if source.name == "small.yaml":
             source.write_text(SMALL)
         out = tmp_path / f"merged-{source.name}"

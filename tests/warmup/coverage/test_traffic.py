@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from warmup.coverage import traffic
+from warmup.coverage import request_logs, traffic
 from warmup.errors import WarmupError
 from warmup.coverage.traffic import TrafficStep
 from warmup.serve.transport import InProcessTransport, sampling_params
@@ -308,7 +308,7 @@ def test_hostile_request_logs_convert_without_tracebacks_or_wild_values(tmp_path
         p = tmp_path / f"log{i}.jsonl"
         p.write_text(line + "\n")
         try:
-            conv = traffic.convert(fmt, p)
+            conv = request_logs.convert(fmt, p)
         except WarmupError as exc:
             assert exc.message.startswith(str(p)) and "\n" not in exc.message
             continue
@@ -326,7 +326,7 @@ def test_openai_features_become_request_features(tmp_path):
     p.write_text('{"prompt": "' + "x" * 100 + '", "logprobs": 3, "echo": true, "n": 2, '
                  '"stream": true}\n{"messages": [{"role": "user", "content": "hi"}], '
                  '"logprobs": true, "top_logprobs": 4}\n')
-    conv = traffic.convert("openai", p)
+    conv = request_logs.convert("openai", p)
     assert [s.features for s in conv.steps] == [
         {"n": 2, "stream": True, "return_logprob": True, "top_logprobs_num": 3,
          "logprob_start_len": 0},

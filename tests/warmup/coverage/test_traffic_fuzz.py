@@ -8,7 +8,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from warmup.coverage import traffic
+from warmup.coverage import request_logs, traffic
 from warmup.errors import WarmupError
 
 _SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**40, 10**40),
@@ -49,7 +49,7 @@ def test_traffic_files(tmp_path_factory, values):
 
 
 @_FUZZ
-@given(st.sampled_from(traffic.CONVERT_FORMATS), st.lists(_JSON, min_size=1, max_size=4),
+@given(st.sampled_from(request_logs.CONVERT_FORMATS), st.lists(_JSON, min_size=1, max_size=4),
        st.booleans())
 def test_request_logs(tmp_path_factory, fmt, values, as_event):
     p = tmp_path_factory.mktemp("fuzz") / "log.jsonl"
@@ -60,7 +60,7 @@ def test_request_logs(tmp_path_factory, fmt, values, as_event):
         lines.append(_line(v))
     p.write_text("\n".join(lines) + "\n")
     try:
-        _check(traffic.convert(fmt, p).steps)
+        _check(request_logs.convert(fmt, p).steps)
     except WarmupError as exc:
         assert exc.message.startswith(str(p)) and "\n" not in exc.message
 
@@ -70,8 +70,8 @@ def test_request_logs(tmp_path_factory, fmt, values, as_event):
 def test_raw_bytes(tmp_path_factory, data):
     p = tmp_path_factory.mktemp("fuzz") / "raw.jsonl"
     p.write_bytes(data)
-    for read in (traffic.load, lambda q: traffic.convert("openai", q),
-                 lambda q: traffic.convert("sglang-log", q)):
+    for read in (traffic.load, lambda q: request_logs.convert("openai", q),
+                 lambda q: request_logs.convert("sglang-log", q)):
         try:
             result = read(p)
             _check(result if isinstance(result, list) else result.steps)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from warmup.plan import loader
 from warmup.errors import PlanError
 from warmup.plan.facts import ServerFacts, from_settings
-from warmup.plan.model import expand
+from warmup.plan.expand import expand
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 PLANS = {"default": "warmup/plans/default.yaml", "dsv4": "warmup/plans/deepseek_v4_serving_shapes.yaml"}
@@ -144,16 +144,16 @@ def test_expansion_counts_before_it_builds(monkeypatch):
     building at most the limit, not 5*10^11 requests."""
     from dataclasses import replace
 
-    from warmup.plan import model
+    from warmup.plan import expand as expand_mod
 
     built = []
-    real = model._Expander.request
+    real = expand_mod._Expander.request
 
     def counting(self, *args, **kwargs):
         built.append(1)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(model._Expander, "request", counting)
+    monkeypatch.setattr(expand_mod._Expander, "request", counting)
     plan = loader.loads("version: 1\nname: huge\nphases:\n  - name: p\n    shapes:\n"
                         "      - class: d\n        kind: decode\n"
                         "        batch_sizes: [max_running_requests]\n", "huge.yaml")

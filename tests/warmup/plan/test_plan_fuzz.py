@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from warmup.errors import PlanError
 from warmup.plan import expr as E
 from warmup.plan import loader
-from warmup.plan.model import expand
+from warmup.plan.expand import expand
 
 _FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 #: What evaluating one expression may allocate at most (bytes, traced by tracemalloc).

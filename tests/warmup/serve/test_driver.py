@@ -18,7 +18,7 @@ from warmup.observe import phase
 from warmup.serve.driver import Driver
 from warmup.serve.report import ClassReport, RunReport, render
 from warmup.errors import DriverError
-from warmup.plan.model import expand
+from warmup.plan.expand import expand
 from warmup.serve.transport import InProcessTransport, sampling_params
 
 pytestmark = pytest.mark.usefixtures("warmup_isolated")

@@ -21,7 +21,8 @@ import pytest
 from warmup.plan import facts as facts_mod
 from warmup.plan import loader
 from warmup.errors import TransportError
-from warmup.plan.model import SAMPLING_VARIANTS, WarmupRequest, WarmupStep, expand
+from warmup.plan.model import SAMPLING_VARIANTS, WarmupRequest, WarmupStep
+from warmup.plan.expand import expand
 from warmup.serve.transport import generate_fields, HttpTransport, InProcessTransport, Outcome, TokenMaker, sampling_params
 
 pytestmark = pytest.mark.usefixtures("warmup_isolated")

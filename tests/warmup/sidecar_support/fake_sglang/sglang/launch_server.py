@@ -92,7 +92,7 @@ def main() -> None:
 
     from warmup.plan import facts, loader
     from warmup.serve.driver import Driver
-    from warmup.plan.model import expand
+    from warmup.plan.expand import expand
 
     events.install()
     plan = loader.load(env["WARMUP_PLAN"])

@@ -1,0 +1,210 @@
+"""The map in docs/architecture.md stays true: every module is on it, imports go only in the
+allowed directions, there is no import circle, and a long module says why at its top."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("warmup", "cache_tools")
+#: What each part may import (besides itself and the standard library / third parties).  The
+#: order is the one-way data flow: plan -> facts -> expansion -> driver -> transport -> report.
+LAYERS = {
+    "cache_tools": set(),
+    "warmup.base": {"cache_tools"},
+    "warmup.plan": {"cache_tools", "warmup.base"},
+    "warmup.observe": {"cache_tools", "warmup.base"},
+    "warmup.patches": {"cache_tools", "warmup.base", "warmup.observe"},
+    "warmup.serve": {"cache_tools", "warmup.base", "warmup.plan", "warmup.observe"},
+    "warmup.coverage": {"cache_tools", "warmup.base", "warmup.plan", "warmup.observe",
+                        "warmup.serve"},
+    "warmup.sidecar": {"cache_tools", "warmup.base", "warmup.plan", "warmup.observe",
+                       "warmup.serve", "warmup.coverage"},
+    "warmup.view": {"cache_tools", "warmup.base", "warmup.serve", "warmup.coverage"},
+    "warmup.cli": {"cache_tools", "warmup.base", "warmup.plan", "warmup.observe",
+                   "warmup.patches", "warmup.serve", "warmup.coverage", "warmup.sidecar",
+                   "warmup.view"},
+}
+#: Imports against the layers, each with the reason it is allowed (kept short on purpose).
+EXCEPTIONS = {
+    # The plugin is SGLang's entry point into every process: it wires the layers together
+    # (events, patches, the --warmups hook and, with WARMUP_SECOND_PASS, the second pass).
+    ("warmup.serve.plugin", "warmup.patches"): "entry point",
+    ("warmup.serve.plugin", "warmup.coverage"): "entry point",
+}
+#: Modules that may import the CLI: the package's ``python -m`` entry.
+CLI_IMPORTERS = {"warmup.__main__"}
+LONG = 500  # lines; a module above this says why at its top ("Longer than 500 lines: ...")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            rel = path.relative_to(REPO).with_suffix("")
+            parts = list(rel.parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = modules()
+
+
+def group(name: str) -> str:
+    if name.startswith("cache_tools"):
+        return "cache_tools"
+    parts = name.split(".")
+    if name == "warmup.__main__":  # ``python -m warmup``: the command line
+        return "warmup.cli"
+    if len(parts) == 1 or parts[1] in ("errors", "settings"):
+        return "warmup.base"
+    return ".".join(parts[:2])
+
+
+def imports(name: str) -> set[str]:
+    """The project modules ``name`` imports, at module level or inside functions."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    is_pkg = MODULES[name].name == "__init__.py"
+    found: set[str] = set()
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in MODULES:
+                t = t.rpartition(".")[0]
+            if t and t != name and t.split(".")[0] in PACKAGES:
+                found.add(t)
+    return found
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node but those under ``if TYPE_CHECKING:`` (annotations only: not an import)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                todo.extend(child.orelse)
+                continue
+            todo.append(child)
+
+
+GRAPH = {name: imports(name) for name in MODULES}
+
+
+def test_every_module_is_on_the_map():
+    """Each module is named on the map: as its path (``cache_tools/reader.py``,
+    ``plan/expr.py`` inside ``warmup/``) or, for a package, its folder."""
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+
+    def named(n: str) -> bool:
+        rel = MODULES[n].relative_to(REPO)
+        forms = {f"`{rel}`", f"`{rel.relative_to(rel.parts[0])}`"}
+        if rel.name == "__init__.py":
+            forms |= {f"`{rel.parent}/`", f"`{rel.parent.relative_to(rel.parts[0])}/`"}
+        return any(f in text for f in forms)
+
+    missing = [n for n in MODULES if n not in PACKAGES and n.rsplit(".", 1)[-1] != "__main__"
+               and not named(n)]
+    assert not missing, f"add these modules to docs/architecture.md: {missing}"
+
+
+def test_imports_go_only_in_the_allowed_directions():
+    wrong, used = [], set()
+    for name, targets in GRAPH.items():
+        g = group(name)
+        for t in targets:
+            tg = group(t)
+            if tg == g or tg in LAYERS[g]:
+                continue
+            if (name, tg) in EXCEPTIONS:
+                used.add((name, tg))
+                continue
+            wrong.append(f"{name} -> {t}")
+    assert not wrong, "imports against the layers (docs/architecture.md):\n" + "\n".join(wrong)
+    assert used == set(EXCEPTIONS), f"exceptions no longer needed: {set(EXCEPTIONS) - used}"
+
+
+def test_nothing_imports_the_cli_and_libraries_never_import_typer():
+    cli = [f"{n} -> {t}" for n, ts in GRAPH.items() for t in ts
+           if t.startswith("warmup.cli") and not n.startswith("warmup.cli")
+           and n not in CLI_IMPORTERS]
+    assert not cli, cli
+    typer_users = [n for n, p in MODULES.items() if not n.startswith("warmup.cli")
+                   and re.search(r"^\s*(import typer|from typer|import click|from click)",
+                                 p.read_text(encoding="utf-8"), re.M)]
+    assert not typer_users, typer_users
+
+
+def test_cache_tools_never_imports_warmup():
+    assert not [f"{n} -> {t}" for n, ts in GRAPH.items() if n.startswith("cache_tools")
+                for t in ts if t.startswith("warmup")]
+
+
+def test_no_import_circles():
+    """Tarjan over every import (function-level ones too: a lazy import is still a circle)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    circles: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(GRAPH[v]):
+            # a package's __init__ that imports its own submodules is not a circle
+            if w.startswith(v + "."):
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    assert not circles, f"import circles: {circles}"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_a_long_module_says_why(name):
+    text = MODULES[name].read_text(encoding="utf-8")
+    lines = text.count("\n")
+    if lines <= LONG:
+        return
+    doc = ast.get_docstring(ast.parse(text)) or ""
+    assert "Longer than 500 lines" in doc, (
+        f"{MODULES[name].relative_to(REPO)} has {lines} lines: split it, or say at its top why "
+        "not (\"Longer than 500 lines: ...\")")
