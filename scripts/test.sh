@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README; .ci/run calls exactly this).  Sets up the pinned CPU profile,
-# starts a loopback Redis for the shared-cache tests, runs the CLI self-check and pytest.
+# starts a loopback Redis for the shared-cache tests, installs Debian's Chromium for the HTML
+# report test, runs the CLI self-check and pytest.
 # No GPU needed.  pytest's own exit code is ours: a run that collects nothing exits 5.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,12 @@ if ! command -v redis-server >/dev/null 2>&1; then
   echo "test: installing redis-server (Debian package)"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
     || echo "test: redis-server could not be installed; the Redis tests will fail"
+fi
+# Debian's Chromium, headless, for the HTML report test (the page as a user sees it).
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "test: installing chromium (Debian package, for the HTML report test)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "test: chromium could not be installed; the HTML report test will be skipped"
 fi
 REDIS_PORT=${WARMUP_TEST_REDIS_PORT:-6391}
 redis_dir=$(mktemp -d)

@@ -7,6 +7,7 @@ with nothing but the packages its image installs."""
 from __future__ import annotations
 
 import os
+import json
 import re
 import shutil
 import signal
@@ -80,7 +81,8 @@ def test_hadolint_finds_nothing(name):
 
 def test_yamllint_finds_nothing():
     r = subprocess.run([tool("yamllint"), "-s", "-c", str(DOCKER / "yamllint.yaml"),
-                        str(DEPLOYMENT)], capture_output=True, text=True)
+                        str(DEPLOYMENT), str(DOCKER / "k8s" / "podmonitor.yaml")],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -102,9 +104,7 @@ def test_base_images_are_build_args_with_pinned_tags(name):
         if m is None:  # a previous stage
             assert ref in stages(name), ref
             continue
-        image = defaults[m.group(1)]
-        repo, _, tag = image.rpartition(":")
-        assert repo and tag and tag != "latest" and re.search(r"\d+\.\d+", tag), image
+        assert _pinned(defaults[m.group(1)], version=True), defaults[m.group(1)]
     text = (DOCKER / name).read_text()
     assert "latest" not in text
 
@@ -127,7 +127,9 @@ def test_runtime_image_restores_the_archive_and_sets_the_cache_variables():
     expected = [line for line in render.env_text(locations.exports("/opt/sglang-cache"),
                                                   "dockerfile").splitlines()
                 if line.startswith("ENV ")]
-    assert env == expected
+    # the cache variables exactly as `cache env --format dockerfile` prints them, then the
+    # non-root user's home (caches a library resolves from $HOME land where it may write)
+    assert env == expected + ["ENV HOME=/home/sglang"]
 
 
 def test_the_wheel_name_follows_the_project_version():
@@ -297,10 +299,25 @@ def _arg(args: list[str], flag: str) -> str:
     return args[args.index(flag) + 1]
 
 
+def _pinned(image: str, *, version: bool = False) -> bool:
+    """A digest (``name@sha256:<64 hex>``), or a tag that is not ``latest`` (with a version
+    number when ``version``)."""
+    if "@" in image:
+        return re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", image) is not None
+    repo, _, tag = image.rpartition(":")
+    return bool(repo and tag and tag != "latest"
+                and re.search(r"\d+\.\d+" if version else r"\d", tag))
+
+
+def test_image_references_may_be_digests_or_versioned_tags():
+    assert _pinned("lmsysorg/sglang@sha256:" + "0" * 64)
+    assert _pinned("python:3.11.14-slim-bookworm", version=True)
+    assert not _pinned("lmsysorg/sglang:latest") and not _pinned("lmsysorg/sglang@sha256:abc")
+
+
 def test_k8s_images_are_pinned():
     for c in _containers().values():
-        repo, _, tag = c["image"].rpartition(":")
-        assert repo and tag and tag != "latest" and re.search(r"\d", tag), c["image"]
+        assert _pinned(c["image"]), c["image"]
 
 
 def test_k8s_sidecar_probes_ports_and_budgets_fit_the_warmup():
@@ -363,3 +380,81 @@ def test_k8s_service_selects_the_pod_and_the_sidecar_runs_unprivileged():
     sec = _containers()["warmup"]["securityContext"]
     assert sec["runAsNonRoot"] is True and sec["runAsUser"] == 10001
     assert sec["readOnlyRootFilesystem"] is True
+
+
+def test_k8s_pod_meets_the_restricted_pod_security_standard():
+    """What a namespace enforcing "restricted" checks: non-root, no privilege escalation, all
+    capabilities dropped, the runtime's default seccomp profile; plus requests and limits."""
+    spec = next(d for d in _docs() if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    pod = spec["securityContext"]
+    assert pod["runAsNonRoot"] is True and pod["runAsUser"] == 10001
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in spec["containers"]:
+        sec = c["securityContext"]
+        assert sec["allowPrivilegeEscalation"] is False, c["name"]
+        assert sec["capabilities"]["drop"] == ["ALL"], c["name"]
+        res = c["resources"]
+        assert {"cpu", "memory"} <= set(res["requests"]), c["name"]
+        assert "memory" in res["limits"], c["name"]
+    sglang = _containers()["sglang"]["resources"]
+    assert sglang["requests"]["nvidia.com/gpu"] == sglang["limits"]["nvidia.com/gpu"] == 1
+    # the runtime image runs SGLang as that user
+    runtime = (DOCKER / "Dockerfile.runtime").read_text()
+    assert "USER 10001" in runtime and "ARG CACHE_OWNER=10001:10001" in runtime
+
+
+def test_both_metrics_endpoints_are_scraped():
+    monitor = yaml.safe_load((DOCKER / "k8s" / "podmonitor.yaml").read_text())
+    assert monitor["kind"] == "PodMonitor"
+    dep = next(d for d in _docs() if d["kind"] == "Deployment")
+    assert monitor["spec"]["selector"]["matchLabels"] == dep["spec"]["template"]["metadata"]["labels"]
+    ports = {p["name"] for c in _containers().values() for p in c["ports"]}
+    scraped = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert scraped == {"http", "warmup"} <= ports
+    assert all(e["path"] == "/metrics" for e in monitor["spec"]["podMetricsEndpoints"])
+    assert "--enable-metrics" in _containers()["sglang"]["args"]
+
+
+# --- the Grafana dashboard ------------------------------------------------------------------
+def _exported_metric_names() -> set[str]:
+    """Every metric name sglang-warmup exports, as Prometheus exposes them (counters with
+    ``_total``, histograms with ``_bucket``/``_sum``/``_count``), from the real objects."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from warmup.observe import metrics
+
+    registry = CollectorRegistry()
+    m = metrics.Metrics(registry)
+    m.compile_event("warmup", "triton", "miss", 1.0)
+    m.kernel_load("warmup", 1.0)
+    m.jit_build("warmup", "built", 1.0)
+    m.specialization("warmup")
+    m.hook_error("metrics")
+    m.plan_request("ok")
+    m.plan_coverage(done=1, skipped=0, failed=0)
+    m.class_time("c", 1.0)
+    m.class_first_hit_ratio("c", 1.0)
+    m.ready(1.0)
+    registry.register(metrics.SidecarCollector(lambda: metrics.SidecarSample(
+        "ready", health_wait_s=1.0, warmup_s=1.0, ready_at=1.0, second_pass_misses=0,
+        projected_remaining_s=1.0)))
+    text = generate_latest(registry).decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def test_the_dashboard_is_valid_and_queries_only_our_metrics():
+    path = REPO / "docker" / "grafana" / "sglang-warmup.json"
+    dash = json.loads(path.read_text())
+    assert dash["uid"] == "sglang-warmup" and dash["panels"]
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 20
+    used = {name for e in exprs for name in re.findall(r"\b(sglang_warmup_[a-z_]+)", e)}
+    exported = _exported_metric_names()
+    assert used <= exported, f"queried but not exported: {sorted(used - exported)}"
+    # every family we export is on the dashboard somewhere (a new metric gets a panel)
+    families = {re.sub(r"_(total|bucket|sum|count|created)$", "", n) for n in exported}
+    shown = {re.sub(r"_(total|bucket|sum|count|created)$", "", n) for n in used}
+    assert families <= shown, f"exported but not on the dashboard: {sorted(families - shown)}"
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))

@@ -1,0 +1,187 @@
+"""sglang-warmup report: saved documents identified (or refused in one line), rendered for a
+terminal, and as one self-contained HTML page that a real headless Chromium draws."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+from _cli import cli
+
+from warmup.coverage.classes import ClassLatency, compute
+from warmup.errors import WarmupError
+from warmup.serve.report import ClassReport, RunReport
+from warmup.view import documents, html, text
+
+REPO = Path(__file__).resolve().parents[3]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def run_report(tmp_path: Path) -> Path:
+    """A run report with a second replay's coverage, as the --warmups hook writes it."""
+    classes = (ClassReport("extend_int_classes", "extends", "extend", steps=16, requests=16,
+                           total_ms=9271.0, compiles=9, jit_builds=1),
+               ClassReport("input_logprobs", "features", "extend", steps=2, requests=2,
+                           total_ms=57.0, disk_hits=2),
+               ClassReport("concurrency_buckets", "features", "decode", steps=12, requests=1213,
+                           total_ms=1235.0, compiles=1))
+    run = RunReport(plan="default", plan_sha256="x", expansion_digest="d",
+                    transport="InProcessTransport", started_at=1.0, duration_s=15.9,
+                    flush="flushed on 1 rank(s)", classes=classes,
+                    skipped=({"phase": "long_context", "class": "past_context_bucket",
+                              "item": "", "reason": "the prefill CUDA graph is disabled"},),
+                    compiles_total=39, compiles_by_phase={"init": 26, "warmup": 13})
+    cov = compute((), (), classes=[c.shape_class for c in classes], plan="default",
+                  latency={"extend_int_classes": ClassLatency(40.0, 38.0, 1.1),
+                           "input_logprobs": ClassLatency(30.0, 12.0, 2.6),
+                           "concurrency_buckets": ClassLatency(200.0, 190.0, 1.05)})
+    doc = run.to_dict()
+    doc["coverage"] = cov.to_json()
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_run_report_renders_for_the_terminal(tmp_path, capsys):
+    path = run_report(tmp_path)
+    code, out, err = cli(capsys, "report", str(path))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == (f"run report {path}: plan default, ok, 1231 requests in 15.9 s via "
+                        "InProcessTransport")
+    assert lines[1].split()[:4] == ["phase", "class", "requests", "ms"]
+    assert "compiles by phase: init=26, warmup=13" in lines
+    assert ("skipped class past_context_bucket: the prefill CUDA graph is disabled") in lines
+    assert "plan default NOT closed: first hit over 1.1x its repeat in input_logprobs" in lines
+
+
+def test_the_html_page_is_self_contained_and_escaped(tmp_path):
+    path = run_report(tmp_path)
+    data = json.loads(path.read_text())
+    data["classes"][0]["shape_class"] = "<script>alert(1)</script>"
+    path.write_text(json.dumps(data))
+    page = html.render(documents.load(path))
+    assert page.startswith("<!doctype html>") and "<script" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "http://" not in page and "https://" not in page  # nothing fetched at view time
+    for title in ("Time per class", "First hit against repeat (second replay)",
+                  "Compiles and disk hits per class", "Compiles by phase",
+                  "Timeline of the warm-up", "Skipped by the expansion"):
+        assert f"<h2>{title}</h2>" in page
+
+
+def test_audit_and_coverage_documents(tmp_path, capsys):
+    audit = tmp_path / "audit-1.json"
+    audit.write_text(json.dumps({
+        "format": "sglang-warmup-audit", "version": 1, "url": "http://127.0.0.1:30000",
+        "traffic": "t.jsonl", "mode_note": "compile log", "ok": True, "misses": 0,
+        "pass1_ms": 120.0, "pass2_ms": 60.0, "steps": [
+            {"index": 0, "kind": "single", "label": "logprobs_from_0", "prompts": [300],
+             "pass1": {"ms": 100.0, "misses": 0}, "pass2": {"ms": 20.0, "misses": 0},
+             "misses": 0, "slow_first": True, "ratio": 5.0,
+             "cause": "first use of input logprobs, logprobs"},
+            {"index": 1, "kind": "burst", "prompts": [20, 30], "pass1": {"ms": 20.0},
+             "pass2": {"ms": 40.0}, "misses": 0, "slow_first": False}]}))
+    code, out, _ = cli(capsys, "report", str(audit))
+    assert code == 0
+    assert out.splitlines()[0].startswith(f"audit {audit}: http://127.0.0.1:30000, 2 steps, 0 ")
+    assert "first use of input logprobs, logprobs" in out
+    assert "first use of input logprobs, logprobs" in html.render(documents.load(audit))
+    cov = tmp_path / "coverage.json"
+    cov.write_text(json.dumps(json.loads(run_report(tmp_path).read_text())["coverage"]))
+    assert documents.load(cov).kind == documents.COVERAGE
+    assert documents.load(tmp_path).kind == documents.RUN  # a state directory: report.json
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"format": "sglang-warmup-run", "version": 2, "plan": "p", "classes": []}',
+     "a run report of format version 2, newer than this sglang-warmup reads (1)"),
+    ('{"format": "sglang-warmup-cache-archive", "version": 1, "entries": []}',
+     "a cache archive's manifest, not a run report, an audit report or a coverage record"),
+    ('{"event": "miss", "phase": "warmup"}',
+     "a compile-log line, not a run report, an audit report or a coverage record"),
+    ('[1, 2]', "a JSON list, not a saved report"),
+    ('{"format": "sglang-warmup-run", "version": 1, "plan": "p", "classes": [1]}',
+     "a run report whose classes are not objects"),
+    ("{oops", "not JSON: Expecting property name enclosed in double quotes: line 1 column 2 "
+              "(char 1)"),
+])
+def test_a_file_of_another_kind_or_version_is_one_line(tmp_path, content, message):
+    p = tmp_path / "x.json"
+    p.write_text(content)
+    with pytest.raises(WarmupError) as err:
+        documents.load(p)
+    assert err.value.message == f"{p}: {message}"
+
+
+def test_the_html_file_is_not_overwritten_without_yes(tmp_path, capsys):
+    path = run_report(tmp_path)
+    out = tmp_path / "r.html"
+    out.write_text("mine")
+    code, _, err = cli(capsys, "report", str(path), "--html", str(out))
+    assert code == 1 and out.read_text() == "mine"
+    assert err.splitlines()[0] == f"error: --html {out} exists"
+    code, _, err = cli(capsys, "report", str(path), "--html", str(out), "-y")
+    assert code == 0 and out.read_text().startswith("<!doctype html>")
+
+
+def _png_colours(png: bytes) -> int:
+    """How many distinct pixel colours an 8-bit RGB(A) PNG has (a blank page has one)."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width, height, channels = 8, b"", 0, 0, 0
+    while pos < len(png):
+        length, kind = struct.unpack(">I4s", png[pos:pos + 8])
+        chunk = png[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", chunk[:10])
+            assert depth == 8
+            channels = {2: 3, 6: 4}[colour]
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    seen, prev = set(), bytearray(stride)
+    for y in range(height):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - channels] if i >= channels else 0
+            b, c = prev[i], prev[i - channels] if i >= channels else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        if y % 8 == 0:
+            seen.update(bytes(line[i:i + 3]) for i in range(0, stride, channels * 8))
+        prev = line
+    return len(seen)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (scripts/test.sh installs it)")
+def test_chromium_draws_the_page(tmp_path):
+    """The page as a user sees it: a real headless Chromium renders it to a screenshot with the
+    charts' colours in it, and its DOM holds every chart."""
+    page = tmp_path / "report.html"
+    page.write_text(html.render(documents.load(run_report(tmp_path))))
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars"]
+    shot = tmp_path / "report.png"
+    subprocess.run([*flags, "--window-size=1000,1600", f"--screenshot={shot}", page.as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    colours = _png_colours(shot.read_bytes())
+    assert colours > 8, "the screenshot is (nearly) blank"
+    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], check=True, capture_output=True,
+                         text=True, timeout=120).stdout
+    assert dom.count("<svg") == 5 and dom.count("<rect") > 10
