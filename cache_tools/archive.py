@@ -32,7 +32,7 @@ from cache_tools.locations import MERGE_PREFIX, Location, kind
 from cache_tools.manifest import EntryRecord, FileRecord, Manifest, check_overlaps, paused_gc
 from cache_tools.progress import Progress
 from cache_tools.reader import (CHUNK, WHOLE, ZSTD_MAGIC, ArchiveReader, Limits, Member,
-                                zstd_structure_problem)
+                                zstandard_module, zstd_structure_problem)
 from cache_tools.restore import (EntryPlanView, PlannedEntry, RestorePlan, RestoreResult,
                                  plan_entry, plan_restore, restore_roots)
 from cache_tools.scan import CacheEntry, CacheWarning, noatime_fd, scan, size_str
@@ -190,6 +190,8 @@ def pack(out: str | os.PathLike[str], locations: Iterable[Location], *, zstd: bo
          progress: Progress | None = None, jobs: int | None = None) -> PackResult:
     """Pack every complete entry of ``locations`` into ``out``, reading each file once.
     ``jobs``: zstd compression threads (default: one per CPU; the archive is the same)."""
+    if zstd:  # before the scan and the fingerprint, not after them
+        zstandard_module("write a zstd-compressed archive")
     with paused_gc():
         return _pack_all(Path(out), list(locations), zstd, level, fingerprint,
                          progress or Progress.null(), jobs)

@@ -1,16 +1,23 @@
-"""Progress of long operations (pack, restore, merge, push, pull) on stderr: bytes and rate.
+"""Progress of long operations on stderr: bytes and rate (pack, restore, merge, push, pull),
+and the elapsed time of a step whose length is unknown (SGLang's import, a server's start).
 
 On a terminal one line is rewritten in place; elsewhere (CI logs, ``docker build``) a line is
-printed per step and at most every ``interval`` seconds while bytes flow.
+printed per step and at most every ``interval`` seconds while bytes flow, and a step of unknown
+length prints nothing of its own.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from typing import TextIO
+from contextlib import contextmanager
+from typing import Callable, Iterator, TextIO
 
 from cache_tools.scan import size_str
+
+#: Longest ticking line (a wider one would wrap and break the in-place rewrite).
+_WIDTH = 120
 
 
 class Progress:
@@ -60,6 +67,50 @@ class Progress:
         summary = (f"{self.label}: {size_str(self.done)} in {seconds:.1f}s "
                    f"({size_str(int(self.done / seconds))}/s)")
         self._write((message or summary) + "\n")
+
+    @contextmanager
+    def ticking(self, label: str, *, after_s: float = 2.0, every_s: float = 0.5,
+                detail: Callable[[], str] | None = None) -> Iterator[None]:
+        """A step of unknown length.  On a terminal, once it has run ``after_s``: one line with
+        the seconds so far (and ``detail()``, e.g. the last line of a server log), rewritten
+        every ``every_s``, closed by ``label: done in N s``.  Off a terminal: nothing (a log
+        has the step's own lines, and a line per tick would bury them)."""
+        if not self.tty:
+            yield
+            return
+        self._finish_line()
+        started = time.monotonic()
+        stop = threading.Event()
+        shown = threading.Event()
+
+        def tick() -> None:
+            if stop.wait(after_s):
+                return
+            while True:
+                line = f"{label} ({time.monotonic() - started:.0f} s)"
+                if detail is not None:
+                    try:
+                        extra = " ".join(str(detail()).split())
+                    except Exception:  # a detail is decoration; it never fails the step
+                        extra = ""
+                    if extra:
+                        line += ": " + extra
+                self._write("\r" + line[:_WIDTH] + "\x1b[K")
+                shown.set()
+                if stop.wait(every_s):
+                    return
+
+        ticker = threading.Thread(target=tick, name="progress-tick", daemon=True)
+        ticker.start()
+        ended = "failed after"
+        try:
+            yield
+            ended = "done in"
+        finally:
+            stop.set()
+            ticker.join()
+            if shown.is_set():
+                self._write(f"\r{label}: {ended} {time.monotonic() - started:.1f} s\x1b[K\n")
 
     def rate_line(self, now: float) -> str:
         seconds = max(now - self.started, 1e-9)

@@ -179,6 +179,21 @@ def test_empty_cache_packs_an_empty_archive_and_says_so(tmp_path, fp):
     assert plan_text(plan, "e.tar") == "Nothing to restore: e.tar holds no entries."
 
 
+def test_zstd_without_zstandard_fails_before_the_scan(triton_cache, tmp_path, fp, monkeypatch):
+    import sys
+
+    from cache_tools import errors
+
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # not installed, as Python sees it
+    lines: list[str] = []
+    progress = Progress(io.StringIO())
+    progress.step = lines.append  # the first thing pack says is "scanning …"
+    with pytest.raises(errors.CacheError) as err:
+        _pack(triton_cache, tmp_path / "c.tar.zst", fp, zstd=True, progress=progress)
+    assert str(err.value) == "the zstandard package is needed to write a zstd-compressed archive"
+    assert lines == [] and list(tmp_path.glob("c.tar*")) == []
+
+
 def test_progress_lines_on_a_non_tty(triton_cache, tmp_path, fp):
     stream = io.StringIO()
     _pack(triton_cache, tmp_path / "c.tar", fp, progress=Progress(stream))

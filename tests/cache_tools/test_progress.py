@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 from cache_tools.progress import Progress
 
@@ -47,3 +48,44 @@ def test_disabled_progress_is_silent():
     p.finish()
     assert out.getvalue() == ""
     assert Progress.null().enabled is False
+
+
+def test_ticking_on_a_terminal_shows_seconds_and_detail_then_the_total():
+    stream = _Tty()
+    with Progress(stream).ticking("starting SGLang", after_s=0.0, every_s=0.01,
+                                  detail=lambda: "Load weight end.\n"):
+        time.sleep(0.05)
+    out = stream.getvalue()
+    assert "\rstarting SGLang (0 s): Load weight end.\x1b[K" in out  # one line, whitespace folded
+    assert out.endswith("\x1b[K\n") and "\rstarting SGLang: done in " in out
+
+
+def test_ticking_says_failed_when_the_step_raises_and_survives_a_broken_detail():
+    stream = _Tty()
+
+    def broken() -> str:
+        raise OSError("log gone")
+
+    try:
+        with Progress(stream).ticking("waiting", after_s=0.0, every_s=0.01, detail=broken):
+            time.sleep(0.03)
+            raise KeyError("x")
+    except KeyError:
+        pass
+    out = stream.getvalue()
+    assert "\rwaiting (0 s)\x1b[K" in out and "\rwaiting: failed after " in out
+
+
+def test_ticking_is_silent_for_short_steps_off_a_terminal_and_when_disabled():
+    quick = _Tty()
+    with Progress(quick).ticking("quick", after_s=5.0):
+        pass
+    assert quick.getvalue() == ""  # under after_s: no line at all
+    log = io.StringIO()  # CI logs and docker build: no tick lines
+    with Progress(log).ticking("slow", after_s=0.0, every_s=0.01):
+        time.sleep(0.03)
+    assert log.getvalue() == ""
+    off = _Tty()
+    with Progress(off, enabled=False).ticking("slow", after_s=0.0, every_s=0.01):
+        time.sleep(0.03)
+    assert off.getvalue() == ""

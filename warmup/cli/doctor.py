@@ -18,12 +18,15 @@ def doctor_command(
                                  help="Keep the check's Triton cache, phase file, compile log, "
                                       "metrics files and process log in DIR (default: a "
                                       "temporary directory, removed)."),
+    quiet: bool = options.QUIET,
 ) -> None:
     """Check that compile events are hooked, phased and counted as they will be in SGLang.
 
     Exits 1 when a check fails."""
     as_json = options.output_format(fmt, json_alias) == "json"
-    report = doctor.run(timeout_s=timeout, keep_dir=keep_dir or None)
+    with output.progress(quiet).ticking("compiling a probe kernel twice in a worker-like "
+                                        "process"):
+        report = doctor.run(timeout_s=timeout, keep_dir=keep_dir or None)
     output.data(doctor.render_json(report) if as_json else doctor.render_text(report))
     if not report.ok:
         if as_json:  # scripts often drop stdout; say why on stderr as well

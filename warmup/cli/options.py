@@ -1,5 +1,6 @@
 """The options several commands share, spelled and explained once: ``--format`` (and its hidden
-``--json`` alias), ``--kinds``, ``--root``, ``-y/--yes``, ``--api-key``, ``-q/--quiet``."""
+``--json`` alias), ``--kinds``, ``--root``, ``-y/--yes``, ``--api-key``, ``-q/--quiet``,
+``-v/--verbose``."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ KINDS: Any = typer.Option(None, "--kinds", help="cache kinds (repeat or comma-se
                           + ", ".join(KIND_NAMES))
 
 QUIET: Any = typer.Option(False, "-q", "--quiet", help="no progress lines on stderr")
+
+VERBOSE: Any = typer.Option(False, "-v", "--verbose",
+                            help="let SGLang's own log lines and warnings through")
 
 API_KEY: Any = typer.Option(None, "--api-key", help="the server's --api-key (default: "
                             "WARMUP_API_KEY, which keeps it out of process listings)")

@@ -7,8 +7,10 @@ import json
 import logging
 import os
 import sys
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import typer
 
@@ -52,6 +54,26 @@ def confirm(question: str) -> bool:
 def progress(quiet: bool = False) -> Progress:
     """Byte counts and step lines of a long operation, on stderr (none with ``--quiet``)."""
     return Progress.null() if quiet else Progress()
+
+
+@contextmanager
+def sglang_step(label: str, *, quiet: bool = False, verbose: bool = False) -> Iterator[None]:
+    """A step that imports or runs the installed SGLang inside this command (10-20 s): its
+    elapsed time on a terminal once it passes 2 s (none with ``--quiet``), and SGLang's own log
+    lines and import-time warnings kept off our output unless ``--verbose``."""
+    root, sglang_log = logging.getLogger(), logging.getLogger("sglang")
+    handlers, root_level, sglang_level = list(root.handlers), root.level, sglang_log.level
+    if not verbose:
+        sglang_log.setLevel(logging.ERROR)  # its modules log under sglang.*; errors still show
+    try:
+        with warnings.catch_warnings(), progress(quiet).ticking(label):
+            if not verbose:
+                warnings.simplefilter("ignore")
+            yield
+    finally:  # SGLang configures the root logger as it resolves; that ends with the step
+        root.handlers[:] = handlers
+        root.setLevel(root_level)
+        sglang_log.setLevel(sglang_level)
 
 
 def refuse_overwrite(path: str | os.PathLike[str] | None, yes: bool, name: str) -> None:

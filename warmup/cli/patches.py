@@ -81,13 +81,17 @@ def status_command(
     json_alias: bool = options.JSON_ALIAS,
     detect_only: bool = typer.Option(
         False, "--detect-only", help="Only detect; do not apply the fixes in this process."),
+    quiet: bool = options.QUIET,
+    verbose: bool = options.VERBOSE,
 ) -> None:
     """One row per fix for the installed SGLang: needed / applied / upstream / absent / refused / off.
 
-    Imports SGLang's DeepSeek-V4 backend (about 7 s on a CPU).  By default the fixes are
+    Imports SGLang's DeepSeek-V4 backend (10-20 s on a CPU).  By default the fixes are
     applied and verified inside this short-lived process, exactly as in a server process.
     """
-    report = build_report(apply=not detect_only)
+    with output.sglang_step("importing SGLang's DeepSeek-V4 backend", quiet=quiet,
+                            verbose=verbose):
+        report = build_report(apply=not detect_only)
     if options.output_format(fmt, json_alias) == "json":
         output.data_json(report.to_json())
     else:

@@ -37,15 +37,17 @@ def check(plans: list[Path] = typer.Argument(..., help="plan files or shipped pl
 
 
 def get_facts(server_args: Optional[str], facts_file: Optional[Path], url: Optional[str],
-              model_config: Optional[str], api_key: Optional[str] = None
-              ) -> facts_mod.ServerFacts:
+              model_config: Optional[str], api_key: Optional[str] = None, *,
+              quiet: bool = False, verbose: bool = False) -> facts_mod.ServerFacts:
     """One of the three fact sources, exactly one given."""
     given = [x for x in (server_args, facts_file, url) if x]
     if len(given) != 1:
         raise FactsError("give exactly one of --server-args, --facts or --url",
                          hint='e.g. --server-args "--model-path /models/llama --chunked-prefill-size 8192"')
     if server_args:
-        return facts_mod.from_launch_flags(server_args, model_config=model_config)
+        with output.sglang_step("resolving the launch flags with SGLang's parser",
+                                quiet=quiet, verbose=verbose):
+            return facts_mod.from_launch_flags(server_args, model_config=model_config)
     if facts_file:
         return facts_mod.from_file(facts_file)
     from warmup.serve.transport import HttpTransport
@@ -73,10 +75,13 @@ def show(
     skip_family: Optional[List[str]] = typer.Option(
         None, "--skip-family", help="leave a family of classes out (repeat or comma-separate; "
                                     "default: WARMUP_SKIP_FAMILIES)"),
+    quiet: bool = options.QUIET,
+    verbose: bool = options.VERBOSE,
 ) -> None:
     """Expand a plan against a server's facts: requests grouped by class, with token counts."""
     p = loader.load(plan)
-    f = get_facts(server_args, facts_file, url, model_config, api_key)
+    f = get_facts(server_args, facts_file, url, model_config, api_key, quiet=quiet,
+                  verbose=verbose)
     families = (tuple(x.strip() for v in skip_family for x in v.split(",") if x.strip())
                 if skip_family else settings.SKIP_FAMILIES.get())
     exp = expand(p, f, skip_families=families)
@@ -93,9 +98,12 @@ def show_facts(
     url: Optional[str] = _URL,
     model_config: Optional[str] = _MODEL_CONFIG,
     api_key: Optional[str] = options.API_KEY,
+    quiet: bool = options.QUIET,
+    verbose: bool = options.VERBOSE,
 ) -> None:
     """Print the server facts a plan can read (JSON; usable as a --facts file)."""
-    f = get_facts(server_args, facts_file, url, model_config, api_key)
+    f = get_facts(server_args, facts_file, url, model_config, api_key, quiet=quiet,
+                  verbose=verbose)
     output.data(facts_mod.dump(f))
 
 

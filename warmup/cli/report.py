@@ -22,8 +22,8 @@ def report_command(
     yes: bool = options.yes("overwrite the --html file if it exists"),
     fmt: Format = options.FORMAT,
 ) -> None:
-    """Render a saved report: per-class latency, first hit against repeat, compiles and disk
-    hits by phase, the warm-up's timeline, what was skipped and why."""
+    """Render a saved report: per-class latency, first hit against repeat, compiles by phase,
+    the warm-up's timeline, what was skipped and why."""
     output.refuse_overwrite(html_out, yes, "--html")
     doc = documents.load(path)
     if fmt == "json":

@@ -102,7 +102,9 @@ def run(*, timeout_s: float = DEFAULT_TIMEOUT_S, keep_dir: str | None = None) ->
             d.mkdir(parents=True, exist_ok=True)
         cache_env, triton_dir = _cache_environment(dirs["caches"], notes)
         env = {**cache_env, **_child_environment(dirs, notes)}
-        child = _run_child(root, env, dirs["state"], timeout_s)
+        missing = _missing_triton()
+        child = ({"ok": False, "error": missing} if missing
+                 else _run_child(root, env, dirs["state"], timeout_s))
         counts, log_records = _read_back(dirs, notes)
         checks = _verdicts(child, counts, log_records, triton_dir, plugin)
         hooks = tuple(child.get("install", {}).get("hooks", ()))
@@ -417,6 +419,18 @@ def _run_child(root: Path, env: dict[str, str | None], state_dir: Path,
     return result
 
 
+def _missing_triton() -> str:
+    """Why the check process cannot run here (Triton absent or broken), or ''."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError) as exc:
+        return f"Triton cannot be found here ({type(exc).__name__}: {exc})"
+    return "" if found else ("Triton is not installed in this environment; install the "
+                             "version the installed SGLang pins (it comes with torch)")
+
+
 def _read_back(dirs: dict[str, Path], notes: list[str]) -> tuple[dict, list[dict]]:
     from warmup.observe import metrics
 
@@ -443,6 +457,8 @@ def _verdicts(child: dict, counts: dict, log_records: list[dict], cache_dir: Pat
     ok = bool(child.get("ok"))
     checks.append(Check("check process", ok, "compiled twice" if ok else
                         child.get("error", "failed")))
+    if not ok:  # every check below reads what the check process wrote: one cause, one line
+        return checks
     hooks = {h["name"]: h for h in child.get("install", {}).get("hooks", ())}
     wanted = ("triton.knobs.compilation.listener", "triton.knobs.runtime.jit_cache_hook",
               "triton.knobs.runtime.jit_post_compile_hook")
@@ -453,6 +469,11 @@ def _verdicts(child: dict, counts: dict, log_records: list[dict], cache_dir: Pat
         ("not installed: " + ", ".join(missing) + (
             "" if hooks else " (the plugin did not install events: is WARMUP_METRICS=0 or "
                              "SGLANG_PLUGINS set without sglang_warmup?)"))))
+    binaries = [p.name for p in cache_dir.rglob("*") if p.suffix in (".cubin", ".hsaco")]
+    binary = Check("kernel binary in the Triton cache", bool(binaries),
+                   ", ".join(sorted(binaries)) or f"no .cubin/.hsaco under {cache_dir}")
+    if missing:  # without the hooks nothing is counted or logged: the cause, not its echoes
+        return checks + [binary]
 
     def n(name: str, **labels: str) -> float:
         return metrics.total(counts, name, **labels)
@@ -484,9 +505,7 @@ def _verdicts(child: dict, counts: dict, log_records: list[dict], cache_dir: Pat
                         f"{len(misses)} miss and {len(hits)} hit line(s)"
                         + ("; the miss carries the jit_cache_hook record" if joined else
                            "; the miss lacks the jit_cache_hook record")))
-    binaries = [p.name for p in cache_dir.rglob("*") if p.suffix in (".cubin", ".hsaco")]
-    checks.append(Check("kernel binary in the Triton cache", bool(binaries),
-                        ", ".join(sorted(binaries)) or f"no .cubin/.hsaco under {cache_dir}"))
+    checks.append(binary)
     if child.get("launch"):
         loads = n("sglang_warmup_kernel_loads_total")
         checks.append(Check("device load counted", loads >= 1 and bool(child.get("launched")),
@@ -515,6 +534,10 @@ def _tail(path: Path, limit: int = 4000) -> str:
 # rendering (the command is warmup/cli/doctor.py)
 # --------------------------------------------------------------------------------------------
 
+#: Checks whose failure makes the counting and compile-log checks meaningless (not run then).
+_CAUSES = ("check process", "hooks installed by the plugin")
+
+
 def render_text(report: DoctorReport) -> str:
     """The report for people."""
     lines = [f"sglang-warmup doctor: {'OK' if report.ok else 'FAILED'} "
@@ -529,6 +552,9 @@ def render_text(report: DoctorReport) -> str:
              "", "checks:"]
     for c in report.checks:
         lines.append(f"  [{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
+    cause = next((c.name for c in report.checks if not c.ok and c.name in _CAUSES), None)
+    if cause:
+        lines.append(f"  (the checks not shown need what \"{cause}\" checks: fix that first)")
     lines += ["", "hooks (in the check process):"]
     for h in report.hooks or ({"name": "none", "state": "", "detail": ""},):
         detail = f" ({h.get('detail')})" if h.get("detail") else ""

@@ -311,11 +311,6 @@ def from_launch_flags(flags: str | list[str], *, model_config: str | None = None
     unknown and listed as such.
     """
     argv = shlex.split(flags) if isinstance(flags, str) else list(flags)
-    try:
-        from sglang.srt.server_args import prepare_server_args
-    except ImportError as exc:
-        raise FactsError(f"SGLang is not importable here ({exc})",
-                         hint="install sglang, or use --facts FILE or --url URL") from None
     assumed: list[str] = []
     model_path = _flag_value(argv, "--model-path") or _flag_value(argv, "--model")
     if model_config:
@@ -349,6 +344,11 @@ def from_launch_flags(flags: str | list[str], *, model_config: str | None = None
         argv = argv + ["--log-level", "warning"]  # resolution's INFO lines are not facts
     import warnings
 
+    try:  # imported after the checks above: a bad model path fails at once, not after SGLang
+        from sglang.srt.server_args import prepare_server_args
+    except ImportError as exc:
+        raise FactsError(f"SGLang is not importable here ({exc})",
+                         hint="install sglang, or use --facts FILE or --url URL") from None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # import-time notes about absent accelerators

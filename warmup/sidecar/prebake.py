@@ -206,7 +206,7 @@ class PrebakePlan:
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
             try:
-                ready_s = self._wait_ready(proc, say)
+                ready_s = self._wait_ready(proc, say, progress)
                 report = self._read_report()
                 say(f"sglang-warmup prebake: ready in {ready_s:.1f} s; warm-up {report.get('plan')}: "
                     f"{report.get('requests')} requests in {float(report.get('duration_s') or 0):.1f} s")
@@ -235,7 +235,8 @@ class PrebakePlan:
                              time.monotonic() - started, stopped_with, report, tuple(warnings),
                              kept)
 
-    def _wait_ready(self, proc: subprocess.Popen, say: Callable[[str], None]) -> float:
+    def _wait_ready(self, proc: subprocess.Popen, say: Callable[[str], None],
+                    progress: Progress) -> float:
         say(f"sglang-warmup prebake: waiting for {self.url}/health_generate, deadline "
             f"{self.deadline_s:g} s")
 
@@ -248,8 +249,13 @@ class PrebakePlan:
         def probe(timeout: float) -> Probe:
             return client.probe("/health_generate", timeout)
 
-        hw = wait_for_health(probe, self.deadline_s, initial_s=1.0, max_s=10.0,
-                             probe_timeout_s=30.0, alive=alive, what="SGLang")
+        # On a terminal one line ticks with the server log's last line instead of a log line
+        # every 30 s (which would break the line rewritten in place).
+        with progress.ticking("SGLang loading and warming up",
+                              detail=lambda: "".join(_tail(self.log_path, 1))):
+            hw = wait_for_health(probe, self.deadline_s, initial_s=1.0, max_s=10.0,
+                                 probe_timeout_s=30.0, alive=alive, what="SGLang",
+                                 log_every_s=float("inf") if progress.tty else 30.0)
         if hw.ok:
             return hw.waited_s
         tail = _tail(self.log_path, _LOG_TAIL)

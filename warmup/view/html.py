@@ -175,8 +175,8 @@ def _run(doc: Document) -> str:
         (num(d.get("requests") or sum(_f(c, "requests") for c in classes)), "requests", ""),
         (f"{num(d.get('duration_s'), 1)} s", "duration", ""),
         (num(by_phase.get("warmup", 0)), "compiled during the warm-up", ""),
-        (num(by_phase.get("serving", 0)), "compiled while serving",
-         "bad" if by_phase.get("serving") else "ok"),
+    ] + ([(num(by_phase["serving"]), "compiled while serving",  # written after ready only
+           "bad" if by_phase["serving"] else "ok")] if "serving" in by_phase else []) + [
         (str(len(classes)), "classes", ""),
     ] + ([("closed" if cov.get("closed") else "NOT closed", "second replay",
            "ok" if cov.get("closed") else "bad")] if cov else []))]

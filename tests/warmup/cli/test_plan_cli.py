@@ -83,3 +83,21 @@ def test_an_unknown_plan_name_lists_the_shipped_ones(capsys):
         "error: defualt: no plan file, and no shipped plan of that name",
         "hint: shipped plans: deepseek_v4_serving_shapes, default (sglang-warmup plan list); "
         "or pass the path of a plan file"]
+
+
+def test_the_readme_main_command_prints_the_expansion_and_nothing_of_sglangs(capsys):
+    # README: plan show deepseek_v4_serving_shapes --server-args "$(cat …/pr44627.flags)".
+    # SGLang's resolution warns ("Setting KV cache dtype to fp8_e4m3 …") and configures the root
+    # logger; neither may reach our output without --verbose.
+    import logging
+
+    flags = (_facts_cache.DATA / "pr44627.flags").read_text()
+    handlers = list(logging.getLogger().handlers)
+    code, out, err = run(capsys, "plan", "show", "deepseek_v4_serving_shapes",
+                         "--server-args", flags)
+    assert code == 0, err
+    assert out.startswith("plan deepseek_v4_serving_shapes: ")
+    assert "eager_decode" in out and "facts (launch_flags): chunk=8192" in out
+    assert err == ""
+    assert logging.getLogger().handlers == handlers
+    assert logging.getLogger("sglang").level == logging.NOTSET

@@ -84,6 +84,7 @@ def test_the_text_report_lists_checks_hooks_and_caches():
         "",
         "checks:",
         "  [FAIL] check process: boom",
+        '  (the checks not shown need what "check process" checks: fix that first)',
         "",
         "hooks (in the check process):",
         "  missing   h (d)",
