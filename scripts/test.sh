@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README; .ci/run calls exactly this).  Sets up the pinned CPU profile,
 # starts a loopback Redis for the shared-cache tests, installs Debian's Chromium for the HTML
-# report test, runs the CLI self-check and pytest.
+# report test and runs pytest on every core.
 # No GPU needed.  pytest's own exit code is ours: a run that collects nothing exits 5.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +38,7 @@ if command -v redis-server >/dev/null 2>&1; then
   export WARMUP_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 fi
 
-# The operator's self-check, exactly as shipped.
-"$PYBIN/sglang-warmup" doctor --json >/dev/null
-"$PYBIN/python" -m pytest "$@"
+# One pytest worker per core (pytest-xdist; work stealing evens out the slow tests that start
+# SGLang interpreters).  WARMUP_TEST_WORKERS=0 runs in this process (for a debugger).  The
+# operator's self-check (`doctor --json`) runs as a test: tests/warmup/observe/test_doctor.py.
+"$PYBIN/python" -m pytest -n "${WARMUP_TEST_WORKERS:-auto}" --dist worksteal "$@"

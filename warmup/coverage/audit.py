@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from warmup.observe import phase as phase_mod
-from cache_tools import atomic, compile_log
+from cache_tools import atomic, compile_log, jsonfile
 from cache_tools.compile_log import is_compile_event
 from warmup.coverage.classes import KeyEvents, aggregate
 from warmup.errors import TransportError, WarmupError
@@ -44,6 +44,8 @@ logger = logging.getLogger("sglang_warmup.audit")
 
 FORMAT = "sglang-warmup-audit"
 VERSION = 1
+#: An audit file is a few MiB for the largest traffic files; anything this large is not one.
+MAX_FILE_BYTES = 64 * 1024 * 1024
 CLASS_PREFIX = "audit:"
 #: A first pass this much slower than the second (and by more than SLOW_MIN_MS) is a cold step.
 SLOW_RATIO = 1.5
@@ -288,7 +290,7 @@ def serving_counts(transport: Any) -> ServingCounts:
                                "server's state directory")
     if status != 200:
         raise TransportError(f"{transport.url}/metrics answered HTTP {status}: {snippet(text)}",
-                             hint="see the server log")
+                             hint=transport.client.hint(status))
     counts = parse_metrics(text)
     if counts is None:
         raise WarmupError(f"{transport.url}/metrics has no sglang_warmup_ metrics",
@@ -526,12 +528,9 @@ def read(path: str | os.PathLike[str]) -> AuditFile:
     """One audit file; errors name the file and what is wrong."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WarmupError(f"{p}: cannot read audit file: {exc}",
-                          hint="pass an audit-*.json written by `sglang-warmup audit`") from None
-    except ValueError as exc:
-        raise WarmupError(f"{p}: not JSON: {exc}",
+        data = jsonfile.load(p, MAX_FILE_BYTES)
+    except jsonfile.JsonFileError as exc:
+        raise WarmupError(f"{p}: {exc}",
                           hint="pass an audit-*.json written by `sglang-warmup audit`") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise WarmupError(f"{p}: not an audit file (no \"format\": \"{FORMAT}\")",

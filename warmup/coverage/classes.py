@@ -13,12 +13,12 @@ the sidecar alike), which splits the records between them by byte offsets in the
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from cache_tools import jsonfile
 from cache_tools.render import table
 
 # --------------------------------------------------------------------------------------------
@@ -179,6 +179,8 @@ def aggregate(records: Iterable[Mapping[str, Any]]) -> list[KeyEvents]:
 #: The coverage record's JSON format and version (``coverage.json``).
 FORMAT = "sglang-warmup-coverage"
 VERSION = 1
+#: A coverage record (or the run report holding one) is KiBs; anything this large is not one.
+MAX_FILE_BYTES = 64 * 1024 * 1024
 #: A class's first hit after the warm-up may be at most this many times its repeat, and at
 #: most :data:`FIRST_HIT_MIN_MS` slower (below that, timing noise), for the plan to be closed.
 FIRST_HIT_RATIO = 1.10
@@ -388,15 +390,14 @@ def load(path: str | os.PathLike[str]) -> Coverage:
     p = Path(path)
     if p.is_dir():
         p = p / "coverage.json"
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not p.exists():
         raise WarmupError(f"{p}: no coverage recorded",
                           hint="run the warm-up with WARMUP_SECOND_PASS=1 (a second replay "
-                               "measures coverage)") from None
-    except (OSError, ValueError) as exc:
-        raise WarmupError(f"{p}: cannot read coverage: {exc}", hint="pass coverage.json or a "
-                          "run report") from None
+                               "measures coverage)")
+    try:
+        data = jsonfile.load(p, MAX_FILE_BYTES)
+    except jsonfile.JsonFileError as exc:
+        raise WarmupError(f"{p}: {exc}", hint="pass coverage.json or a run report") from None
     if isinstance(data, dict) and isinstance(data.get("coverage"), dict):
         data = data["coverage"]
     if not isinstance(data, dict) or "classes" not in data:

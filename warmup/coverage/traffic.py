@@ -191,7 +191,8 @@ def _parse(d: Any, where: str) -> TrafficStep:
         raise WarmupError(f"{where}: prompts: a single step has one prompt", hint="use burst or batch")
     mnt = d.get("max_new_tokens", 16)
     if not _count(mnt, MAX_NEW_TOKENS):
-        raise WarmupError(f"{where}: max_new_tokens: expected a positive integer",
+        raise WarmupError(f"{where}: max_new_tokens: expected an integer from 1 to "
+                          f"{MAX_NEW_TOKENS:,}",
                           hint="tokens to generate per prompt, e.g. 16")
     sampling = d.get("sampling") or {}
     if not isinstance(sampling, dict) or set(sampling) - SAMPLING_KEYS:
@@ -261,6 +262,9 @@ def synth(kind: str, *, seed: int = 0, steps: int = 24, max_prompt: int = 12000,
     shared prefixes."""
     if kind not in KINDS:
         raise WarmupError(f"unknown traffic kind {kind!r}", hint="one of: " + ", ".join(KINDS))
+    if not 1 <= steps <= MAX_STEPS:  # what load() accepts back
+        raise WarmupError(f"steps {steps:,} is not from 1 to {MAX_STEPS:,}",
+                          hint="a traffic file holds at most that many steps; write several")
     if max_prompt < MIN_SYNTH_PROMPT:
         raise WarmupError(f"max_prompt {max_prompt} is below {MIN_SYNTH_PROMPT} tokens",
                           hint="a sample needs room for a system prompt or an agent context plus a turn")

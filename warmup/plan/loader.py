@@ -57,7 +57,8 @@ def load(path: str | Path) -> Plan:
     """Load and validate a plan: a plan file, or a shipped plan by name (``default``)."""
     p = shipped.resolve(path)
     try:
-        raw = p.read_bytes()
+        with open(p, "rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)  # one byte more is enough to refuse it
     except OSError as exc:
         raise PlanError(f"{p}: cannot read plan: {exc.strerror or exc}",
                         hint="check the path") from None
@@ -224,7 +225,7 @@ def _int(ctx: _Ctx, node: yaml.Node, path: str, *, minimum: int = 1) -> int:
 
 def _ident(ctx: _Ctx, node: yaml.Node, path: str) -> str:
     v = _scalar(ctx, node, path)
-    if not isinstance(v, str) or not IDENT.match(v):
+    if not isinstance(v, str) or not IDENT.fullmatch(v):
         raise ctx.fail(node, path, f"{v!r} is not a name",
                        hint="use lower-case letters, digits and _ (start with a letter, <= 64)")
     return v
@@ -349,7 +350,7 @@ def _build_plan(ctx: _Ctx, node: yaml.Node, sha: str) -> Plan:
         lmap = _mapping(ctx, top["let"][1], "let", {})
         for lname, (kn, vn) in lmap.items():
             lpath = f"let.{lname}"
-            if not re.match(r"^[A-Za-z][A-Za-z0-9_]{0,63}$", lname):
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", lname):
                 raise ctx.fail(kn, lpath, f"{lname!r} is not a name",
                                hint="letters, digits and _, starting with a letter")
             if lname in FACT_NAMES or lname in E.FUNCTIONS or lname == "bs":

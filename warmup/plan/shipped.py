@@ -15,7 +15,7 @@ from warmup.errors import PlanError
 #: The directory of the shipped plans and of their JSON Schema.
 DIR = Path(__file__).resolve().parents[1] / "plans"
 SCHEMA = DIR / "schema.json"
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")  # use fullmatch: $ also matches before "\n"
 
 
 def names() -> list[str]:
@@ -25,7 +25,7 @@ def names() -> list[str]:
 
 def path(name: str) -> Path | None:
     """The file of the shipped plan ``name``, or None."""
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         return None
     candidate = DIR / f"{name}.yaml"
     return candidate if candidate.is_file() else None

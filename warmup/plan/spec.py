@@ -10,7 +10,7 @@ from warmup.plan.model import (DEFAULT_MAX_REQUESTS, FEATURES, KINDS, MAX_REQUES
                                REQUEST_BOOL_FEATURES, REQUEST_FEATURES, REQUEST_INT_FEATURES)
 
 #: A name in a plan (class, phase, variant): lower-case letters, digits and _.
-IDENT = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+IDENT = re.compile(r"^[a-z][a-z0-9_]{0,63}$")  # use fullmatch: $ also matches before "\n"
 
 
 @dataclass(frozen=True)

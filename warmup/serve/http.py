@@ -37,6 +37,11 @@ _WHITESPACE = {"\n": " ", "\r": " ", "\t": " "}
 _UNSAFE = set(range(0x00, 0x20)) | set(range(0x7F, 0xA0)) | set(range(0x202A, 0x202F)) \
     | set(range(0x2066, 0x206A)) | {0x2028, 0x2029}
 SNIPPET_CHARS = 200  # of a server's answer quoted in an error line
+#: The most bytes of one answer read from the server: a logprob answer for a long prompt can be
+#: tens of MiB; a larger one is refused, never held whole.
+MAX_RESPONSE_BYTES = 256 << 20
+#: The longest line of a streamed answer (one SSE chunk, its line end included).
+MAX_STREAM_LINE_BYTES = 64 << 20
 
 
 def printable(text: str) -> str:
@@ -58,6 +63,16 @@ def snippet(payload: bytes | str, limit: int = SNIPPET_CHARS) -> str:
     text = payload.decode(errors="replace") if isinstance(payload, bytes) else payload
     text = printable(text.strip())
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def read_body(resp: Any, what: str) -> bytes:
+    """The body of an answer (a response or an HTTPError), at most :data:`MAX_RESPONSE_BYTES`;
+    one byte more is a TransportError naming ``what`` (``METHOD /path``) and the limit."""
+    data = resp.read(MAX_RESPONSE_BYTES + 1)
+    if len(data) > MAX_RESPONSE_BYTES:
+        raise TransportError(f"{what} answered more than {MAX_RESPONSE_BYTES:,} bytes",
+                             hint="is --url an SGLang server?")
+    return data
 
 
 def error_message(error: Any) -> str:
@@ -195,9 +210,9 @@ class HttpClient:
             req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
             try:
                 with urllib.request.urlopen(req, timeout=timeout or self.timeout_s) as resp:
-                    return resp.status, resp.read()
+                    return resp.status, read_body(resp, f"{method} {path}")
             except urllib.error.HTTPError as exc:
-                payload = exc.read()
+                payload = read_body(exc, f"{method} {path}")
                 if retry and exc.code >= 500 and attempt + 1 < attempts:
                     last = exc
                 else:
@@ -219,7 +234,7 @@ class HttpClient:
         req = urllib.request.Request(self.url + path, headers=self.headers(), method="GET")
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
-                resp.read()
+                resp.read(MAX_RESPONSE_BYTES)  # bounded; only the status matters here
                 return Probe(resp.status, f"HTTP {resp.status}")
         except urllib.error.HTTPError as exc:
             return Probe(exc.code, f"HTTP {exc.code}")
@@ -234,12 +249,21 @@ class HttpClient:
         """True when ``/health_generate`` answers 200 (the server can generate)."""
         return self.probe("/health_generate", timeout).ok
 
-    @staticmethod
-    def json(status: int, payload: bytes, what: str) -> Any:
+    def hint(self, status: int, default: str = "see the server log") -> str:
+        """What to do about a refusal: for 401/403 which setting carries the API key."""
+        if status in (401, 403):
+            if self.api_key:
+                return ("the server refused the API key sent: check --api-key / WARMUP_API_KEY "
+                        "against the server's --api-key")
+            return ("the server wants an API key: pass --api-key KEY or set WARMUP_API_KEY "
+                    "(the server's --api-key)")
+        return default
+
+    def json(self, status: int, payload: bytes, what: str) -> Any:
         """The JSON body of a 200 answer; TransportError otherwise."""
         if status != 200:
             raise TransportError(f"{what} answered HTTP {status}: {snippet(payload)}",
-                                 hint="see the server log")
+                                 hint=self.hint(status))
         try:
             return json.loads(payload)
         except ValueError:
@@ -261,7 +285,7 @@ class HttpClient:
         status, payload = self.request("POST", "/generate", body, timeout=timeout)
         if status != 200:
             raise TransportError(f"/generate answered HTTP {status}: {snippet(payload)}",
-                                 hint="see the server log")
+                                 hint=self.hint(status))
         out = self.json(status, payload, "/generate")
         outs = out if isinstance(out, list) else [out]
         for o in outs:
@@ -283,7 +307,11 @@ class HttpClient:
         last: dict[str, Any] = {}
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout_s) as resp:
-                for raw in resp:
+                while raw := resp.readline(MAX_STREAM_LINE_BYTES + 1):
+                    if len(raw) > MAX_STREAM_LINE_BYTES:
+                        raise TransportError(f"POST /generate (stream) answered a line longer "
+                                             f"than {MAX_STREAM_LINE_BYTES:,} bytes",
+                                             hint="is --url an SGLang server?")
                     line = raw.decode(errors="replace").strip()
                     if not line.startswith("data:") or line == "data: [DONE]":
                         continue
@@ -295,8 +323,9 @@ class HttpClient:
                     last = chunk if isinstance(chunk, dict) else {}
                     on_chunk(last)
         except urllib.error.HTTPError as exc:
-            raise TransportError(f"/generate answered HTTP {exc.code}: {snippet(exc.read())}",
-                                 hint="see the server log") from None
+            body = read_body(exc, "POST /generate")
+            raise TransportError(f"/generate answered HTTP {exc.code}: {snippet(body)}",
+                                 hint=self.hint(exc.code)) from None
         except ValueError:
             raise TransportError("/generate (stream) answered a chunk that is not JSON",
                                  hint="is --url an SGLang server?") from None
@@ -311,5 +340,6 @@ class HttpClient:
                                        timeout=timeout_s + slack_s)
         if status != 200:
             raise TransportError(f"/flush_cache answered HTTP {status}: {snippet(payload)}",
-                                 hint="the server was not idle in time; see its log")
+                                 hint=self.hint(status, "the server was not idle in time; see "
+                                                        "its log"))
         return snippet(payload) or "flushed"

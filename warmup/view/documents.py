@@ -3,11 +3,11 @@ record), read within a size limit, refused in one line when it is none of them o
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cache_tools import jsonfile
 from warmup.coverage import audit, classes
 from warmup.errors import WarmupError
 from warmup.serve import report
@@ -43,18 +43,9 @@ def load(path: str | Path) -> Document:
                               hint=_HINT)
         p = found[0]
     try:
-        with open(p, "rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise WarmupError(f"{p}: cannot read: {exc.strerror or exc}", hint=_HINT) from None
-    if len(raw) > MAX_BYTES:
-        raise WarmupError(f"{p}: larger than {MAX_BYTES:,} bytes: not a saved report",
-                          hint=_HINT)
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        what = "not UTF-8 JSON" if isinstance(exc, UnicodeDecodeError) else "not JSON"
-        raise WarmupError(f"{p}: {what}: {str(exc).splitlines()[0][:120]}", hint=_HINT) from None
+        data = jsonfile.load(p, MAX_BYTES)
+    except jsonfile.JsonFileError as exc:
+        raise WarmupError(f"{p}: {exc}", hint=_HINT) from None
     kind = _identify(p, data)
     return Document(kind, str(p), data)
 

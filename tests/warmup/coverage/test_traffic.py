@@ -50,7 +50,7 @@ def test_load_reads_steps_skipping_comments_and_blank_lines(tmp_path):
     ('{"kind": "batch", "prompts": [true]}', "prompts: expected a non-empty list of positive integers",
      "prompt lengths in tokens"),
     ('{"kind": "single", "prompts": [4, 5]}', "prompts: a single step has one prompt", "use burst or batch"),
-    ('{"prompts": [4], "max_new_tokens": 0}', "max_new_tokens: expected a positive integer",
+    ('{"prompts": [4], "max_new_tokens": 0}', "max_new_tokens: expected an integer from 1 to 1,000,000",
      "tokens to generate per prompt, e.g. 16"),
     ('{"prompts": [4], "sampling": {"temp": 1}}',
      "sampling: keys must be among frequency_penalty, min_p, presence_penalty, repetition_penalty, "
@@ -230,7 +230,7 @@ def test_features_round_trip_and_reach_the_driver_step(tmp_path):
      "sampling.temperature: expected a finite number"),
     ('{"prompts": [1000000000000000000000000000000]}',
      "prompts: at most 4,096 prompts of at most 10,000,000 tokens each"),
-    ('{"prompts": [4], "max_new_tokens": 1e400}', "max_new_tokens: expected a positive integer"),
+    ('{"prompts": [4], "max_new_tokens": 1e400}', "max_new_tokens: expected an integer from 1 to 1,000,000"),
     ('{"prompts": [4], "kind": ["single"]}',
      "kind: ['single'] is not one of single, burst, batch"),
     ('{"prompts": [4], "label": "a\\u0007b"}',

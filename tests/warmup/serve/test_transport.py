@@ -723,3 +723,23 @@ def test_features_over_http_stream_and_logprobs(sglang_http):
     assert (streamed["stream"], streamed["return_logprob"], streamed["logprob_start_len"]) == (
         True, True, 0)
     assert parallel["sampling_params"]["n"] == 2 and parallel["top_logprobs_num"] == 3
+
+
+@pytest.mark.parametrize("key, hint", [
+    (None, "the server wants an API key: pass --api-key KEY or set WARMUP_API_KEY (the "
+           "server's --api-key)"),
+    ("sk-wrong", "the server refused the API key sent: check --api-key / WARMUP_API_KEY "
+                 "against the server's --api-key"),
+])
+def test_a_401_says_which_setting_carries_the_key(sglang_http, key, hint):
+    """SGLang started with --api-key answers 401 without (or with a wrong) Bearer token."""
+    sglang_http.script["/server_info"] = [(401, b'{"error": "Unauthorized"}')]
+    t = HttpTransport(sglang_http.url, vocab_size=VOCAB, api_key=key, retries=0)
+    with pytest.raises(TransportError) as err:
+        t.facts_sync()
+    assert err.value.message == '/server_info answered HTTP 401: {"error": "Unauthorized"}'
+    assert err.value.hint == hint
+    sglang_http.script["/generate"] = [(403, b"forbidden")]
+    with pytest.raises(TransportError) as err:
+        asyncio.run(t.send(step("single", [req(10)])))
+    assert err.value.hint == hint
