@@ -19,13 +19,14 @@ import select
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from _loopback import LocalServer
 from cache_tools import archive, remote
 from cache_tools.errors import ArchiveError, RemoteError
 from cache_tools.fingerprint import current as current_fingerprint
@@ -545,17 +546,11 @@ class _Server:
                 self.body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 respond(self)
 
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
-                         daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.server = LocalServer(Handler)
+        self.url = self.server.url
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.close()
 
 
 @pytest.fixture

@@ -17,7 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from cache_tools import tarfmt
+import pytest
+
+from cache_helpers import tree
+from cache_tools import archive, tarfmt
+from cache_tools.errors import ArchiveError
 from cache_tools.fingerprint import Fingerprint
 from cache_tools.manifest import MANIFEST_NAME, EntryRecord, FileRecord, Manifest
 from cache_tools.reader import Limits
@@ -494,3 +498,24 @@ def truncations(valid: Path) -> list[int]:
     last = infos[-1]
     cuts.add(last.offset_data + last.size + (-last.size % 512))
     return sorted(c for c in cuts if 0 < c < valid.stat().st_size)
+
+
+# --- the check every refusal gets ------------------------------------------------------------
+def rejects(path: Path, dest: Path, fp: Fingerprint, expect: str | re.Pattern,
+            limits: Limits | None = None) -> str:
+    """Restore (plan and execute) and verify both refuse ``path`` with ``expect``; ``dest``
+    is unchanged.  Returns the message."""
+    before = tree(dest)
+    with pytest.raises(ArchiveError) as err:
+        archive.plan_restore(path, dest=dest, local=fp, limits=limits).execute()
+    got = err.value.message
+    if isinstance(expect, re.Pattern):
+        assert expect.fullmatch(got), got
+    else:
+        assert got == expect
+    assert tree(dest) == before
+    with pytest.raises(ArchiveError) as again:
+        archive.verify(path, local=fp, limits=limits)
+    assert again.value.message == got
+    assert "\n" not in got
+    return got

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import hostile
 from cache_helpers import tree, triton_location
 from cache_tools import archive
 from cache_tools.archive import Limits
@@ -62,63 +63,26 @@ def _write(path: Path, members: Members, zstd: bool = False) -> Path:
     return path
 
 
-def _manifest(members: Members) -> dict:
-    return json.loads(members[0][1])
 
 
-def _set_manifest(members: Members, doc: dict) -> None:
-    data = json.dumps(doc).encode()
-    ti = members[0][0]
-    ti.size = len(data)
-    members[0] = (ti, data)
-
-
-def _regular(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
-    ti = tarfile.TarInfo(name)
-    ti.size = len(data)
-    return ti, data
-
-
-def _special(name: str, kind: bytes, linkname: str = "") -> tuple[tarfile.TarInfo, None]:
-    ti = tarfile.TarInfo(name)
-    ti.type = kind
-    ti.linkname = linkname
-    return ti, None
 
 
 def _first_payload(members: Members) -> str:
     return members[1][0].name
 
 
-def _rejects(path: Path, dest: Path, fp, message: str | re.Pattern, *,
-             limits: Limits | None = None) -> None:
-    """Plan and execute a restore of ``path`` into ``dest``: ArchiveError with ``message``,
-    ``dest`` unchanged, and ``verify`` fails the same way."""
-    before = tree(dest)
-    with pytest.raises(ArchiveError) as err:
-        archive.plan_restore(path, dest=dest, local=fp, limits=limits).execute()
-    got = err.value.message
-    if isinstance(message, re.Pattern):
-        assert message.fullmatch(got), got
-    else:
-        assert got == message
-    assert tree(dest) == before
-    with pytest.raises(ArchiveError) as again:
-        archive.verify(path, local=fp, limits=limits)
-    assert again.value.message == got
-
 
 def test_absolute_path(valid, dest, fp, tmp_path):
     m = _read(valid)
-    m.insert(1, _regular("/etc/evil", b"x"))
-    _rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    m.insert(1, hostile.regular("/etc/evil", b"x"))
+    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              "archive member '/etc/evil': absolute path; members must be relative")
 
 
 def test_dot_dot(valid, dest, fp, tmp_path):
     m = _read(valid)
-    m.insert(1, _regular("triton/../../evil", b"x"))
-    _rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    m.insert(1, hostile.regular("triton/../../evil", b"x"))
+    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              "archive member 'triton/../../evil': path leaves the destination ('..')")
 
 
@@ -133,8 +97,8 @@ def test_dot_dot(valid, dest, fp, tmp_path):
 def test_links_devices_and_fifos(valid, dest, fp, tmp_path, kind, link, what):
     m = _read(valid)
     name = _first_payload(m)
-    m[1] = _special(name, kind, link)   # in place of a listed member, same name
-    _rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    m[1] = hostile.special(name, kind, link)   # in place of a listed member, same name
+    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              f"archive member {name!r}: {what}; only regular files are allowed")
 
 
@@ -142,20 +106,20 @@ def test_oversize_member(valid, dest, fp):
     m = _read(valid)
     sizes = {ti.name: ti.size for ti, _ in m[1:]}
     first_big = next(n for n, s in sizes.items() if s > 1000)
-    _rejects(valid, dest, fp, f"archive member {first_big!r}: {sizes[first_big]} bytes exceeds "
+    hostile.rejects(valid, dest, fp, f"archive member {first_big!r}: {sizes[first_big]} bytes exceeds "
              "the per-file limit of 1000 bytes", limits=Limits(max_file_bytes=1000))
 
 
 def test_declared_total_over_the_limit(valid, dest, fp):
     with archive.ArchiveReader(valid) as reader:
         total = reader.read_manifest().size
-    _rejects(valid, dest, fp, f"manifest.json: the archive declares {total} bytes, more than "
+    hostile.rejects(valid, dest, fp, f"manifest.json: the archive declares {total} bytes, more than "
              "the limit of 4096 bytes", limits=Limits(max_total_bytes=4096))
 
 
 def test_decompression_bomb(valid, dest, fp, tmp_path):
     m = _read(valid)
-    doc = _manifest(m)
+    doc = hostile.manifest_doc(m)
     zeros = b"\0" * (8 << 20)
     import hashlib
 
@@ -163,11 +127,11 @@ def test_decompression_bomb(valid, dest, fp, tmp_path):
     bomb = {"kind": "triton", "name": "BOMB", "type": "dir",
             "files": [["zeros.so", len(zeros), hashlib.sha256(zeros).hexdigest(), 420]]}
     doc["entries"].insert(0, bomb)
-    _set_manifest(m, doc)
-    m.insert(1, _regular("triton/BOMB/zeros.so", zeros))
+    hostile.set_manifest(m, doc)
+    m.insert(1, hostile.regular("triton/BOMB/zeros.so", zeros))
     path = _write(tmp_path / "bomb.tar.zst", m, zstd=True)
     assert path.stat().st_size < 200_000
-    _rejects(path, dest, fp, re.compile(
+    hostile.rejects(path, dest, fp, re.compile(
         r"archive member 'triton/BOMB/zeros\.so': decompression ratio exceeds 50:1 "
         r"\(\d+ bytes from \d+\); refusing a possible decompression bomb"),
         limits=Limits(max_ratio=50, ratio_floor_bytes=1 << 20))
@@ -176,8 +140,8 @@ def test_decompression_bomb(valid, dest, fp, tmp_path):
 def test_tar_header_larger_than_the_manifest_says(valid, dest, fp, tmp_path):
     m = _read(valid)
     ti, data = m[1]
-    m[1] = _regular(ti.name, data + b"more")
-    _rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    m[1] = hostile.regular(ti.name, data + b"more")
+    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              f"archive member {ti.name!r}: {len(data) + 4} bytes, the manifest lists "
              f"{len(data)}")
 
@@ -188,48 +152,48 @@ def test_truncated_archive(valid, dest, fp, tmp_path, fraction, zstd):
     raw = _write(tmp_path / "full", _read(valid), zstd=zstd).read_bytes()
     path = tmp_path / "cut"
     path.write_bytes(raw[: int(len(raw) * fraction)])
-    _rejects(path, dest, fp, re.compile(r"archive is truncated.*"))
+    hostile.rejects(path, dest, fp, re.compile(r"archive is truncated.*"))
 
 
 def test_member_not_listed_in_the_manifest(valid, dest, fp, tmp_path):
     m = _read(valid)
-    m.append(_regular("triton/EXTRA/evil.so", b"x"))
-    _rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    m.append(hostile.regular("triton/EXTRA/evil.so", b"x"))
+    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              "archive member 'triton/EXTRA/evil.so' is not listed in the manifest")
 
 
 def test_manifest_lists_a_member_the_archive_lacks(valid, dest, fp, tmp_path):
     m = _read(valid)
     last = m.pop()[0].name
-    _rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              f"archive is truncated: the manifest lists {last!r} but the archive ends before it")
 
 
 def test_members_out_of_order(valid, dest, fp, tmp_path):
     m = _read(valid)
     m[1], m[2] = m[2], m[1]
-    _rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              f"archive member {m[1][0].name!r} is out of order (expected {m[2][0].name!r})")
 
 
 def test_manifest_not_first(valid, dest, fp, tmp_path):
     m = _read(valid)
     m[0], m[1] = m[1], m[0]
-    _rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              f"archive member {m[0][0].name!r} comes first; manifest.json must be the first "
              "member")
 
 
 def test_manifest_entry_outside_the_layout(valid, dest, fp, tmp_path):
     m = _read(valid)
-    doc = _manifest(m)
+    doc = hostile.manifest_doc(m)
     doc["entries"][0]["name"] = "../escape"
-    _set_manifest(m, doc)
-    _rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    hostile.set_manifest(m, doc)
+    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              "manifest.json: entries[0]: name '../escape': not a plain relative path")
     doc["entries"][0]["name"] = "a/b"
-    _set_manifest(m, doc)
-    _rejects(_write(tmp_path / "h2.tar", m), dest, fp,
+    hostile.set_manifest(m, doc)
+    hostile.rejects(_write(tmp_path / "h2.tar", m), dest, fp,
              "manifest.json: entries[0]: 'a/b' is not where a triton entry can be")
 
 
@@ -237,14 +201,14 @@ def test_group_file_pointing_outside_its_entry(valid, dest, fp, tmp_path):
     import hashlib
 
     m = _read(valid)
-    doc = _manifest(m)
+    doc = hostile.manifest_doc(m)
     idx = next(i for i, (ti, _) in enumerate(m) if "__grp__" in ti.name)
     ti, data = m[idx]
     children = json.loads(data)["child_paths"]
     child = sorted(children)[0]
     children[child] = "/etc/passwd"
     evil = json.dumps({"child_paths": children}).encode()
-    m[idx] = _regular(ti.name, evil)
+    m[idx] = hostile.regular(ti.name, evil)
     entry_name, file_name = ti.name.split("/")[1], ti.name.split("/")[2]
     for e in doc["entries"]:
         if e["name"] == entry_name:
@@ -252,7 +216,7 @@ def test_group_file_pointing_outside_its_entry(valid, dest, fp, tmp_path):
             for f in e["files"]:
                 if f[0] == file_name:
                     f[1], f[2] = len(evil), hashlib.sha256(evil).hexdigest()
-    _set_manifest(m, doc)
+    hostile.set_manifest(m, doc)
     path = _write(tmp_path / "h.tar", m)
     before = tree(dest)
     with pytest.raises(ArchiveError) as err:
@@ -274,7 +238,7 @@ def test_not_an_archive(dest, fp, tmp_path):
 
 def test_hostile_input_never_touches_a_fresh_destination(valid, fp, tmp_path):
     m = _read(valid)
-    m.append(_regular("triton/EXTRA/evil.so", b"x"))
+    m.append(hostile.regular("triton/EXTRA/evil.so", b"x"))
     fresh = tmp_path / "fresh"
     with pytest.raises(ArchiveError):
         archive.plan_restore(_write(tmp_path / "h.tar", m), dest=fresh, local=fp).execute()

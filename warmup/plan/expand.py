@@ -52,15 +52,20 @@ class _Expander:
                 raise size.where.error(str(exc), hint="fix the expression") from None
 
     # -- evaluation helpers
-    def value(self, size: Size, extra: Mapping[str, Any] | None = None, *,
-              minimum: int | None = None) -> int:
+    def evaluate(self, size: Size, extra: Mapping[str, Any] | None = None) -> Any:
+        """``size`` over the facts (and ``extra``): a fact the server lacks skips the shape, an
+        evaluation error is the plan's error at the size's place."""
         env = self.env if not extra else {**self.env, **extra}
         try:
-            v = size.expr.evaluate(env)
+            return size.expr.evaluate(env)
         except Undefined as u:
             raise _SkipShape(f"{size.where.path} needs {u.name}, which is not set on this server") from None
         except ExprEvalError as exc:
             raise size.where.error(str(exc), hint="fix the expression") from None
+
+    def value(self, size: Size, extra: Mapping[str, Any] | None = None, *,
+              minimum: int | None = None) -> int:
+        v = self.evaluate(size, extra)
         if isinstance(v, bool) or not isinstance(v, int):
             raise size.where.error(f"`{size.expr.text}` gives {v!r}, expected an integer",
                                    hint="sizes are integer expressions")
@@ -71,13 +76,7 @@ class _Expander:
 
     def values(self, size: Size, extra: Mapping[str, Any] | None = None) -> list[int]:
         """A list item: one integer, or a list of integers spliced in (``batch_buckets(...)``)."""
-        env = self.env if not extra else {**self.env, **extra}
-        try:
-            v = size.expr.evaluate(env)
-        except Undefined as u:
-            raise _SkipShape(f"{size.where.path} needs {u.name}, which is not set on this server") from None
-        except ExprEvalError as exc:
-            raise size.where.error(str(exc), hint="fix the expression") from None
+        v = self.evaluate(size, extra)
         items = v if isinstance(v, list) else [v]
         for item in items:
             if isinstance(item, bool) or not isinstance(item, int):

@@ -28,7 +28,7 @@ from _sglang_standin import TRAFFIC, Forward, StandIn, recording, write_traffic 
 from warmup.coverage import audit
 
 from cache_tools import compile_log
-from warmup.observe import events, phase
+from warmup.observe import phase
 from warmup.errors import WarmupError
 
 EXPECTED_MISSES = {0: 1, 2: 2, 3: 1, 5: 1}
@@ -282,7 +282,6 @@ def test_an_existing_out_file_is_refused_before_the_audit_runs(tmp_path, capsys)
 
 def _step_audit(first_ms, second_ms, *, keys=(), loads=0, features=None):
     from warmup.coverage.audit import PassResult, StepAudit
-    from warmup.coverage.classes import KeyEvents
     from warmup.coverage.traffic import TrafficStep
 
     step = TrafficStep("single", (300,), features=features or {})

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from cache_tools import compile_log
-from warmup.observe import events, inductor, phase
+from warmup.observe import inductor, phase
 
 
 @pytest.fixture()

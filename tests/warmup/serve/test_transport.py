@@ -13,11 +13,12 @@ import time
 import urllib.parse
 from collections import Counter
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 
+from _loopback import LocalServer
 from warmup.plan import facts as facts_mod
 from warmup.plan import loader
 from warmup.errors import TransportError
@@ -200,23 +201,14 @@ class SGLangHttpStandIn:
         self._loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._loop_thread.start()
         handler = type("Handler", (_Handler,), {"app": self})
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.httpd.daemon_threads = True
-        self.httpd.handle_error = lambda request, address: None  # clients that timed out and left
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
-                                        daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.server = LocalServer(handler, quiet=True)  # clients that timed out and left
+        self.url = self.server.url
 
     def call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(5)
         if not self._loop_thread.is_alive():
@@ -607,18 +599,12 @@ class InFlightServer:
                 "completion_tokens": n,
                 "finish_reason": {"type": finish} if finish else None}}).encode()
 
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            request_queue_size = 256  # the test measures the client, not this server's backlog
-
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
-                         daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        # the test measures the client, not this server's backlog
+        self.server = LocalServer(Handler, backlog=256)
+        self.url = self.server.url
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.close()
 
 
 def test_http_a_64_request_concurrent_step_has_all_64_in_flight_at_once():

@@ -16,7 +16,7 @@ from _cli import cli
 from warmup.coverage.classes import ClassLatency, compute
 from warmup.errors import WarmupError
 from warmup.serve.report import ClassReport, RunReport
-from warmup.view import documents, html, text
+from warmup.view import documents, html
 
 REPO = Path(__file__).resolve().parents[3]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
