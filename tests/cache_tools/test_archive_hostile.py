@@ -40,14 +40,6 @@ def dest(tmp_path, valid, fp) -> Path:
     return d
 
 
-def _read(path: Path) -> Members:
-    out: Members = []
-    with tarfile.open(path) as tar:
-        for ti in tar.getmembers():
-            f = tar.extractfile(ti)
-            out.append((ti, f.read() if f else None))
-    return out
-
 
 def _write(path: Path, members: Members, zstd: bool = False) -> Path:
     buf = io.BytesIO()
@@ -73,14 +65,14 @@ def _first_payload(members: Members) -> str:
 
 
 def test_absolute_path(valid, dest, fp, tmp_path):
-    m = _read(valid)
+    m = hostile.read_members(valid)
     m.insert(1, hostile.regular("/etc/evil", b"x"))
     hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              "archive member '/etc/evil': absolute path; members must be relative")
 
 
 def test_dot_dot(valid, dest, fp, tmp_path):
-    m = _read(valid)
+    m = hostile.read_members(valid)
     m.insert(1, hostile.regular("triton/../../evil", b"x"))
     hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              "archive member 'triton/../../evil': path leaves the destination ('..')")
@@ -95,7 +87,7 @@ def test_dot_dot(valid, dest, fp, tmp_path):
     (tarfile.DIRTYPE, "", "directory"),
 ])
 def test_links_devices_and_fifos(valid, dest, fp, tmp_path, kind, link, what):
-    m = _read(valid)
+    m = hostile.read_members(valid)
     name = _first_payload(m)
     m[1] = hostile.special(name, kind, link)   # in place of a listed member, same name
     hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
@@ -103,7 +95,7 @@ def test_links_devices_and_fifos(valid, dest, fp, tmp_path, kind, link, what):
 
 
 def test_oversize_member(valid, dest, fp):
-    m = _read(valid)
+    m = hostile.read_members(valid)
     sizes = {ti.name: ti.size for ti, _ in m[1:]}
     first_big = next(n for n, s in sizes.items() if s > 1000)
     hostile.rejects(valid, dest, fp, f"archive member {first_big!r}: {sizes[first_big]} bytes exceeds "
@@ -118,7 +110,7 @@ def test_declared_total_over_the_limit(valid, dest, fp):
 
 
 def test_decompression_bomb(valid, dest, fp, tmp_path):
-    m = _read(valid)
+    m = hostile.read_members(valid)
     doc = hostile.manifest_doc(m)
     zeros = b"\0" * (8 << 20)
     import hashlib
@@ -138,7 +130,7 @@ def test_decompression_bomb(valid, dest, fp, tmp_path):
 
 
 def test_tar_header_larger_than_the_manifest_says(valid, dest, fp, tmp_path):
-    m = _read(valid)
+    m = hostile.read_members(valid)
     ti, data = m[1]
     m[1] = hostile.regular(ti.name, data + b"more")
     hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
@@ -149,35 +141,35 @@ def test_tar_header_larger_than_the_manifest_says(valid, dest, fp, tmp_path):
 @pytest.mark.parametrize("fraction", [0.3, 0.6, 0.95])
 @pytest.mark.parametrize("zstd", [False, True])
 def test_truncated_archive(valid, dest, fp, tmp_path, fraction, zstd):
-    raw = _write(tmp_path / "full", _read(valid), zstd=zstd).read_bytes()
+    raw = _write(tmp_path / "full", hostile.read_members(valid), zstd=zstd).read_bytes()
     path = tmp_path / "cut"
     path.write_bytes(raw[: int(len(raw) * fraction)])
     hostile.rejects(path, dest, fp, re.compile(r"archive is truncated.*"))
 
 
 def test_member_not_listed_in_the_manifest(valid, dest, fp, tmp_path):
-    m = _read(valid)
+    m = hostile.read_members(valid)
     m.append(hostile.regular("triton/EXTRA/evil.so", b"x"))
     hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              "archive member 'triton/EXTRA/evil.so' is not listed in the manifest")
 
 
 def test_manifest_lists_a_member_the_archive_lacks(valid, dest, fp, tmp_path):
-    m = _read(valid)
+    m = hostile.read_members(valid)
     last = m.pop()[0].name
     hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              f"archive is truncated: the manifest lists {last!r} but the archive ends before it")
 
 
 def test_members_out_of_order(valid, dest, fp, tmp_path):
-    m = _read(valid)
+    m = hostile.read_members(valid)
     m[1], m[2] = m[2], m[1]
     hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              f"archive member {m[1][0].name!r} is out of order (expected {m[2][0].name!r})")
 
 
 def test_manifest_not_first(valid, dest, fp, tmp_path):
-    m = _read(valid)
+    m = hostile.read_members(valid)
     m[0], m[1] = m[1], m[0]
     hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
              f"archive member {m[0][0].name!r} comes first; manifest.json must be the first "
@@ -185,7 +177,7 @@ def test_manifest_not_first(valid, dest, fp, tmp_path):
 
 
 def test_manifest_entry_outside_the_layout(valid, dest, fp, tmp_path):
-    m = _read(valid)
+    m = hostile.read_members(valid)
     doc = hostile.manifest_doc(m)
     doc["entries"][0]["name"] = "../escape"
     hostile.set_manifest(m, doc)
@@ -200,7 +192,7 @@ def test_manifest_entry_outside_the_layout(valid, dest, fp, tmp_path):
 def test_group_file_pointing_outside_its_entry(valid, dest, fp, tmp_path):
     import hashlib
 
-    m = _read(valid)
+    m = hostile.read_members(valid)
     doc = hostile.manifest_doc(m)
     idx = next(i for i, (ti, _) in enumerate(m) if "__grp__" in ti.name)
     ti, data = m[idx]
@@ -237,7 +229,7 @@ def test_not_an_archive(dest, fp, tmp_path):
 
 
 def test_hostile_input_never_touches_a_fresh_destination(valid, fp, tmp_path):
-    m = _read(valid)
+    m = hostile.read_members(valid)
     m.append(hostile.regular("triton/EXTRA/evil.so", b"x"))
     fresh = tmp_path / "fresh"
     with pytest.raises(ArchiveError):
