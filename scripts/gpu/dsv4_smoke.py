@@ -12,10 +12,22 @@ Launch kinds (``name:gpu``; names may repeat a kind with a suffix, e.g. ``bcg2:1
   tp2    bcg at --tp 2 over GPUs "0,1" (gpu field ignored), --cuda-graph-max-bs 16
   quick  no CUDA graphs, --skip-server-warmup, --fp8-gemm-backend triton, mHC prewarm off: the
          shortest cold start (for a short device call)
+  sgw    eager with SGLang's own ``--warmups prefill_shapes``
   plan   eager, launched by ``sglang-warmup serve --plan deepseek_v4_serving_shapes`` (the project
          installed from the wheel carried in .carry/wheel/): the DSv4 plan warmed before ready
+  planbcg  bcg through ``sglang-warmup serve`` with the DSv4 plan
+  mixed  plan with ``--enable-mixed-chunk``: the mixed class runs; the log's prefill batches that
+         carried running decoders (SGLang's MIXED forward mode) are counted
 With ``--separate-caches`` every launch has its own JIT cache (a fair cold comparison); with
 ``--passes 2`` the traffic is sent twice (new token ids, same lengths) and first/second compared.
+Traffic is sent to one launch at a time (a lock), so timings of launches sharing the GPU do not
+contend with each other's requests (their startups do overlap).
+
+Prebaked comparison (two calls on one machine, /tmp kept between them):
+  --prebake           bring every launch to ready (the plan launches through their warm-up),
+                      record it, stop: no traffic.  Each launch's cache then holds what its own
+                      startup compiled, as a cache volume or a prebaked image would.
+  --seed B=eager      before launching B, copy /tmp/dsv4_eager/cache to B's cache (if B has none)
 
 Does not use the ``warmup`` package.  Writes, under --out (at most 8 files come back):
   dsv4_smoke.json       everything measured (rewritten after each phase, so a timeout keeps it)
@@ -167,7 +179,7 @@ def server_argv(kind: str, port: int, mem_frac: float = 0.5) -> list[str]:
          "--max-total-tokens", "262144", "--sampling-backend", "pytorch",
          "--grammar-backend", "none", "--mm-feature-transport", "cpu",
          "--watchdog-timeout", "600", "--log-level", "info"]
-    if kind in ("bcg", "tp2"):
+    if kind in ("bcg", "tp2", "planbcg"):
         a += ["--cuda-graph-backend-prefill", "breakable",
               "--cuda-graph-bs-prefill", *map(str, PREFILL_BUCKETS),
               "--cuda-graph-max-bs-prefill", str(max(PREFILL_BUCKETS))]
@@ -177,8 +189,12 @@ def server_argv(kind: str, port: int, mem_frac: float = 0.5) -> list[str]:
             a += ["--cuda-graph-prefill-max-context", str(GRAPH_CONTEXT)]
         if has_flag("cuda_graph_max_seq_len_prefill"):
             a += ["--cuda-graph-max-seq-len-prefill", str(GRAPH_CONTEXT)]
-    elif kind in ("eager", "plan"):
+    elif kind in ("eager", "plan", "sgw", "mixed"):
         a += ["--disable-prefill-cuda-graph"]
+        if kind == "sgw":
+            a += ["--warmups", "prefill_shapes"]
+        if kind == "mixed":
+            a += ["--enable-mixed-chunk"]
     elif kind == "quick":
         # Fastest cold start: no graphs, no startup warm-up request, Triton FP8 GEMMs instead of
         # DeepGEMM's nvcc JIT (the indexer still JIT-builds its DeepGEMM kernels), and the mHC
@@ -189,6 +205,10 @@ def server_argv(kind: str, port: int, mem_frac: float = 0.5) -> list[str]:
         a += ["--tp", "2"]
         a[a.index("--cuda-graph-max-bs-decode") + 1] = "16"  # --cuda-graph-max-bs 16 at TP 2
     return a
+
+
+PLAN_KINDS = ("plan", "planbcg", "mixed")
+TRAFFIC_LOCK = threading.Lock()
 
 
 def plan_argv(argv: list[str], base: Path) -> list[str]:
@@ -232,7 +252,7 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = self.base / "server.log"
         self.argv = server_argv(kind, port, mem_frac)
-        if kind == "plan":
+        if kind in PLAN_KINDS:
             self.argv = plan_argv(self.argv, self.base)
         # One JIT cache for all launches of a run (DeepGEMM, SGLang's JIT and TileLang lock or
         # write atomically): what one launch compiles, the others load.  --separate-caches:
@@ -240,7 +260,7 @@ class Server:
         self.cache = (self.base / "cache" if env.get("DSV4_SEPARATE_CACHES") == "1"
                       else Path(env.get("DSV4_SMOKE_CACHE", "/tmp/dsv4_cache")))
         e = dict(env, CUDA_VISIBLE_DEVICES=gpus, **cache_env(self.cache))
-        if kind == "plan":
+        if kind in PLAN_KINDS:
             e["WARMUP_STATE_DIR"] = str(self.base / "state")
         if kind == "quick":
             e["SGLANG_DSV4_MHC_PREWARM"] = "0"
@@ -286,16 +306,25 @@ class Server:
         self.res["not_ready_by_deadline"] = True
         return False
 
-    def generate(self, ids: list[int], max_new: int = 8, timeout: float = 180) -> dict:
+    def generate(self, ids: list[int], max_new: int = 8, timeout: float = 180,
+                 sampling: dict | None = None, extra: dict | None = None) -> dict:
         timeout = max(5.0, min(timeout, DEADLINE - time.time() - 8))
-        body = json.dumps({"input_ids": ids, "sampling_params": {
-            "max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}).encode()
+        sp = {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True, **(sampling or {})}
+        body = json.dumps({"input_ids": ids, "sampling_params": sp, **(extra or {})}).encode()
         req = urllib.request.Request(self.url + "/generate", data=body,
                                      headers={"Content-Type": "application/json"})
         t = time.time()
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
-                out = json.loads(r.read())
+                raw = r.read()
+            if (extra or {}).get("stream"):  # SSE: the last "data: {...}" line before [DONE]
+                chunks = [ln[6:] for ln in raw.decode().splitlines()
+                          if ln.startswith("data: {")]
+                out = json.loads(chunks[-1]) if chunks else {}
+            else:
+                out = json.loads(raw)
+            if isinstance(out, list):  # n > 1
+                out = out[0] if out else {}
             ms = round((time.time() - t) * 1000, 1)
             mi = out.get("meta_info", {}) if isinstance(out, dict) else {}
             return {"ms": ms, "in": len(ids), "out_ids": (out.get("output_ids") or [])[:4],
@@ -316,6 +345,19 @@ class Server:
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 except Exception:  # noqa: BLE001
                     pass
+
+    def mixed_batches(self) -> dict:
+        """SGLang logs a MIXED forward (mixed chunk: a prefill chunk carrying the running
+        decoders) as a "Prefill batch" line with #running-req > 0."""
+        try:
+            txt = self.log_path.read_text(errors="replace")
+        except OSError:
+            return {}
+        pat = re.compile(r"Prefill batch.*?#new-token: (\d+).*?#running-req: (\d+)")
+        rows = [(int(m[1]), int(m[2])) for m in pat.finditer(txt)]
+        mixed = [r for r in rows if r[1] > 0]
+        return {"prefill_batches": len(rows), "with_running": len(mixed),
+                "max_running": max((r[1] for r in mixed), default=0), "first": mixed[:12]}
 
     def log_excerpt(self) -> str:
         try:
@@ -346,9 +388,21 @@ def traffic(s: Server, deadline: float, seed: int = 1234, key: str = "requests")
         return [rng.randrange(1000, 65535) for _ in range(n)]
 
     base8k = rand_ids(8192)
+    sampled = {"temperature": 0.7, "top_p": 0.9, "top_k": 40}
     plan = [("short_16", rand_ids(16)), ("short_300", rand_ids(300)), ("p8k", base8k),
             ("p20k_past_16k_ctx", rand_ids(20000)), ("prefix_hit_8k+200", base8k + rand_ids(200)),
-            ("repeat_short_16", None), ("repeat_8k_new_ids", rand_ids(8192))]
+            ("repeat_short_16", None), ("repeat_8k_new_ids", rand_ids(8192)),
+            # chat lengths with the model's sampling family, and the request features
+            ("chat_sampled_733", rand_ids(733), {"sampling": sampled, "max_new": 32}),
+            ("chat_sampled_1501", rand_ids(1501), {"sampling": sampled, "max_new": 16}),
+            ("logprobs_from_0_611", rand_ids(611),
+             {"extra": {"return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 5}}),
+            ("logprobs_offset_2000", rand_ids(2000),
+             {"extra": {"return_logprob": True, "logprob_start_len": 1000, "top_logprobs_num": 20}}),
+            ("n2_sampled_411", rand_ids(411), {"sampling": dict(sampled, n=2), "max_new": 16}),
+            ("stream_stop_389", rand_ids(389),
+             {"sampling": {"stop_token_ids": [7]}, "extra": {"stream": True}, "max_new": 16}),
+            ("long_decode_300", rand_ids(300), {"max_new": 400})]
     conc_sizes = [512, 1000, 2000, 3000]
     if s.kind == "quick":  # a cold eager server compiles per new shape: keep the list short
         base2k = rand_ids(2000)
@@ -358,13 +412,14 @@ def traffic(s: Server, deadline: float, seed: int = 1234, key: str = "requests")
     reqs: dict = {}
     s.res[key] = reqs
     first_short = plan[0][1]
-    for name, ids in plan:
+    plan = [tuple(p) for p in plan]
+    for name, ids, *kw in plan:
         if time.time() > deadline - 20:
             reqs[name] = {"skipped": "budget"}
             continue
         if ids is None:
             ids = first_short
-        reqs[name] = s.generate(ids)
+        reqs[name] = s.generate(ids, **(kw[0] if kw else {}))
         log(f"{s.name} {name}: {reqs[name]}")
         save()
     if time.time() < deadline - 30:
@@ -399,7 +454,10 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=500.0)
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--separate-caches", action="store_true")
+    ap.add_argument("--prebake", action="store_true", help="ready, record, stop: no traffic")
+    ap.add_argument("--seed", default="", help="NAME=FROM,...: copy FROM's cache to NAME's first")
     a = ap.parse_args()
+    RESULT["mode"] = "prebake" if a.prebake else "traffic"
     if a.separate_caches:
         os.environ["DSV4_SEPARATE_CACHES"] = "1"
     OUT = Path(a.out)
@@ -412,6 +470,13 @@ def main() -> None:
         gen_model(env)
         log(f"model written in {RESULT['phases']['gen_model_s']} s")
         save()
+        for pair in filter(None, a.seed.split(",")):
+            name, _, src = pair.partition("=")
+            dst, frm = Path(f"/tmp/dsv4_{name}/cache"), Path(f"/tmp/dsv4_{src}/cache")
+            if frm.exists() and not dst.exists():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                subprocess.run(["cp", "-a", str(frm), str(dst)], check=True)
+                RESULT.setdefault("seeded", {})[name] = src
         port = 30000
         specs = [s.partition(":")[::2] for s in a.launches.split(",")]
         per_gpu: dict[str, int] = {}
@@ -443,11 +508,17 @@ def main() -> None:
             ok = s.wait_ready(deadline - min(40.0, 0.1 * a.budget))
             log(f"{s.name}: ready={ok} after {s.res.get('ready_s', s.res.get('died_after_s'))} s")
             save()
+            if ok and a.prebake:
+                s.stop()
+            elif ok:
+                with TRAFFIC_LOCK:
+                    s.res["traffic_start_s"] = round(time.time() - s.t0, 1)
+                    traffic(s, deadline)
+                    for n in range(2, a.passes + 1):
+                        if time.time() < deadline - 30:
+                            traffic(s, deadline, seed=1234 + n, key=f"requests_pass{n}")
             if ok:
-                traffic(s, deadline)
-                for n in range(2, a.passes + 1):
-                    if time.time() < deadline - 30:
-                        traffic(s, deadline, seed=1234 + n, key=f"requests_pass{n}")
+                s.res["mixed_batches"] = s.mixed_batches()
                 rep = s.base / "report.json"
                 if rep.exists():
                     s.res["warmup_report"] = json.loads(rep.read_text())

@@ -60,9 +60,13 @@ def test_dsv4_plan_reproduces_pr44627_classes():
     assert lens("chunked_prompt") == [8192 + 219]                                   # class 2
     assert lens("prefix_hits") == [4096, 4097, 4096 + 37, 4096 + 4096 + 37]         # class 3
     assert [len(s.requests) for s in by["concurrent_prefills"]] == [2, 4]           # class 4
-    assert sorted({len(s.requests) for s in by["batched_extends"]}) == list(range(1, 17))  # class 5
+    # class 5: the PR sends every batch size 1-16; the kernels key on next_power_of_2(bs) and on
+    # the Triton integer class of bs, so each power-of-two range's top and one "other" size do
+    sizes = sorted({len(s.requests) for s in by["batched_extends"]})
+    assert sizes == [1, 2, 3, 4, 7, 8, 15, 16]
+    assert {1 << (b - 1).bit_length() for b in sizes} == {1, 2, 4, 8, 16}
     totals = [sum(r.input_len for r in s.requests) % 16 == 0 for s in by["batched_extends"]]
-    assert totals.count(True) == totals.count(False) == 16                          # both token classes
+    assert totals.count(False) >= len(sizes) - 1 and totals.count(True) >= len(sizes)  # both token classes
     assert [len(s.requests) for s in by["eager_decode"]] == [9, 15, 16]             # class 7
     # class 8: a prompt 219 past the 262,144 bucket, then extends that compute exactly 1, 37
     # and 4,133 tokens on its page-aligned radix hit (page 256: the hit is 262,144).
