@@ -94,6 +94,13 @@ def _batch_buckets(buckets: Any, lo_size: int, cap: int) -> list[int]:
     return sorted(x for x in out if lo_size <= x <= cap)
 
 
+def _scale(xs: Any, k: int, b: int) -> list[int]:
+    """``[x * k + b for x in xs]``: sizes in other units (widths in tokens, say)."""
+    if not isinstance(xs, (list, tuple)):
+        raise ExprEvalError(f"scale() needs a list as its first argument, not {xs!r}")
+    return [int(x) * int(k) + int(b) for x in xs]
+
+
 def _seq_or_args(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
         if len(args) == 1 and isinstance(args[0], (list, tuple)):
@@ -120,6 +127,8 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], int | None]] = {
     "abs": (abs, 1),
     # batch_buckets(decode_graph_bs, lo, hi): a few batch sizes per power-of-two range in [lo, hi]
     "batch_buckets": (_batch_buckets, 3),
+    # scale(xs, k, b): every item of a list times k plus b
+    "scale": (_scale, 3),
     # default(x, y): x, or y when x is not set on this server (x is evaluated lazily)
     "default": (lambda x, y: x, 2),
 }

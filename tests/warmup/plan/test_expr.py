@@ -50,7 +50,7 @@ def test_eval_errors(text, message):
 
 @pytest.mark.parametrize("text,message", [
     ("open('x')", "only the functions abs, align_down, align_up, batch_buckets, ceil_div, default, "
-                  "len, max, min, next_pow2, odd may be called"),
+                  "len, max, min, next_pow2, odd, scale may be called"),
     ("c + 1", "unknown name 'c'"),
     ("a.real", "'Attribute' is not allowed in plan expressions"),
     ("[x for x in [1]]", "'ListComp' is not allowed in plan expressions"),
@@ -93,6 +93,17 @@ def test_a_list_fact_above_the_list_limit_is_refused():
         E.parse("max(xs)", {"xs"}).evaluate({"xs": list(range(E.MAX_LIST + 1))})
     # The list is a fact, not built by the expression: it is checked where it is used.
     assert str(info.value) == f"a list of {E.MAX_LIST + 1} items is above the limit of {E.MAX_LIST}"
+
+
+def test_scale_maps_a_list_and_stays_bounded():
+    parse = lambda t: E.parse(t, {"w"})  # noqa: E731
+    assert parse("scale(batch_buckets([], 2, w), 128, 37)").evaluate({"w": 8}) == [
+        293, 421, 549, 933, 1061]
+    assert parse("scale([], 2, 1)").evaluate({"w": 0}) == []
+    with pytest.raises(E.ExprEvalError, match=r"scale\(\) needs a list as its first argument, not 3"):
+        parse("scale(w, 2, 1)").evaluate({"w": 3})
+    with pytest.raises(E.ExprEvalError, match="beyond ±2\\^40"):
+        parse("scale([w], 2 ** 39, 0)").evaluate({"w": 1 << 20})
 
 
 @pytest.mark.parametrize("buckets,lo,cap,expected", [

@@ -18,7 +18,7 @@ phases:
 """
 EXPR_HINT = ("expressions use integers, + - * // %, comparisons, and/or/not, x if c else y, server "
              "facts and: abs, align_down, align_up, batch_buckets, ceil_div, default, len, max, min, "
-             "next_pow2, odd")
+             "next_pow2, odd, scale")
 SIZE_HINT = "a size is a positive integer or an expression such as `chunked_prefill_size + 219`"
 
 CASES = {
@@ -66,7 +66,7 @@ CASES = {
     "function call outside the list": (
         BASE.replace("[1, 219]", "['__import__(1)']"),
         "p.yaml:8: phases[0].shapes[0].lengths[0]: `__import__(1)`: only the functions abs, align_down, "
-        "align_up, batch_buckets, ceil_div, default, len, max, min, next_pow2, odd may be called",
+        "align_up, batch_buckets, ceil_div, default, len, max, min, next_pow2, odd, scale may be called",
         EXPR_HINT),
     "attribute access": (
         BASE.replace("[1, 219]", "['page_size.real']"),

@@ -68,6 +68,12 @@ def test_dsv4_plan_reproduces_pr44627_classes():
     totals = [sum(r.input_len for r in s.requests) % 16 == 0 for s in by["batched_extends"]]
     assert totals.count(False) >= len(sizes) - 1 and totals.count(True) >= len(sizes)  # both token classes
     assert [len(s.requests) for s in by["eager_decode"]] == [9, 15, 16]             # class 7
+    # the ratio-128 index combine kernel keys on next_power_of_2(seq_len // 128) and on the
+    # integer class of seq_len // 128: every power-of-two range up to long_cap, "other" in each
+    widths = [n // 128 for n in lens("c128_widths")]
+    assert {1 << (w - 1).bit_length() for w in widths} == {2 ** j for j in range(1, 10)}
+    assert all(any(w % 16 and p // 2 < w <= p for w in widths) for p in (4, 8, 16, 32, 64, 128, 256, 512))
+    assert max(lens("c128_widths")) <= 65536 + 128
     # class 8: a prompt 219 past the 262,144 bucket, then extends that compute exactly 1, 37
     # and 4,133 tokens on its page-aligned radix hit (page 256: the hit is 262,144).
     assert lens("past_context_bucket") == [262144 + 219, 262144 + 1, 262144 + 37, 262144 + 4133]

@@ -22,7 +22,7 @@ EXPR_MEMORY_BUDGET = 2 * 1024 * 1024
 
 _TOKENS = ["1", "0", "16", "219", "10", "40", "64", "2", "-", "+", "*", "//", "%", "**", "(", ")",
            "[", "]", ",", "<", "==", "and", "or", "not", "if", "else", "in", "min(", "max(",
-           "len(", "odd(", "align_up(", "ceil_div(", "next_pow2(", "default(", "batch_buckets(",
+           "len(", "odd(", "align_up(", "ceil_div(", "next_pow2(", "default(", "batch_buckets(", "scale(",
            "page_size", "chunked_prefill_size", "decode_graph_bs", "max_running_requests",
            "context_length", "x", "True", "9999999999", "'a'", "lambda", ".", "__class__"]
 
