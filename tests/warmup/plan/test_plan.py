@@ -395,3 +395,37 @@ def test_shipped_plans_warm_every_request_feature():
         starts = {dict(r.features).get("logprob_start_len") for s in exp.steps for r in s.requests}
         assert 0 in starts and any(v for v in starts if v), name
         assert max(r.max_new_tokens for s in exp.steps for r in s.requests) >= 512, name
+
+
+def _c128_key(seq_len: int) -> tuple[int, str]:
+    """What the ratio-128 index combine kernel (``_combine_topk_swa_indices_kernel``, built in
+    SGLang's ``ensure_c128``) is specialized on: ``PADDED_TOP_K = next_power_of_2(w)`` and the
+    Triton integer class of the row stride ``w = max(max_seq_len // 128, 1)``."""
+    w = max(seq_len // 128, 1)
+    return 1 << (w - 1).bit_length(), "1" if w == 1 else "div16" if w % 16 == 0 else "other"
+
+
+@pytest.mark.parametrize("flags", [
+    None,  # PR #44627's launch
+    ("--model-path", "deepseek-ai/DeepSeek-V4.1-Flash", "--chunked-prefill-size", "4096",
+     "--max-running-requests", "16", "--cuda-graph-max-bs-decode", "8",
+     "--disable-prefill-cuda-graph", "--context-length", "131072"),  # the H200 run's
+])
+def test_dsv4_plan_meets_every_c128_key_of_a_prompt_up_to_long_cap(flags):
+    """On the H200 every Triton kernel compiled after ready under this plan was that combine
+    kernel, at a width the plan's prompts had not reached.  Now any one prompt up to long_cap
+    (its chunk boundaries and its last chunk) meets only keys that the warm-up met before."""
+    facts = _facts_cache.pr44627() if flags is None else _facts_cache.resolve(flags)
+    exp = expand(loader.load(PLANS["dsv4"]), facts)
+    chunk = facts.chunked_prefill_size
+
+    def keys(n: int, chunked: bool = True) -> set:
+        ends = [min(k * chunk, n) for k in range(1, -(-n // chunk) + 1)] if chunked else [n]
+        return {_c128_key(e) for e in ends}
+
+    met = set().union(*(keys(r.input_len, s.kind in ("chunked", "extend"))
+                        for s in exp.steps for r in s.requests))
+    cap = min(facts.max_input_len - 64, 65536)
+    lengths = [*range(1, cap + 1, 29), *(m * 128 + d for m in range(1, cap // 128) for d in (0, 127))]
+    missing = sorted({n for n in lengths if n <= cap and not keys(n) <= met})
+    assert not missing, f"{len(missing)} prompt lengths meet a new key, e.g. {missing[:5]}"
