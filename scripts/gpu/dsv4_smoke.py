@@ -5,7 +5,7 @@ GPU at once, then a handful of /generate requests with ``input_ids`` against eac
 
     python3 scripts/gpu/dsv4_smoke.py --out $OUT [--launches bcg:0,eager:1] [--budget 500]
 
-Launch kinds (``name:gpu``; names may repeat a kind with a suffix, e.g. ``bcg2:1``):
+Launch kinds (``name:gpu``; a name is a kind with any suffix, e.g. ``bcg2:1``, ``eagerb:0``):
   bcg    --cuda-graph-backend-prefill breakable with explicit token buckets (SGLang disables the
          prefill graph for DeepSeek-V4 unless the backend is given explicitly)
   eager  --disable-prefill-cuda-graph (decode graphs kept): DSv4's default state
@@ -208,6 +208,16 @@ def server_argv(kind: str, port: int, mem_frac: float = 0.5) -> list[str]:
 
 
 PLAN_KINDS = ("plan", "planbcg", "mixed")
+KINDS = ("bcg", "eager", "tp2", "quick", "sgw", "plan", "planbcg", "mixed")
+
+
+def kind_of(name: str) -> str:
+    """A launch's kind: the longest kind its name starts with (``eager2``, ``eagerb``: eager;
+    ``planbcg``: planbcg), so that a second launch of a kind gets a cache of its own."""
+    kinds = [k for k in KINDS if name.startswith(k)]
+    if not kinds:
+        raise SystemExit(f"--launches: {name!r} names no kind ({', '.join(KINDS)})")
+    return max(kinds, key=len)
 TRAFFIC_LOCK = threading.Lock()
 
 
@@ -484,7 +494,7 @@ def main() -> None:
             for g in ("0,1" if name.startswith("tp2") else gpu).split(","):
                 per_gpu[g] = per_gpu.get(g, 0) + 1
         for name, gpu in specs:
-            kind = re.sub(r"\d+$", "", name)
+            kind = kind_of(name)
             gpus = "0,1" if kind == "tp2" else gpu
             # launches sharing a GPU split its memory (and its cores: timings are contended)
             frac = round(min(0.45, 0.6 / max(per_gpu[g] for g in gpus.split(","))), 2)
