@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -23,9 +24,24 @@ def installed(tmp_path_factory) -> Path:
     """A fresh virtual environment holding the wheel and its three dependencies only."""
     root = tmp_path_factory.mktemp("wheel")
     dist = root / "dist"
+    # Built from a copy of the tracked sources: pip builds a local directory in place, and a
+    # build/ left in the checkout would put modules that no longer exist into the wheel.
+    src = root / "src"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, check=True,
+                             capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(dist), str(REPO)], check=True, cwd=root)
+                    "--no-build-isolation", "-w", str(dist), str(src)], check=True, cwd=root)
     (wheel,) = dist.glob("sglang_warmup-*.whl")
+    names = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(wheel)], check=True,
+                           capture_output=True, text=True).stdout
+    packaged = {line.split()[0] for line in names.splitlines()[1:]
+                if line.split() and line.split()[0].endswith(".py")}
+    sources = {n for n in tracked if n.endswith(".py") and n.split("/")[0] in ("warmup", "cache_tools")}
+    assert packaged == sources, f"the wheel's modules differ from the tree's: {packaged ^ sources}"
     env_dir = root / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     pip = [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q",
