@@ -14,7 +14,7 @@ Launch kinds (``name:gpu``; a name is a kind with any suffix, e.g. ``bcg2:1``, `
          shortest cold start (for a short device call)
   sgw    eager with SGLang's own ``--warmups prefill_shapes``
   plan   eager, launched by ``sglang-warmup serve --plan deepseek_v4_serving_shapes`` (the project
-         installed from the wheel carried in .carry/wheel/): the DSv4 plan warmed before ready
+         installed from the wheel carried in .carry/wheel/, built by build_wheel.sh): the DSv4 plan warmed before ready
   planbcg  bcg through ``sglang-warmup serve`` with the DSv4 plan
   mixed  plan with ``--enable-mixed-chunk``: the mixed class runs; the log's prefill batches that
          carried running decoders (SGLang's MIXED forward mode) are counted

@@ -66,7 +66,7 @@ def setup() -> dict[str, str]:
                 tf.extractall(dest)
     global INSTALLED_FROM
     if not OURS.exists():
-        # A wheel built beforehand (pip wheel --no-deps -w .carry/wheel .) installs without a
+        # A wheel built beforehand (scripts/gpu/build_wheel.sh) installs without a
         # build backend; otherwise build from the checkout with the host's setuptools.
         wheels = sorted((carry / "wheel").glob("sglang_warmup-*.whl"))
         src = str(wheels[-1]) if wheels else str(ROOT)

@@ -23,7 +23,7 @@ compiling on the CPUs meanwhile (noted in the result).  Every wait is bounded by
 ``OUT/sidecar_prebake.json`` and six short logs (seven files).
 
 Needs what e2e_warmup.py needs (``.carry/`` from scripts/gpu/build_carry.sh) and a wheel of this
-checkout in ``.carry/wheel/`` that contains ``warmup/sidecar.py`` (rebuild it after pulling).
+checkout in ``.carry/wheel/`` (``bash scripts/gpu/build_wheel.sh``; rebuild it after pulling).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def main() -> None:
         import warmup.sidecar.machine  # noqa: F401
     except ImportError as exc:
         sys.exit(f"sglang-warmup without the sidecar/prebake: {exc}; rebuild .carry/wheel "
-                 "(pip wheel --no-deps -w .carry/wheel .) and remove /tmp/ours")
+                 "(bash scripts/gpu/build_wheel.sh) and remove /tmp/ours")
     from cache_tools import locations
 
     log("setup done")
