@@ -173,6 +173,7 @@ class FakeTokenizerManager:
         self.flush_fail_ranks: set[int] = set()
         self.flush_requests: list[Any] = []
         self.events_at_flush: int | None = None
+        self.gc_frozen_after: int | None = None  # events seen when freeze_gc was called
         self.loop_calls = 0
         self.on_admit: Callable[[SeenItem], None] | None = None  # runs as each item is admitted
 
@@ -188,6 +189,11 @@ class FakeTokenizerManager:
                                    "token_capacity": self.max_total_num_tokens,
                                    "token_capacity_swa": None, "graph": {}})
                 for _ in range(self.dp_ranks)]
+
+    async def freeze_gc(self) -> None:
+        """SGLang's TokenizerManager.freeze_gc (the schedulers and this process): recorded."""
+        self.gc_frozen_after = len(self.events)
+        await asyncio.sleep(0)
 
     async def flush_cache_communicator(self, req: Any) -> list[Any]:
         from sglang.srt.managers.io_struct import FlushCacheReqOutput

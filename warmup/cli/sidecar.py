@@ -27,6 +27,10 @@ def sidecar_command(
     second_pass: bool = typer.Option(False, "--second-pass",
                                      help="ready only once a second pass of the plan compiles "
                                           "nothing (needs a state directory shared with SGLang)"),
+    freeze_gc: Optional[bool] = typer.Option(None, "--freeze-gc/--no-freeze-gc",
+                                             help="before /ready turns 200, freeze SGLang's "
+                                                  "Python GC (POST /freeze_gc; default: "
+                                                  "WARMUP_FREEZE_GC)"),
     exit_on_failure: bool = typer.Option(False, "--exit-on-failure/--stay",
                                          help="after a failed warm-up: exit with status 1, or "
                                               "stay with /ready at 503 (default)"),
@@ -58,6 +62,7 @@ def sidecar_command(
     config = SidecarConfig(
         plan=str(plan), url=url, port=port, host=host, deadline_s=deadline,
         second_pass=second_pass, exit_on_failure=exit_on_failure, state_dir=sdir, mp_dir=mp_dir,
+        freeze_gc=settings.FREEZE_GC.get() if freeze_gc is None else freeze_gc,
         startup_budget_s=startup_budget,
         request_timeout_s=request_timeout if request_timeout is not None
         else settings.REQUEST_TIMEOUT_S.get(),

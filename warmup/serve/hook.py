@@ -255,7 +255,21 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
             _write_report(result.to_dict(), report_path)
             for line in render(report).splitlines():
                 logger.info("%s", line)
+    if settings.FREEZE_GC.get():
+        await _freeze_gc(transport)
     logger.info("sglang-warmup: %s finished in %.1f s", entry, time.perf_counter() - t0)
+
+
+async def _freeze_gc(transport: Any) -> None:
+    """After the warm-up: SGLang's own freeze_gc, so that no full collection over the objects
+    the start and the warm-up left lands in serving.  A failure is a warning: the server is warm."""
+    try:
+        await transport.freeze_gc()
+    except Exception as exc:
+        logger.warning("sglang-warmup: freezing the garbage collector failed: %s", exc)
+    else:
+        logger.info("sglang-warmup: garbage collector frozen (tokenizer manager, schedulers, "
+                    "detokenizer)")
 
 
 def _write_report(document: dict[str, Any], report_path: str) -> None:

@@ -7,7 +7,8 @@ exponential backoff).  On top: :meth:`~HttpClient.probe` (never raises, for heal
 :meth:`~HttpClient.server_info` (``/server_info``, falling back to ``/get_server_info`` on
 servers that predate it), :meth:`~HttpClient.generate` (an ``{"error": ...}`` body is an error
 even with HTTP 200, as a proxy in front of SGLang answers), :meth:`~HttpClient.stream` (SSE) and
-:meth:`~HttpClient.flush`.  :func:`wait_for_health` probes with backoff until a deadline.
+:meth:`~HttpClient.flush` and :meth:`~HttpClient.freeze_gc`.  :func:`wait_for_health` probes
+with backoff until a deadline.
 
 Text that comes from the server is shown through :func:`printable`: control characters are
 escaped, never echoed raw into an error line or a log.  Standard library only (the sidecar's
@@ -343,3 +344,12 @@ class HttpClient:
                                  hint=self.hint(status, "the server was not idle in time; see "
                                                         "its log"))
         return snippet(payload) or "flushed"
+
+    def freeze_gc(self) -> None:
+        """``POST /freeze_gc``: SGLang freezes the garbage collector of its tokenizer manager,
+        schedulers and detokenizer (what is alive is never scanned again)."""
+        status, payload = self.request("POST", "/freeze_gc")
+        if status != 200:
+            raise TransportError(f"/freeze_gc answered HTTP {status}: {snippet(payload)}",
+                                 hint=self.hint(status, "this SGLang may have no /freeze_gc; "
+                                                        "leave --freeze-gc off"))

@@ -42,7 +42,7 @@ class Launch:
 def plan_launch(plan_path: str, sglang_args: list[str], *, report: str | None = None,
                 lenient: bool = False, state_dir: str | None = None, name: str | None = None,
                 second_pass: bool = False, skip_families: tuple[str, ...] = (),
-                environ: dict[str, str] | None = None, python: str = sys.executable) -> Launch:
+                freeze_gc: bool = False, environ: dict[str, str] | None = None, python: str = sys.executable) -> Launch:
     """Validate the plan and the install and compute the command and environment.  Writes
     nothing (``serve --dry-run`` prints exactly this)."""
     plan = loader.load(plan_path)  # a bad plan fails here, before any GPU is touched
@@ -69,7 +69,7 @@ def plan_launch(plan_path: str, sglang_args: list[str], *, report: str | None = 
         state_dir=str(sdir), multiprocess_dir=theirs or str(sdir / "prometheus"),
         plan=str(Path(plan.file).resolve()), name=entry, lenient=lenient,
         second_pass=second_pass, report=str(Path(report).resolve()) if report else None,
-        skip_families=skip_families))
+        skip_families=skip_families, freeze_gc=freeze_gc))
     args = list(sglang_args)
     ensure_listed(entry, args)
     return Launch(argv=[python, "-m", "sglang.launch_server", *args], env=env, name=entry,

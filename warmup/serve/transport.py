@@ -224,6 +224,17 @@ class InProcessTransport:
                                  hint="the warm-up left requests running; see the scheduler log")
         return f"flushed on {len(results)} rank(s)"
 
+    async def freeze_gc(self) -> None:
+        """SGLang's ``freeze_gc``: the schedulers (and the detokenizer) freeze their garbage
+        collector, then the tokenizer manager freezes its own."""
+        freeze = getattr(self.tm, "freeze_gc", None)
+        if freeze is None:
+            raise TransportError("this SGLang has no freeze_gc (TokenizerManager.freeze_gc)",
+                                 hint="unset WARMUP_FREEZE_GC, or use an SGLang that has /freeze_gc")
+        if hasattr(self.tm, "auto_create_handle_loop"):
+            self.tm.auto_create_handle_loop()
+        await freeze()
+
     async def close(self) -> None:
         return None
 
@@ -367,6 +378,9 @@ class HttpTransport:
 
     async def flush(self, timeout_s: float) -> str:
         return await _in_thread(self.client.flush, timeout_s, self.flush_slack_s)
+
+    async def freeze_gc(self) -> None:
+        await _in_thread(self.client.freeze_gc)
 
     async def close(self) -> None:
         return None

@@ -210,6 +210,7 @@ class Sidecar:
                 "deadline_s": cfg.deadline_s,
                 "startup_budget_s": cfg.startup_budget_s,
                 "second_pass": cfg.second_pass,
+                "freeze_gc": cfg.freeze_gc,
                 "exit_on_failure": cfg.exit_on_failure,
                 "state_dir": cfg.state_dir,
                 "multiprocess_dir": cfg.mp_dir,
@@ -351,6 +352,8 @@ class Sidecar:
             outcome = self._verify(result)
             if outcome != "ready":
                 return outcome
+        if cfg.freeze_gc:
+            self._freeze_gc(transport)
         warm_s = time.time() - t0
         with self._lock:
             self._reason, self._hint = None, None
@@ -361,6 +364,16 @@ class Sidecar:
         self._event("ready", f"ready: /ready answers 200 (warm-up {warm_s:.1f} s, "
                     f"{exp.num_requests * passes} requests{extra})")
         return "ready"
+
+    def _freeze_gc(self, transport: SidecarTransport) -> None:
+        """SGLang's /freeze_gc once warm; a failure is a warning (the server is warm anyway)."""
+        try:
+            transport.client.freeze_gc()
+        except WarmupError as exc:
+            self._event(None, f"freezing the garbage collector failed: {exc.message}",
+                        level=logging.WARNING)
+        else:
+            self._event(None, "garbage collector frozen (POST /freeze_gc)")
 
     def _drive(self, transport: SidecarTransport, exp: Expansion, attempt: int) -> Passes:
         """The plan's passes (the second with ``second_pass``) through the one second-pass

@@ -154,6 +154,32 @@ def test_sglang_runs_the_plan_with_the_environment_settings(sglang_warmups, tiny
     assert third.items[0].input_ids != first.items[0].input_ids
 
 
+def test_the_gc_is_frozen_after_the_warmup_and_its_flush(sglang_warmups, tiny_plan_path,
+                                                        fake_tokenizer_manager, monkeypatch, caplog):
+    hook.register(tiny_plan_path)
+    tm = fake_tokenizer_manager()
+    asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
+    assert tm.gc_frozen_after is None  # off by default
+    monkeypatch.setenv("WARMUP_FREEZE_GC", "1")
+    tm = fake_tokenizer_manager()
+    with caplog.at_level(logging.INFO):
+        asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
+    assert tm.gc_frozen_after == len(tm.events) and tm.events_at_flush <= tm.gc_frozen_after
+    assert ("sglang-warmup: garbage collector frozen (tokenizer manager, schedulers, detokenizer)"
+            in [r.getMessage() for r in caplog.records])
+
+    async def broken() -> None:
+        raise RuntimeError("scheduler gone")
+
+    tm = fake_tokenizer_manager()
+    tm.freeze_gc = broken
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))  # still starts
+    assert ("sglang-warmup: freezing the garbage collector failed: scheduler gone"
+            in [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING])
+
+
 def test_a_failed_warmup_fails_sglangs_startup(sglang_warmups, tiny_plan_path, fake_tokenizer_manager,
                                                warmup_isolated):
     hook.register(tiny_plan_path)

@@ -67,6 +67,15 @@ def test_families_turned_off_reach_the_server(tiny_plan_path, tmp_path):
     assert spec.env["WARMUP_SKIP_FAMILIES"] == "logprobs,stream"
 
 
+def test_freeze_gc_and_the_second_pass_reach_the_server(tiny_plan_path, tmp_path):
+    spec = launch.plan_launch(str(tiny_plan_path), ["--model-path", "m"], state_dir=str(tmp_path),
+                              environ={}, freeze_gc=True, second_pass=True)
+    assert (spec.env["WARMUP_FREEZE_GC"], spec.env["WARMUP_SECOND_PASS"]) == ("1", "1")
+    plain = launch.plan_launch(str(tiny_plan_path), ["--model-path", "m"], state_dir=str(tmp_path),
+                               environ={})
+    assert "WARMUP_FREEZE_GC" not in plain.env and "WARMUP_SECOND_PASS" not in plain.env
+
+
 def test_build_merges_into_an_existing_warmups_list(tiny_plan_path, tmp_path):
     spec = launch.plan_launch(str(tiny_plan_path), ["--model-path", "m", "--warmups=prefill_shapes"],
                         state_dir=str(tmp_path / "s"), environ={}, name="prod", lenient=True)

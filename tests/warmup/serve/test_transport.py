@@ -180,6 +180,38 @@ def test_flush_falls_back_to_flush_cache_without_the_communicator():
     assert tm.calls == [3]
 
 
+# --- freeze_gc -------------------------------------------------------------------------------------
+def test_in_process_freeze_gc_is_sglangs_own(fake_tokenizer_manager):
+    tm = fake_tokenizer_manager()
+    asyncio.run(InProcessTransport(tm, vocab_size=VOCAB).freeze_gc())
+    assert tm.gc_frozen_after == 0
+
+
+def test_in_process_freeze_gc_without_it_in_sglang_is_one_error():
+    class OlderTokenizerManager:
+        model_config = None
+
+    with pytest.raises(TransportError, match=r"^this SGLang has no freeze_gc") as err:
+        asyncio.run(InProcessTransport(OlderTokenizerManager()).freeze_gc())
+    assert "WARMUP_FREEZE_GC" in err.value.hint
+
+
+def test_the_freeze_gc_both_transports_call_exists_in_sglang():
+    """TokenizerManager.freeze_gc (a coroutine: the schedulers, the detokenizer, then itself) and
+    the /freeze_gc route, in SGLang 0.5.22 and 0.5.23 as installed here (read as source: the
+    tokenizer manager imports fastapi, which the CPU profile does not install)."""
+    import importlib.util
+    from pathlib import Path
+
+    installed = Path(importlib.util.find_spec("sglang").origin).parent
+    newer = Path(__file__).resolve().parents[3] / ".deps" / "sglang-0.5.23" / "sglang"
+    for root in (installed, newer):
+        route = (root / "srt" / "entrypoints" / "http_server.py").read_text()
+        assert '@app.api_route("/freeze_gc", methods=["GET", "POST"])' in route, root
+        manager = (root / "srt" / "managers" / "tokenizer_manager.py").read_text()
+        assert "async def freeze_gc(self)" in manager, root
+
+
 # --- HTTP: a local server speaking SGLang's API ---------------------------------------------------
 class SGLangHttpStandIn:
     """``/health_generate``, ``/server_info`` (+ ``/get_server_info``), ``/generate`` (JSON and
@@ -269,6 +301,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, json.dumps(app.server_info()).encode())
         if path == "/flush_cache":
             return self._flush(urllib.parse.parse_qs(parsed.query))
+        if path == "/freeze_gc":  # SGLang answers an empty 200
+            self.app.call(self.app.tm.freeze_gc())
+            return self._send(200, b"")
         if path == "/generate":
             return self._generate(json.loads(raw))
         return self._send(404, b'{"detail":"Not Found"}')
@@ -519,6 +554,17 @@ def test_http_flush(sglang_http):
     assert err.value.message == "/flush_cache answered HTTP 400: Timed out waiting for idle state."
     assert err.value.hint == "the server was not idle in time; see its log"
     assert sglang_http.queries[-1] == "timeout=2.5"
+
+
+def test_http_freeze_gc(sglang_http):
+    t = HttpTransport(sglang_http.url)
+    asyncio.run(t.freeze_gc())
+    assert sglang_http.hits["/freeze_gc"] == 1 and sglang_http.tm.gc_frozen_after == 0
+    sglang_http.script["/freeze_gc"] = [(404, b'{"detail":"Not Found"}')]
+    with pytest.raises(TransportError) as err:
+        asyncio.run(t.freeze_gc())
+    assert err.value.message == '/freeze_gc answered HTTP 404: {"detail":"Not Found"}'
+    assert err.value.hint == "this SGLang may have no /freeze_gc; leave --freeze-gc off"
 
 
 def test_http_url_must_be_http():

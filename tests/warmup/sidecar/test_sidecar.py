@@ -114,6 +114,7 @@ def test_ready_turns_200_after_the_warmup_and_reports_it(standins, sidecars):
     stats = server.stats()
     assert sorted(stats["prompt_lens"]) == PLAN_PROMPT_LENS
     assert stats["flushes"] == 1
+    assert "/freeze_gc" not in stats["counts"]  # off unless asked for
     assert stats["counts"]["/health_generate"] >= 2  # 503 while starting, then 200
     assert stats["counts"]["/server_info"] == 1
 
@@ -141,6 +142,20 @@ def test_ready_turns_200_after_the_warmup_and_reports_it(standins, sidecars):
     # the in-process phase went warmup -> serving (no state directory configured)
     assert phase.current().phase == "serving"
     assert get(base(sc) + "/nope")[0] == 404
+
+
+@pytest.mark.parametrize("code", [200, 500])
+def test_freeze_gc_runs_once_warm_and_a_refusal_only_warns(standins, sidecars, code):
+    server = standins("--freeze-status", str(code))
+    sc = sidecars(server.url, freeze_gc=True)
+    report = wait_state(sc, "ready")
+    assert server.stats()["counts"]["/freeze_gc"] == 1 and report["freeze_gc"] is True
+    messages = [e["message"] for e in report["timeline"]]
+    expected = ("garbage collector frozen (POST /freeze_gc)" if code == 200 else
+                "freezing the garbage collector failed: /freeze_gc answered HTTP 500: "
+                "Internal Server Error")
+    assert expected in messages
+    assert messages.index(expected) < len(messages) - 1 and messages[-1].startswith("ready: ")
 
 
 def test_the_startup_budget_projection_is_logged(standins, sidecars, caplog):

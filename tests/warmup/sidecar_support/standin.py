@@ -143,6 +143,9 @@ class Handler(BaseHTTPRequestHandler):
             self._generate(n)
         elif path == "/flush_cache":
             self._flush()
+        elif path == "/freeze_gc":  # SGLang answers an empty 200
+            code = self.st.args.freeze_status
+            self._send(code, b"" if code == 200 else b"Internal Server Error", "text/plain")
         else:
             self._send(404, {"detail": "Not Found"})
 
@@ -250,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--generate-error", default=None,
                     help="the Nth /generate answers HTTP 200 with {\"error\": {\"message\": TEXT}}")
     ap.add_argument("--flush-status", type=int, default=200)
+    ap.add_argument("--freeze-status", type=int, default=200)
     ap.add_argument("--hang", action="append", default=[], help="an endpoint path that never answers")
     ap.add_argument("--hang-s", type=float, default=3600.0)
     ap.add_argument("--die-at", type=int, default=0)
