@@ -356,6 +356,26 @@ class Server:
                 except Exception:  # noqa: BLE001
                     pass
 
+    def serving_compiles(self) -> list[dict]:
+        """The compile log's misses after ready (plan launches: the state directory the hooks
+        write), compact: when, which kernel, its specialization key and constexprs, so that the
+        request that met a new key can be named."""
+        out = []
+        for path in sorted((self.base / "state" / "compile_log").glob("*.jsonl")):
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("phase") != "serving" or rec.get("event") not in ("miss", "jit_build"):
+                    continue
+                kernel = rec.get("kernel")
+                name = kernel.get("name") if isinstance(kernel, dict) else rec.get("module_name")
+                out.append({"t": round(float(rec.get("time") or 0) - self.t0, 2), "event": rec["event"],
+                            "kernel": name, "key": str(rec.get("key"))[:600],
+                            "constexprs": str(rec.get("constexprs"))[:300]})
+        return sorted(out, key=lambda r: r["t"])
+
     def mixed_batches(self) -> dict:
         """SGLang logs a MIXED forward (mixed chunk: a prefill chunk carrying the running
         decoders) as a "Prefill batch" line with #running-req > 0."""
@@ -429,7 +449,8 @@ def traffic(s: Server, deadline: float, seed: int = 1234, key: str = "requests")
             continue
         if ids is None:
             ids = first_short
-        reqs[name] = s.generate(ids, **(kw[0] if kw else {}))
+        started = round(time.time() - s.t0, 2)  # to match serving_compiles()' "t"
+        reqs[name] = dict(s.generate(ids, **(kw[0] if kw else {})), t=started)
         log(f"{s.name} {name}: {reqs[name]}")
         save()
     if time.time() < deadline - 30:
@@ -529,6 +550,7 @@ def main() -> None:
                             traffic(s, deadline, seed=1234 + n, key=f"requests_pass{n}")
             if ok:
                 s.res["mixed_batches"] = s.mixed_batches()
+                s.res["serving_compiles"] = s.serving_compiles()
                 rep = s.base / "report.json"
                 if rep.exists():
                     s.res["warmup_report"] = json.loads(rep.read_text())
