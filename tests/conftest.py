@@ -19,3 +19,26 @@ def _repo_root_cwd():
     os.chdir(ROOT)
     yield
     os.chdir(old)
+
+
+@pytest.fixture
+def endpoint_server():
+    """The sidecar's EndpointServer on 127.0.0.1 (a free port) answering every path with 200
+    ``{"path": ...}``; built with ``endpoint_server(**limits)``, shut down afterwards."""
+    import threading
+
+    from warmup.sidecar.endpoints import Answer, EndpointServer, Limits
+
+    started = []
+
+    def start(**limits):
+        srv = EndpointServer("127.0.0.1", 0, lambda path: Answer.json(200, {"path": path}),
+                             limits=Limits(**limits))
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.shutdown()
+        srv.server_close()

@@ -48,7 +48,7 @@ from warmup.plan.model import WarmupRequest, WarmupStep
 from warmup.serve import http as whttp
 from warmup.serve import report
 from warmup.serve.transport import MAX_IN_FLIGHT, HttpTransport
-from warmup.sidecar.endpoints import Answer, EndpointServer, Limits
+from warmup.sidecar.endpoints import Limits
 from warmup.view import documents, html
 
 
@@ -678,23 +678,6 @@ def test_http_stream_line_bytes(local_server, monkeypatch):
 
 
 # --- the sidecar's HTTP server -----------------------------------------------------------------
-@pytest.fixture
-def endpoint_server():
-    started: list[EndpointServer] = []
-
-    def start(**limits: Any) -> EndpointServer:
-        srv = EndpointServer("127.0.0.1", 0, lambda path: Answer.json(200, {"path": path[:8]}),
-                             limits=Limits(**limits))
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        srv.shutdown()
-        srv.server_close()
-
-
 def _exchange(port: int, data: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(data)

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sidecar_support"))
 from harness import PLAN, free_port, get  # noqa: E402
 
 from warmup.sidecar.config import SidecarConfig  # noqa: E402
-from warmup.sidecar.endpoints import Answer, EndpointServer, Limits  # noqa: E402
+from warmup.sidecar.endpoints import Answer, EndpointServer  # noqa: E402
 from warmup.sidecar.machine import Sidecar  # noqa: E402
 
 #: Idle connections opened against the sidecar (the red team used 1,025; 300 keeps CI fast
@@ -33,25 +33,6 @@ def isolated(monkeypatch):
     for name in list(os.environ):
         if name.startswith("WARMUP_") or name == "PROMETHEUS_MULTIPROC_DIR":
             monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def server():
-    """An EndpointServer on 127.0.0.1 answering every path with 200 ``{"path": ...}``; built
-    with ``server(**limits)``, closed afterwards."""
-    started = []
-
-    def start(**limits) -> EndpointServer:
-        srv = EndpointServer("127.0.0.1", 0, lambda path: Answer.json(200, {"path": path}),
-                             limits=Limits(**limits))
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        srv.shutdown()
-        srv.server_close()
 
 
 def connect(port: int) -> socket.socket:
@@ -112,8 +93,8 @@ def test_ready_and_live_answer_within_a_bound_while_hundreds_of_connections_sit_
             s.close()
 
 
-def test_idle_connections_are_closed_after_the_head_timeout(server):
-    srv = server(head_timeout_s=0.5)
+def test_idle_connections_are_closed_after_the_head_timeout(endpoint_server):
+    srv = endpoint_server(head_timeout_s=0.5)
     idle = [connect(srv.server_address[1]) for _ in range(20)]
     t0 = time.monotonic()
     try:
@@ -124,8 +105,8 @@ def test_idle_connections_are_closed_after_the_head_timeout(server):
             s.close()
 
 
-def test_a_request_sent_a_byte_at_a_time_is_closed_at_the_head_timeout(server):
-    srv = server(head_timeout_s=0.6)
+def test_a_request_sent_a_byte_at_a_time_is_closed_at_the_head_timeout(endpoint_server):
+    srv = endpoint_server(head_timeout_s=0.6)
     s = connect(srv.server_address[1])
     request = b"GET /ready HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 100
     t0 = time.monotonic()
@@ -152,8 +133,8 @@ def test_a_request_sent_a_byte_at_a_time_is_closed_at_the_head_timeout(server):
     assert closed_after is not None and 0.5 <= closed_after < 2.0, closed_after
 
 
-def test_an_oversized_request_line_gets_400_and_is_closed(server):
-    srv = server()
+def test_an_oversized_request_line_gets_400_and_is_closed(endpoint_server):
+    srv = endpoint_server()
     s = connect(srv.server_address[1])
     s.sendall(b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
     answer = read_all(s)
@@ -163,8 +144,8 @@ def test_an_oversized_request_line_gets_400_and_is_closed(server):
     assert answer.endswith(b'{\n "error": "request line too long"\n}\n')
 
 
-def test_oversized_headers_get_431_and_are_closed(server):
-    srv = server()
+def test_oversized_headers_get_431_and_are_closed(endpoint_server):
+    srv = endpoint_server()
     s = connect(srv.server_address[1])
     s.sendall(b"GET /ready HTTP/1.1\r\n" + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"b" * 100)
                                                     for i in range(90)) + b"\r\n")
@@ -174,8 +155,8 @@ def test_oversized_headers_get_431_and_are_closed(server):
     assert answer.endswith(b'{\n "error": "request headers too large"\n}\n')
 
 
-def test_headers_that_never_end_get_431_without_waiting_for_the_timeout(server):
-    srv = server(head_timeout_s=30.0)
+def test_headers_that_never_end_get_431_without_waiting_for_the_timeout(endpoint_server):
+    srv = endpoint_server(head_timeout_s=30.0)
     s = connect(srv.server_address[1])
     t0 = time.monotonic()
     s.sendall(b"GET /ready HTTP/1.1\r\nX-Pad: " + b"c" * 9000)
@@ -185,8 +166,8 @@ def test_headers_that_never_end_get_431_without_waiting_for_the_timeout(server):
     assert time.monotonic() - t0 < 5.0
 
 
-def test_past_the_connection_limit_the_oldest_idle_connection_is_dropped(server):
-    srv = server(max_connections=8, head_timeout_s=30.0)
+def test_past_the_connection_limit_the_oldest_idle_connection_is_dropped(endpoint_server):
+    srv = endpoint_server(max_connections=8, head_timeout_s=30.0)
     port = srv.server_address[1]
     idle = [connect(port) for _ in range(20)]
     try:
@@ -202,8 +183,8 @@ def test_past_the_connection_limit_the_oldest_idle_connection_is_dropped(server)
             s.close()
 
 
-def test_methods_head_and_malformed_request_lines(server):
-    srv = server()
+def test_methods_head_and_malformed_request_lines(endpoint_server):
+    srv = endpoint_server()
     port = srv.server_address[1]
 
     def ask(raw: bytes) -> bytes:
