@@ -233,14 +233,17 @@ def _typed(typ: bytes, link: str = ""):
     return build
 
 
-for _typ, _link, _what in [
-        (tarfile.SYMTYPE, "/etc/passwd", "symbolic link to '/etc/passwd'"),
-        (tarfile.LNKTYPE, "../../../etc/passwd", "hard link to '../../../etc/passwd'"),
-        (tarfile.CHRTYPE, "", "character device"),
-        (tarfile.BLKTYPE, "", "block device"),
-        (tarfile.FIFOTYPE, "", "FIFO"),
-        (tarfile.DIRTYPE, "", "directory"),
-        (tarfile.GNUTYPE_SPARSE, "", "sparse file")]:
+#: (tar type, link target, how the refusal names it): every member type but a regular file
+MEMBER_TYPES = [
+    (tarfile.SYMTYPE, "/etc/passwd", "symbolic link to '/etc/passwd'"),
+    (tarfile.LNKTYPE, "../../../etc/passwd", "hard link to '../../../etc/passwd'"),
+    (tarfile.CHRTYPE, "", "character device"),
+    (tarfile.BLKTYPE, "", "block device"),
+    (tarfile.FIFOTYPE, "", "FIFO"),
+    (tarfile.DIRTYPE, "", "directory"),
+    (tarfile.GNUTYPE_SPARSE, "", "sparse file"),
+]
+for _typ, _link, _what in MEMBER_TYPES:
     CASES.append(Case(f"type_{_what.split()[0]}", _typed(_typ, _link),
                       re.compile(r"archive member 'triton/[A-Z0-9]+/__grp__\w+\.json': "
                                  + re.escape(_what) + r"; only regular files are allowed")))

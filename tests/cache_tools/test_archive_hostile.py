@@ -3,7 +3,6 @@ member, and the destination is left exactly as it was (validation precedes the f
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import tarfile
@@ -40,57 +39,30 @@ def dest(tmp_path, valid, fp) -> Path:
     return d
 
 
-
-def _write(path: Path, members: Members, zstd: bool = False) -> Path:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for ti, data in members:
-            tar.addfile(ti, io.BytesIO(data) if data is not None else None)
-    raw = buf.getvalue()
-    if zstd:
-        import zstandard
-
-        raw = zstandard.ZstdCompressor().compress(raw)
-    path.write_bytes(raw)
-    return path
-
-
-
-
-
-
 def _first_payload(members: Members) -> str:
     return members[1][0].name
-
 
 
 def test_absolute_path(valid, dest, fp, tmp_path):
     m = hostile.read_members(valid)
     m.insert(1, hostile.regular("/etc/evil", b"x"))
-    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    hostile.rejects(hostile.write(tmp_path / "h.tar", m), dest, fp,
              "archive member '/etc/evil': absolute path; members must be relative")
 
 
 def test_dot_dot(valid, dest, fp, tmp_path):
     m = hostile.read_members(valid)
     m.insert(1, hostile.regular("triton/../../evil", b"x"))
-    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    hostile.rejects(hostile.write(tmp_path / "h.tar", m), dest, fp,
              "archive member 'triton/../../evil': path leaves the destination ('..')")
 
 
-@pytest.mark.parametrize("kind,link,what", [
-    (tarfile.SYMTYPE, "/etc/passwd", "symbolic link to '/etc/passwd'"),
-    (tarfile.LNKTYPE, "../../../etc/passwd", "hard link to '../../../etc/passwd'"),
-    (tarfile.CHRTYPE, "", "character device"),
-    (tarfile.BLKTYPE, "", "block device"),
-    (tarfile.FIFOTYPE, "", "FIFO"),
-    (tarfile.DIRTYPE, "", "directory"),
-])
+@pytest.mark.parametrize("kind,link,what", hostile.MEMBER_TYPES)
 def test_links_devices_and_fifos(valid, dest, fp, tmp_path, kind, link, what):
     m = hostile.read_members(valid)
     name = _first_payload(m)
     m[1] = hostile.special(name, kind, link)   # in place of a listed member, same name
-    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    hostile.rejects(hostile.write(tmp_path / "h.tar", m), dest, fp,
              f"archive member {name!r}: {what}; only regular files are allowed")
 
 
@@ -121,7 +93,7 @@ def test_decompression_bomb(valid, dest, fp, tmp_path):
     doc["entries"].insert(0, bomb)
     hostile.set_manifest(m, doc)
     m.insert(1, hostile.regular("triton/BOMB/zeros.so", zeros))
-    path = _write(tmp_path / "bomb.tar.zst", m, zstd=True)
+    path = hostile.write(tmp_path / "bomb.tar.zst", m, zstd=True)
     assert path.stat().st_size < 200_000
     hostile.rejects(path, dest, fp, re.compile(
         r"archive member 'triton/BOMB/zeros\.so': decompression ratio exceeds 50:1 "
@@ -133,7 +105,7 @@ def test_tar_header_larger_than_the_manifest_says(valid, dest, fp, tmp_path):
     m = hostile.read_members(valid)
     ti, data = m[1]
     m[1] = hostile.regular(ti.name, data + b"more")
-    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    hostile.rejects(hostile.write(tmp_path / "h.tar", m), dest, fp,
              f"archive member {ti.name!r}: {len(data) + 4} bytes, the manifest lists "
              f"{len(data)}")
 
@@ -141,7 +113,7 @@ def test_tar_header_larger_than_the_manifest_says(valid, dest, fp, tmp_path):
 @pytest.mark.parametrize("fraction", [0.3, 0.6, 0.95])
 @pytest.mark.parametrize("zstd", [False, True])
 def test_truncated_archive(valid, dest, fp, tmp_path, fraction, zstd):
-    raw = _write(tmp_path / "full", hostile.read_members(valid), zstd=zstd).read_bytes()
+    raw = hostile.write(tmp_path / "full", hostile.read_members(valid), zstd=zstd).read_bytes()
     path = tmp_path / "cut"
     path.write_bytes(raw[: int(len(raw) * fraction)])
     hostile.rejects(path, dest, fp, re.compile(r"archive is truncated.*"))
@@ -150,28 +122,28 @@ def test_truncated_archive(valid, dest, fp, tmp_path, fraction, zstd):
 def test_member_not_listed_in_the_manifest(valid, dest, fp, tmp_path):
     m = hostile.read_members(valid)
     m.append(hostile.regular("triton/EXTRA/evil.so", b"x"))
-    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    hostile.rejects(hostile.write(tmp_path / "h.tar", m), dest, fp,
              "archive member 'triton/EXTRA/evil.so' is not listed in the manifest")
 
 
 def test_manifest_lists_a_member_the_archive_lacks(valid, dest, fp, tmp_path):
     m = hostile.read_members(valid)
     last = m.pop()[0].name
-    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    hostile.rejects(hostile.write(tmp_path / "h.tar", m), dest, fp,
              f"archive is truncated: the manifest lists {last!r} but the archive ends before it")
 
 
 def test_members_out_of_order(valid, dest, fp, tmp_path):
     m = hostile.read_members(valid)
     m[1], m[2] = m[2], m[1]
-    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    hostile.rejects(hostile.write(tmp_path / "h.tar", m), dest, fp,
              f"archive member {m[1][0].name!r} is out of order (expected {m[2][0].name!r})")
 
 
 def test_manifest_not_first(valid, dest, fp, tmp_path):
     m = hostile.read_members(valid)
     m[0], m[1] = m[1], m[0]
-    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    hostile.rejects(hostile.write(tmp_path / "h.tar", m), dest, fp,
              f"archive member {m[0][0].name!r} comes first; manifest.json must be the first "
              "member")
 
@@ -181,11 +153,11 @@ def test_manifest_entry_outside_the_layout(valid, dest, fp, tmp_path):
     doc = hostile.manifest_doc(m)
     doc["entries"][0]["name"] = "../escape"
     hostile.set_manifest(m, doc)
-    hostile.rejects(_write(tmp_path / "h.tar", m), dest, fp,
+    hostile.rejects(hostile.write(tmp_path / "h.tar", m), dest, fp,
              "manifest.json: entries[0]: name '../escape': not a plain relative path")
     doc["entries"][0]["name"] = "a/b"
     hostile.set_manifest(m, doc)
-    hostile.rejects(_write(tmp_path / "h2.tar", m), dest, fp,
+    hostile.rejects(hostile.write(tmp_path / "h2.tar", m), dest, fp,
              "manifest.json: entries[0]: 'a/b' is not where a triton entry can be")
 
 
@@ -209,7 +181,7 @@ def test_group_file_pointing_outside_its_entry(valid, dest, fp, tmp_path):
                 if f[0] == file_name:
                     f[1], f[2] = len(evil), hashlib.sha256(evil).hexdigest()
     hostile.set_manifest(m, doc)
-    path = _write(tmp_path / "h.tar", m)
+    path = hostile.write(tmp_path / "h.tar", m)
     before = tree(dest)
     with pytest.raises(ArchiveError) as err:
         archive.plan_restore(path, dest=dest, local=fp).execute()
@@ -233,8 +205,7 @@ def test_hostile_input_never_touches_a_fresh_destination(valid, fp, tmp_path):
     m.append(hostile.regular("triton/EXTRA/evil.so", b"x"))
     fresh = tmp_path / "fresh"
     with pytest.raises(ArchiveError):
-        archive.plan_restore(_write(tmp_path / "h.tar", m), dest=fresh, local=fp).execute()
+        archive.plan_restore(hostile.write(tmp_path / "h.tar", m), dest=fresh, local=fp).execute()
     assert not fresh.exists()
-
 
 
