@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end warm-up benchmark on a GPU host: cold launches of a real SGLang server serving a
 tiny random-weight MoE, with no warm-up (A), SGLang's own ``--warmups prefill_shapes`` (B), and
-``sglang-warmup serve --plan default`` (C); then the same traffic sample twice against
+``sglang-warmup serve --plan default`` (C), the same with ``--freeze-gc`` (CG); then the same traffic sample twice against
 each, measuring per-step latency and the kernels compiled after ready.
 
     python3 scripts/gpu/e2e_warmup.py --graphs eager --out OUT_DIR [--launches A,B,C]
@@ -15,6 +15,10 @@ measured latencies are not shared.  Startup times are therefore upper bounds (co
 
 Needs: the SGLang site-packages built by scripts/gpu/build_carry.sh under .carry/ (unpacked
 here on first use), nvcc on PATH or in /usr/local/cuda/bin.
+
+``--gc-log`` sets ``SGLANG_LOG_GC=1`` (the scheduler logs every collection) and, where the
+SGLang has it, ``--gc-warning-threshold-secs 0.02`` (the tokenizer manager warns on long ones);
+each step records its start time, so a slow step can be matched to a collection.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -181,6 +186,7 @@ async def replay(url: str, steps, salt: str) -> list[dict]:
     for i, s in enumerate(steps):
         step = s.to_step(i)
         t0 = time.perf_counter()
+        wall = time.time()
         err = None
         try:
             await t.send(step)
@@ -188,8 +194,34 @@ async def replay(url: str, steps, salt: str) -> list[dict]:
             err = str(exc)[:200]
         out.append({"i": i, "label": step.shape_class, "mode": step.mode,
                     "prompts": [r.input_len for r in step.requests],
-                    "ms": round((time.perf_counter() - t0) * 1000, 1), "error": err})
+                    "ms": round((time.perf_counter() - t0) * 1000, 1), "t": round(wall, 3),
+                    "error": err})
     return out
+
+
+def has_flag(field: str) -> bool:
+    """Whether the carried SGLang declares a server argument (0.5.17 and later differ)."""
+    src = SITE / "sglang/srt"
+    return any(field in f.read_text(errors="replace")
+               for f in [src / "server_args.py", *src.glob("arg_groups/fields/*.py")] if f.exists())
+
+
+GC_END = re.compile(r"GC end: Time ([0-9.]+) \| Generation (\d) \| Duration: ([0-9.]+)s \| Collected: (\d+)")
+
+
+def gc_events(log_path: Path, min_s: float = 0.005) -> dict:
+    """Collections from the server log: the scheduler's (SGLANG_LOG_GC) of at least ``min_s``,
+    as (end time, generation, seconds, collected), plus a count per generation, and the tokenizer
+    manager's long-collection warnings verbatim."""
+    text = log_path.read_text(errors="replace")
+    events, per_gen = [], {}
+    for m in GC_END.finditer(text):
+        gen, dur = int(m.group(2)), float(m.group(3))
+        per_gen[gen] = per_gen.get(gen, 0) + 1
+        if dur >= min_s:
+            events.append([float(m.group(1)), gen, dur, int(m.group(4))])
+    warnings = [ln[-300:] for ln in text.splitlines() if "LONG GARBAGE COLLECTION" in ln]
+    return {"scheduler_long": events, "scheduler_per_generation": per_gen, "tokenizer_warnings": warnings}
 
 
 def metrics_text(url: str) -> str:
@@ -218,6 +250,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/e2e-out"))
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole run")
     ap.add_argument("--traffic", default="shapes", choices=("shapes", "features"))
+    ap.add_argument("--gc-log", action="store_true",
+                    help="log every Python GC of the scheduler and the tokenizer manager's long ones")
     a = ap.parse_args()
     start = time.time()
     out = Path(a.out)
@@ -247,9 +281,14 @@ def main() -> None:
             argv = [sys.executable, "-m", "sglang.launch_server", *args]
         elif name.endswith("-B"):
             argv = [sys.executable, "-m", "sglang.launch_server", *args, "--warmups", "prefill_shapes"]
-        else:
+        else:  # C: the plan; CG: the plan, then SGLang's freeze_gc
             argv = [sys.executable, "-m", "warmup", "serve", "--plan", a.plan,
-                    "--state-dir", str(state), "--report", str(wd / "report.json"), "--", *args]
+                    "--state-dir", str(state), "--report", str(wd / "report.json"),
+                    *(["--freeze-gc"] if name.endswith("-CG") else []), "--", *args]
+        if a.gc_log:
+            senv["SGLANG_LOG_GC"] = "1"  # the scheduler logs every collection with its duration
+            if has_flag("gc_warning_threshold_secs"):  # the tokenizer manager warns on long ones
+                argv += ["--gc-warning-threshold-secs", "0.02"]
         servers.append(Server(name, port, argv, senv, wd))
         log(f"started {name}: {' '.join(argv[2:6])} ... port {port}")
     results: dict[str, dict] = {}
@@ -266,7 +305,7 @@ def main() -> None:
                 continue
             r["at_ready"] = count_artifacts(s.workdir / "cache")
             r["entries_at_ready"] = sorted(triton_entries(s.workdir / "cache"))
-            if not s.name.endswith("-C"):  # no plan: mark the serving phase at ready, as a sidecar does
+            if s.name.endswith(("-A", "-B")):  # no plan: mark the serving phase at ready, as a sidecar does
                 from warmup.observe import phase
 
                 phase.set_phase("serving", state_dir=str(s.workdir / "state"))
@@ -313,6 +352,8 @@ def main() -> None:
             except Exception as exc:
                 r["manifest_error"] = str(exc)
             r["metrics_after"] = serving_misses(metrics_text(s.url))
+            if a.gc_log:
+                r["gc"] = gc_events(s.log_path)
             rep = s.workdir / "report.json"
             if rep.exists():
                 r["report"] = json.loads(rep.read_text())
