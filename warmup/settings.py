@@ -112,10 +112,11 @@ PROMETHEUS_MULTIPROC_DIR = EnvVar("PROMETHEUS_MULTIPROC_DIR", "", _str,
 SECOND_PASS = EnvVar("WARMUP_SECOND_PASS", False, _bool,
                      "set to 1 to replay the plan a second time after the warm-up and record "
                      "which classes still compile (coverage.json in the state directory)")
-FREEZE_GC = EnvVar("WARMUP_FREEZE_GC", False, _bool,
-                   "set to 1 to freeze the Python garbage collector of SGLang's tokenizer "
-                   "manager, schedulers and detokenizer once the warm-up is done (SGLang's "
-                   "/freeze_gc): what is alive then is never scanned by a collection again")
+FREEZE_GC = EnvVar("WARMUP_FREEZE_GC", True, _bool,
+                   "freeze the Python garbage collector of SGLang's tokenizer manager, "
+                   "schedulers and detokenizer once the warm-up is done (SGLang's /freeze_gc), "
+                   "so that no full collection over what the start and the warm-up left lands "
+                   "in serving; set to 0 to leave the collector as it is")
 FIRST_HIT_RATIO = EnvVar("WARMUP_FIRST_HIT_RATIO", 1.10, _float,
                          "a plan is closed when, on the second replay, every class's first "
                          "request is at most this many times the same request repeated")
@@ -156,7 +157,7 @@ def plugin_entry_point() -> metadata.EntryPoint | None:
 def activation_env(*, state_dir: str, multiprocess_dir: str, plan: str | None = None,
                    name: str | None = None, lenient: bool = False, second_pass: bool = False,
                    report: str | None = None, skip_families: tuple[str, ...] = (),
-                   freeze_gc: bool = False) -> dict[str, str]:
+                   freeze_gc: bool = True) -> dict[str, str]:
     """The variables that turn sglang-warmup on in every SGLang process: the plugin gate, the
     state directory and the Prometheus multiprocess directory they share, and (with a plan)
     what the ``--warmups`` entry runs.  ``serve``, ``prebake`` and ``doctor`` all use this."""
@@ -167,8 +168,7 @@ def activation_env(*, state_dir: str, multiprocess_dir: str, plan: str | None = 
                     LENIENT.name: "1" if lenient else "0"})
         if second_pass:
             env[SECOND_PASS.name] = "1"
-        if freeze_gc:
-            env[FREEZE_GC.name] = "1"
+        env[FREEZE_GC.name] = "1" if freeze_gc else "0"
         if report:
             env[REPORT.name] = report
         if skip_families:

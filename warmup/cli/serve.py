@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from warmup import settings
 from warmup.cli import output
 from warmup.serve import launch
 
@@ -28,9 +29,10 @@ def serve_command(
         None, "--skip-family", help="leave a family of classes out (repeat or comma-separate: "
                                     "logprobs, parallel_sampling, stop, stream, long_decode, "
                                     "concurrency, or a kind)"),
-    freeze_gc: bool = typer.Option(False, "--freeze-gc",
-                                   help="freeze SGLang's Python GC once the warm-up is done "
-                                        "(SGLang's /freeze_gc; WARMUP_FREEZE_GC=1)"),
+    freeze_gc: Optional[bool] = typer.Option(None, "--freeze-gc/--no-freeze-gc",
+                                             help="freeze SGLang's Python GC once the warm-up is "
+                                                  "done (SGLang's /freeze_gc; default: "
+                                                  "WARMUP_FREEZE_GC, on)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the command and environment, "
                                  "write nothing, do not start"),
 ) -> None:
@@ -40,7 +42,7 @@ def serve_command(
     spec = launch.plan_launch(str(plan), args, report=str(report) if report else None,
                               lenient=lenient, state_dir=str(state_dir) if state_dir else None,
                               name=name, second_pass=second_pass, skip_families=families,
-                              freeze_gc=freeze_gc)
+                              freeze_gc=settings.FREEZE_GC.get() if freeze_gc is None else freeze_gc)
     shown = {k: v for k, v in spec.env.items() if k.startswith("WARMUP_") or k == "PROMETHEUS_MULTIPROC_DIR"}
     output.note("sglang-warmup: " + " ".join(f"{k}={_shown_value(k, v)}"
                                              for k, v in sorted(shown.items())))

@@ -221,7 +221,7 @@ async def run(driver: Any, exp: Any, *, second_pass: bool | None = None,
             "reads is not written; second replay skipped"))
     replay = type(driver)(driver.transport, lenient=True, flush_timeout_s=driver.flush_timeout_s,
                           state_dir=driver.state_dir, metrics=None, progress=driver.progress,
-                          repeat=True)
+                          repeat=True, serving_at_end=getattr(driver, "serving_at_end", True))
 
     def announce(n: int, result: PassResult) -> None:
         if n == 1 and result.error is None and result.report is not None \
@@ -250,7 +250,8 @@ async def run(driver: Any, exp: Any, *, second_pass: bool | None = None,
             for c in cov.classes:
                 if c.latency is not None and c.latency.ratio is not None:
                     recorder.class_first_hit_ratio(c.shape_class, c.latency.ratio)
-            recorder.ready(time.time())  # ready is after the second replay
+            if getattr(driver, "serving_at_end", True):  # else the caller marks it at readiness
+                recorder.ready(time.time())  # ready is after the second replay
         except Exception:
             pass
     for line in cov.render().splitlines():

@@ -25,6 +25,10 @@ from warmup.serve.report import ClassReport, RunReport
 
 logger = logging.getLogger("sglang_warmup.driver")
 
+#: The warm-up class in the phase file between the end of the plan and the server's readiness
+#: (SGLang's own warm-up request runs then, after the ``--warmups`` entries).
+AFTER_PLAN = "sglang_startup"
+
 
 @dataclass
 class _Tally:
@@ -56,13 +60,20 @@ class Driver:
     ``repeat``: send every step a second time right after it, with fresh token ids, and record
     both latencies per class (``total_ms`` the first sends, ``repeat_ms`` the repeats): how much
     slower the first request of a kind is than the same request again.  The second-pass check
-    uses it after the warm-up; a repeat's failure is counted like the step's own."""
+    uses it after the warm-up; a repeat's failure is counted like the step's own.
+
+    ``serving_at_end``: the phase turns ``serving`` (and the ready time is recorded) when the run
+    returns.  Inside the server it is False: SGLang still sends its own warm-up request after the
+    ``--warmups`` entries, so the phase stays ``warmup`` (class :data:`AFTER_PLAN`) until the
+    caller calls :meth:`mark_serving` at the real readiness."""
 
     def __init__(self, transport: Any, *, lenient: bool = False, flush_timeout_s: float = 60.0,
                  state_dir: str | None = None, metrics: Any = None,
-                 progress: Callable[[str], None] | None = None, repeat: bool = False) -> None:
+                 progress: Callable[[str], None] | None = None, repeat: bool = False,
+                 serving_at_end: bool = True) -> None:
         self.transport = transport
         self.repeat = repeat
+        self.serving_at_end = serving_at_end
         self.lenient = lenient
         self.flush_timeout_s = flush_timeout_s
         self.state_dir = state_dir
@@ -81,7 +92,7 @@ class Driver:
             reason = (f"PD disaggregation ({exp.facts.disaggregation_mode}): "
                       "warm-up requests would need a bootstrap peer")
             self.progress(f"sglang-warmup: {reason}; not warming")
-            self._set_phase("serving")
+            self._end()
             return replace(base, skipped_reason=reason)
         t0 = time.perf_counter()
         classes: "OrderedDict[str, _Tally]" = OrderedDict()
@@ -128,13 +139,23 @@ class Driver:
                 logger.warning("sglang-warmup: %s (lenient: going on)", msg)
         report = final()
         self._record_metrics(report, exp)
+        self._end()
+        return report
+
+    def _end(self) -> None:
+        if self.serving_at_end:
+            self.mark_serving()
+        else:
+            self._set_phase("warmup", AFTER_PLAN)
+
+    def mark_serving(self) -> None:
+        """The phase turns ``serving``; ``/metrics`` records the ready time."""
         self._set_phase("serving")
         if self.metrics is not None:
             try:
                 self.metrics.ready(time.time())
             except Exception:
                 pass
-        return report
 
     async def _step(self, step: WarmupStep, c: _Tally, failures: list[str]) -> None:
         self._set_phase("warmup", step.shape_class, step.index)

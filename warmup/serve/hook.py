@@ -12,10 +12,12 @@ another (the plugin passes the second-pass check of :mod:`warmup.coverage.second
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -242,7 +244,8 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
         except Exception as exc:
             logger.warning("sglang-warmup: metrics unavailable: %s", exc)
     driver = Driver(transport, lenient=lenient, flush_timeout_s=settings.FLUSH_TIMEOUT_S.get(),
-                    state_dir=settings.STATE_DIR.get() or None, metrics=metrics)
+                    state_dir=settings.STATE_DIR.get() or None, metrics=metrics,
+                    serving_at_end=False)
     result: Any = None
     try:
         result = await (runner(driver, exp) if runner is not None else driver.run(exp))
@@ -257,12 +260,34 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
                 logger.info("%s", line)
     if settings.FREEZE_GC.get():
         await _freeze_gc(transport)
+    serving_when_up(tokenizer_manager, driver.mark_serving)
     logger.info("sglang-warmup: %s finished in %.1f s", entry, time.perf_counter() - t0)
+
+
+def sglang_freezes_after_warmup() -> bool:
+    """Whether this SGLang freezes the garbage collector itself once its own warm-up request is
+    done (``http_server._freeze_gc_after_server_warmup``, releases after 0.5.17).  Read from the
+    loaded module, or from its source where it is not loaded (it imports FastAPI)."""
+    name = "sglang.srt.entrypoints.http_server"
+    module = sys.modules.get(name)
+    if module is not None:
+        return callable(getattr(module, "_freeze_gc_after_server_warmup", None))
+    try:
+        spec = importlib.util.find_spec(name)
+        source = Path(spec.origin).read_text(encoding="utf-8") if spec and spec.origin else ""
+    except (ImportError, ValueError, OSError, UnicodeDecodeError):  # no server to ask: freeze here
+        return False
+    return "def _freeze_gc_after_server_warmup(" in source
 
 
 async def _freeze_gc(transport: Any) -> None:
     """After the warm-up: SGLang's own freeze_gc, so that no full collection over the objects
-    the start and the warm-up left lands in serving.  A failure is a warning: the server is warm."""
+    the start and the warm-up left lands in serving.  Left to SGLang where it does it itself
+    after its own warm-up request.  A failure is a warning: the server is warm."""
+    if sglang_freezes_after_warmup():
+        logger.info("sglang-warmup: SGLang freezes the garbage collector after its own warm-up "
+                    "request; not freezing here")
+        return
     try:
         await transport.freeze_gc()
     except Exception as exc:
@@ -270,6 +295,40 @@ async def _freeze_gc(transport: Any) -> None:
     else:
         logger.info("sglang-warmup: garbage collector frozen (tokenizer manager, schedulers, "
                     "detokenizer)")
+
+
+#: How long the phase waits for SGLang's readiness after the plan (its own warm-up request has
+#: a 600 s timeout by default); past it the phase turns ``serving`` anyway.
+READY_WAIT_S = 900.0
+
+
+def serving_when_up(tokenizer_manager: Any, mark_serving: Callable[[], None], *,
+                    poll_s: float = 0.05, limit_s: float = READY_WAIT_S) -> threading.Thread | None:
+    """Call ``mark_serving`` when SGLang reports itself up (``server_status`` turns ``Up`` after
+    its own warm-up request, which runs after the ``--warmups`` entries and can still compile):
+    at once where the tokenizer manager has no status, from a daemon thread otherwise.  A server
+    that turns ``UnHealthy`` is going down: the phase stays ``warmup``."""
+    if getattr(tokenizer_manager, "server_status", None) is None:
+        mark_serving()
+        return None
+
+    def watch() -> None:
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            state = getattr(getattr(tokenizer_manager, "server_status", None), "name", None)
+            if state == "Up":
+                break
+            if state == "UnHealthy":
+                return
+            time.sleep(poll_s)
+        else:
+            logger.warning("sglang-warmup: SGLang did not report itself up within %.0f s of the "
+                           "warm-up; compile events count as serving from now", limit_s)
+        mark_serving()
+
+    thread = threading.Thread(target=watch, name="sglang-warmup-ready", daemon=True)
+    thread.start()
+    return thread
 
 
 def _write_report(document: dict[str, Any], report_path: str) -> None:

@@ -352,4 +352,4 @@ class HttpClient:
         if status != 200:
             raise TransportError(f"/freeze_gc answered HTTP {status}: {snippet(payload)}",
                                  hint=self.hint(status, "this SGLang may have no /freeze_gc; "
-                                                        "leave --freeze-gc off"))
+                                                        "start the sidecar with --no-freeze-gc"))

@@ -42,7 +42,7 @@ class Launch:
 def plan_launch(plan_path: str, sglang_args: list[str], *, report: str | None = None,
                 lenient: bool = False, state_dir: str | None = None, name: str | None = None,
                 second_pass: bool = False, skip_families: tuple[str, ...] = (),
-                freeze_gc: bool = False, environ: dict[str, str] | None = None, python: str = sys.executable) -> Launch:
+                freeze_gc: bool = True, environ: dict[str, str] | None = None, python: str = sys.executable) -> Launch:
     """Validate the plan and the install and compute the command and environment.  Writes
     nothing (``serve --dry-run`` prints exactly this)."""
     plan = loader.load(plan_path)  # a bad plan fails here, before any GPU is touched

@@ -10,6 +10,7 @@ the step (see :class:`TokenMaker`).
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import logging
 import random
@@ -230,9 +231,13 @@ class InProcessTransport:
         freeze = getattr(self.tm, "freeze_gc", None)
         if freeze is None:
             raise TransportError("this SGLang has no freeze_gc (TokenizerManager.freeze_gc)",
-                                 hint="unset WARMUP_FREEZE_GC, or use an SGLang that has /freeze_gc")
+                                 hint="set WARMUP_FREEZE_GC=0 (serve --no-freeze-gc), or use an SGLang "
+                                      "that has /freeze_gc")
         if hasattr(self.tm, "auto_create_handle_loop"):
             self.tm.auto_create_handle_loop()
+        # A full collection in this process first (SGLang's freeze does not collect), so that
+        # the frozen generation holds what is alive, not the warm-up's garbage.
+        gc.collect()
         await freeze()
 
     async def close(self) -> None:

@@ -35,7 +35,7 @@ class SidecarConfig:
     host: str = DEFAULT_HOST
     deadline_s: float = 1800.0
     second_pass: bool = False
-    freeze_gc: bool = False
+    freeze_gc: bool = True
     exit_on_failure: bool = False
     state_dir: str | None = None
     mp_dir: str | None = None

@@ -4,14 +4,20 @@ real ``execute_warmups`` (through our guard), against the TokenizerManager stand
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import multiprocessing
 import sys
+import time
 
 import pytest
 
 from warmup.serve import hook
+
+#: SGLang's ``tokenizer_manager.ServerStatus`` (0.5.17 to 0.5.23: Up, Starting, UnHealthy); its
+#: module imports fastapi, which the CPU profile does not install.
+ServerStatus = enum.Enum("ServerStatus", ["Up", "Starting", "UnHealthy"])
 
 from warmup.observe import phase
 from warmup.errors import DriverError, PlanError, RegistrationError
@@ -156,11 +162,14 @@ def test_sglang_runs_the_plan_with_the_environment_settings(sglang_warmups, tiny
 
 def test_the_gc_is_frozen_after_the_warmup_and_its_flush(sglang_warmups, tiny_plan_path,
                                                         fake_tokenizer_manager, monkeypatch, caplog):
+    # SGLang 0.5.17 (the GPU image's) has no freeze of its own after its warm-up request.
+    monkeypatch.setattr(hook, "sglang_freezes_after_warmup", lambda: False)
     hook.register(tiny_plan_path)
+    monkeypatch.setenv("WARMUP_FREEZE_GC", "0")
     tm = fake_tokenizer_manager()
     asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
-    assert tm.gc_frozen_after is None  # off by default
-    monkeypatch.setenv("WARMUP_FREEZE_GC", "1")
+    assert tm.gc_frozen_after is None  # turned off
+    monkeypatch.delenv("WARMUP_FREEZE_GC")  # on by default
     tm = fake_tokenizer_manager()
     with caplog.at_level(logging.INFO):
         asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
@@ -178,6 +187,56 @@ def test_the_gc_is_frozen_after_the_warmup_and_its_flush(sglang_warmups, tiny_pl
         asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))  # still starts
     assert ("sglang-warmup: freezing the garbage collector failed: scheduler gone"
             in [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING])
+
+
+def test_an_sglang_that_freezes_after_its_own_warmup_is_left_to_it(sglang_warmups, tiny_plan_path,
+                                                                  fake_tokenizer_manager, caplog):
+    # The pinned SGLang freezes in http_server._freeze_gc_after_server_warmup, after its own
+    # warm-up request (which runs after ours): freezing here would be done twice.
+    assert hook.sglang_freezes_after_warmup()
+    hook.register(tiny_plan_path)
+    tm = fake_tokenizer_manager()
+    with caplog.at_level(logging.INFO):
+        asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
+    assert tm.gc_frozen_after is None
+    assert any("SGLang freezes the garbage collector after its own warm-up request" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_the_phase_turns_serving_when_sglang_is_up_not_when_the_plan_ends(
+        sglang_warmups, tiny_plan_path, fake_tokenizer_manager, warmup_isolated):
+    # SGLang sends its own warm-up request after the --warmups entries; a kernel it compiles is
+    # compiled before ready, so the phase stays warmup until the tokenizer manager says Up.
+    from warmup.serve.driver import AFTER_PLAN
+
+    hook.register(tiny_plan_path)
+    tm = fake_tokenizer_manager()
+    tm.server_status = ServerStatus.Starting
+    asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
+    state = phase.current(state_dir=str(warmup_isolated))
+    assert (state.phase, state.shape_class) == ("warmup", AFTER_PLAN)
+    tm.server_status = ServerStatus.Up  # SGLang's own warm-up request answered
+    deadline = time.monotonic() + 10
+    while phase.current(state_dir=str(warmup_isolated)).phase != "serving":
+        assert time.monotonic() < deadline, "the phase never turned serving"
+        time.sleep(0.02)
+
+
+def test_serving_when_up_marks_at_once_without_a_status_and_never_for_an_unhealthy_server():
+    marks: list[str] = []
+    assert hook.serving_when_up(object(), lambda: marks.append("now")) is None
+    assert marks == ["now"]
+
+    class Tm:
+        server_status = ServerStatus.UnHealthy
+
+    thread = hook.serving_when_up(Tm(), lambda: marks.append("unhealthy"), poll_s=0.01)
+    thread.join(5)
+    assert not thread.is_alive() and marks == ["now"]
+    Tm.server_status = ServerStatus.Starting
+    thread = hook.serving_when_up(Tm(), lambda: marks.append("late"), poll_s=0.01, limit_s=0.05)
+    thread.join(5)
+    assert marks == ["now", "late"]  # past the limit the phase turns serving anyway
 
 
 def test_a_failed_warmup_fails_sglangs_startup(sglang_warmups, tiny_plan_path, fake_tokenizer_manager,

@@ -37,6 +37,7 @@ def test_build_prepares_the_environment_and_the_command(tiny_plan_path, tmp_path
         "WARMUP_NAME": "tiny_plan",
         "WARMUP_STATE_DIR": str(state.resolve()),
         "WARMUP_LENIENT": "0",
+        "WARMUP_FREEZE_GC": "1",
         "WARMUP_REPORT": str((tmp_path / "r.json").resolve()),
         "PROMETHEUS_MULTIPROC_DIR": str(state.resolve() / "prometheus"),
     }
@@ -69,11 +70,12 @@ def test_families_turned_off_reach_the_server(tiny_plan_path, tmp_path):
 
 def test_freeze_gc_and_the_second_pass_reach_the_server(tiny_plan_path, tmp_path):
     spec = launch.plan_launch(str(tiny_plan_path), ["--model-path", "m"], state_dir=str(tmp_path),
-                              environ={}, freeze_gc=True, second_pass=True)
-    assert (spec.env["WARMUP_FREEZE_GC"], spec.env["WARMUP_SECOND_PASS"]) == ("1", "1")
+                              environ={}, freeze_gc=False, second_pass=True)
+    assert (spec.env["WARMUP_FREEZE_GC"], spec.env["WARMUP_SECOND_PASS"]) == ("0", "1")
     plain = launch.plan_launch(str(tiny_plan_path), ["--model-path", "m"], state_dir=str(tmp_path),
                                environ={})
-    assert "WARMUP_FREEZE_GC" not in plain.env and "WARMUP_SECOND_PASS" not in plain.env
+    assert plain.env["WARMUP_FREEZE_GC"] == "1"  # on by default
+    assert "WARMUP_SECOND_PASS" not in plain.env
 
 
 def test_build_merges_into_an_existing_warmups_list(tiny_plan_path, tmp_path):
@@ -173,7 +175,8 @@ def test_serve_dry_run_prints_the_command_and_does_not_start(tiny_plan_path, tmp
     err = capsys.readouterr().err.splitlines()
     s = state.resolve()
     assert err == [
-        f"sglang-warmup: PROMETHEUS_MULTIPROC_DIR={s}/prometheus WARMUP_ENABLE=1 WARMUP_LENIENT=1 "
+        f"sglang-warmup: PROMETHEUS_MULTIPROC_DIR={s}/prometheus WARMUP_ENABLE=1 WARMUP_FREEZE_GC=1 "
+        "WARMUP_LENIENT=1 "
         f"WARMUP_NAME=tiny_plan WARMUP_PLAN={tiny_plan_path.resolve()} WARMUP_STATE_DIR={s}",
         f"sglang-warmup: exec {sys.executable} -m sglang.launch_server --model-path /models/m "
         "--warmups prefill_shapes,tiny_plan",

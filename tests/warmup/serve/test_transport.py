@@ -564,7 +564,7 @@ def test_http_freeze_gc(sglang_http):
     with pytest.raises(TransportError) as err:
         asyncio.run(t.freeze_gc())
     assert err.value.message == '/freeze_gc answered HTTP 404: {"detail":"Not Found"}'
-    assert err.value.hint == "this SGLang may have no /freeze_gc; leave --freeze-gc off"
+    assert err.value.hint == "this SGLang may have no /freeze_gc; start the sidecar with --no-freeze-gc"
 
 
 def test_http_url_must_be_http():

@@ -114,7 +114,7 @@ def test_ready_turns_200_after_the_warmup_and_reports_it(standins, sidecars):
     stats = server.stats()
     assert sorted(stats["prompt_lens"]) == PLAN_PROMPT_LENS
     assert stats["flushes"] == 1
-    assert "/freeze_gc" not in stats["counts"]  # off unless asked for
+    assert stats["counts"]["/freeze_gc"] == 1  # on by default
     assert stats["counts"]["/health_generate"] >= 2  # 503 while starting, then 200
     assert stats["counts"]["/server_info"] == 1
 
