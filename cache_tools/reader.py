@@ -18,7 +18,11 @@ the last one, so restore stages it and moves nothing into place before the end):
 
 Our own members are recognized by comparing their header bytes with what the writer produces
 for the listed name, size and mode (one comparison); anything else goes through the careful
-parse in ``tarfmt.TarStream.next_header``.
+parse in ``tarfmt.TarStream.next_header``.  ``range_members`` runs the same checks on a byte
+range, for the restore workers (``restore_workers``), and accepts only our own layout there.
+
+Longer than 500 lines: every check an archive passes lives here, so that verify, restore (in one
+process or in workers) and merge accept and refuse exactly the same archives.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import IO, Callable, Generator, Iterator, Sequence
 
 from cache_tools import groups, tarfmt
 from cache_tools.errors import ArchiveError, CacheError
@@ -38,6 +42,12 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 WHOLE = 4 << 20
 CHUNK = 1 << 20
 HINT_CORRUPT = "the archive is corrupt, truncated or hostile; nothing was written"
+
+
+class NotOurs(Exception):
+    """A range of the archive is not laid out byte for byte as our writer lays it out: a
+    parallel reader stops, and the sequential one (which says exactly what is wrong, or
+    accepts a member another tar wrote) reads the archive instead."""
 
 
 @dataclass(frozen=True)
@@ -311,11 +321,49 @@ class ArchiveReader:
     def members(self) -> Iterator[Member]:
         """Every payload member, in manifest order (see the module docstring)."""
         manifest = self.manifest or self.read_manifest()
+        previous = yield from self._payload(manifest, manifest.entries, MANIFEST_NAME, True)
+        self._check_tail(previous)
+
+    @property
+    def payload_offset(self) -> int:
+        """Right after ``read_manifest``: the byte of the first payload member's header."""
+        return self._tar.offset + max(self._tar._pad, 0)
+
+    def range_members(self, manifest: Manifest, offset: int, entries: Sequence[EntryRecord]
+                      ) -> Iterator[Member]:
+        """The members of ``entries`` read from byte ``offset`` of an uncompressed archive
+        written by our writer: what one worker of a parallel restore checks.  Every header must
+        be byte for byte what the writer produces (else :class:`NotOurs`); sizes, hashes and
+        Triton groups are checked as in ``members``.  The tail is the caller's
+        (``check_tail_at``)."""
+        if self.compressed:
+            raise NotOurs("a compressed archive is read from its start")
+        self._seek(manifest, offset)
+        yield from self._payload(manifest, entries, MANIFEST_NAME, False)
+
+    def check_tail_at(self, manifest: Manifest, offset: int, previous: str) -> None:
+        """What ``members`` checks after the last member, from byte ``offset`` (the end of the
+        member ``previous``): no unlisted member, an end-of-archive block, only zeros after."""
+        self._seek(manifest, offset)
+        self._check_tail(previous)
+
+    def _seek(self, manifest: Manifest, offset: int) -> None:
+        self.manifest = manifest
+        self._budget = manifest.size + self.limits.max_manifest_bytes + _framing(manifest)
+        self._file.seek(offset)
+        self._tar = tarfmt.TarStream(self._read, max_header_bytes=self.limits.max_header_bytes,
+                                     chunk=CHUNK)
+        self._tar.offset = offset
+
+    def _payload(self, manifest: Manifest, entries: Sequence[EntryRecord], previous: str,
+                 careful: bool) -> Generator[Member, None, str]:
+        """The members of ``entries``, in order; returns the last one's name.  A header that is
+        not byte for byte ours goes through the careful parse when ``careful``, else raises
+        NotOurs."""
         tar = self._tar
         match, whole, data_of, header = tar.match, tar.whole, self._data, tarfmt.header
         sha256 = hashlib.sha256
-        previous = MANIFEST_NAME
-        for entry in manifest.entries:
+        for entry in entries:
             triton = is_triton(entry)
             paths = {f.path for f in entry.files} if triton else ()
             prefix = "/".join(p for p in (entry.kind, entry.name) if p)
@@ -331,9 +379,13 @@ class ArchiveReader:
                     try:
                         fast = match(expected) if expected else False
                     except tarfmt.TarFormatError:
+                        if not careful:
+                            raise NotOurs(f"truncated before {name!r}") from None
                         raise ArchiveError(f"archive is truncated after member {previous!r}",
                                            hint=HINT_CORRUPT) from None
                     if not fast:
+                        if not careful:
+                            raise NotOurs(f"member {name!r} is not byte for byte ours")
                         self._listed_header(name, f, previous, manifest)
                 if f.size > WHOLE:
                     member = Member(self, name, entry, f, None, None)
@@ -351,6 +403,10 @@ class ArchiveReader:
                 children = groups.check(data, f.path, paths, entry.key) if group else None
                 yield Member(self, name, entry, f, data, children)
                 previous = name
+        return previous
+
+    def _check_tail(self, previous: str) -> None:
+        tar = self._tar
         self.current = previous
         h = self._header(previous)
         if h is not None:

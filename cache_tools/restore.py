@@ -17,15 +17,14 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from cache_tools import fingerprint as fp_mod
-from cache_tools import groups
+from cache_tools import restore_workers
 from cache_tools.errors import ArchiveError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import kind, resolve
 from cache_tools.manifest import EntryRecord, Manifest, is_triton, paused_gc
 from cache_tools.progress import Progress
 from cache_tools.reader import ArchiveReader, Limits
-from cache_tools.staging import (Installer, Outcome, StagedEntry, clean_roots, complete_at,
-                                 target_of)
+from cache_tools.staging import Installer, Outcome, clean_roots, complete_at, target_of
 
 
 @dataclass(frozen=True)
@@ -88,12 +87,15 @@ class RestorePlan(EntryPlanView):
     manifest_sha256: str = ""
 
     def execute(self, *, progress: Progress | None = None,
-                on_entry: Callable[[Outcome], None] | None = None) -> RestoreResult:
+                on_entry: Callable[[Outcome], None] | None = None,
+                jobs: int | None = None) -> RestoreResult:
         """Stage every entry to write while checking the whole archive, then move entries into
-        place one rename each.  ``on_entry`` is called after each entry is committed."""
+        place one rename each.  ``on_entry`` is called after each entry is committed.  ``jobs``:
+        worker processes for a large uncompressed archive (default: the usable CPUs, at most
+        8; 1 reads in this process; see ``restore_workers``)."""
         with os_errors("restore", "check free space and permissions of the destination; "
                                   "no partial entry is visible, rerun to finish"), paused_gc():
-            return _execute(self, progress or Progress.null(), on_entry)
+            return _execute(self, progress or Progress.null(), on_entry, jobs)
 
 
 def restore_roots(kinds: Iterable[str], dest: str | os.PathLike[str] | None,
@@ -143,21 +145,33 @@ def plan_entry(entry: EntryRecord, root: Path | None) -> PlannedEntry:
 
 
 def _execute(plan: RestorePlan, progress: Progress,
-             on_entry: Callable[[Outcome], None] | None) -> RestoreResult:
+             on_entry: Callable[[Outcome], None] | None, jobs: int | None) -> RestoreResult:
     started = time.monotonic()
     targets = {i.entry.key: i.target for i in plan.to_write}
+    jobs = restore_workers.default_jobs() if jobs is None else jobs
     installer = Installer(plan.roots)
     installer.clean_stale()
     outcomes: list[Outcome] = []
     try:
-        with ArchiveReader(plan.archive, plan.limits) as reader:
-            manifest = reader.read_manifest(plan.manifest, plan.manifest_sha256)
-            if manifest is not plan.manifest and manifest != plan.manifest:
-                raise ArchiveError(f"{plan.archive} changed since the restore was planned",
-                                   hint="plan and restore again")
+        reader = ArchiveReader(plan.archive, plan.limits)
+        try:
+            manifest = _read_manifest(reader, plan)
             progress.start("restore", manifest.size)
-            _stream(reader, installer, targets, progress.advance)
+            staged = restore_workers.usable(reader, manifest, jobs) and restore_workers.stage(
+                reader, manifest, installer, targets, jobs, progress.advance)
+            if not staged and installer.staged:     # the workers' fallback: start over
+                installer.cleanup()
+                installer = Installer(plan.roots)
+                reader.close()
+                reader = ArchiveReader(plan.archive, plan.limits)
+                _read_manifest(reader, plan)
+                progress.start("restore", manifest.size)
+            if not staged:
+                restore_workers.stage_members(reader.members(), installer.stage, targets,
+                                              progress.advance)
             bytes_read = reader.archive_bytes
+        finally:
+            reader.close()
         progress.finish()
         outcomes.extend(installer.commit_all(on_entry))
     finally:
@@ -165,33 +179,9 @@ def _execute(plan: RestorePlan, progress: Progress,
     return RestoreResult(tuple(outcomes), time.monotonic() - started, bytes_read)
 
 
-def _stream(reader: ArchiveReader, installer: Installer, targets: Mapping[str, Path | None],
-            advance: Callable[[int], None]) -> None:
-    """Every member through the reader's checks; those of entries to write into staging."""
-    staged: StagedEntry | None = None
-    key = ""
-    target: Path | None = None
-    try:
-        for m in reader.members():
-            if m.entry.key != key:
-                if staged is not None:
-                    staged.close()
-                    staged = None
-                key = m.entry.key
-                target = targets.get(key)
-                if target is not None:
-                    staged = installer.stage(m.entry)
-            if staged is None:
-                m.drain()
-            elif m.children is not None:
-                staged.write(m.file, groups.relocate(m.children, target))  # type: ignore[arg-type]
-            elif m.data is not None:
-                staged.write(m.file, m.data)
-            else:
-                with staged.open(m.file) as out:
-                    for chunk in m.chunks():
-                        out.write(chunk)
-            advance(m.file.size)
-    finally:
-        if staged is not None:
-            staged.close()
+def _read_manifest(reader: ArchiveReader, plan: RestorePlan) -> Manifest:
+    manifest = reader.read_manifest(plan.manifest, plan.manifest_sha256)
+    if manifest is not plan.manifest and manifest != plan.manifest:
+        raise ArchiveError(f"{plan.archive} changed since the restore was planned",
+                           hint="plan and restore again")
+    return manifest

@@ -8,6 +8,7 @@ Every case names the exact refusal it must get; test_hostile_corpus.py runs each
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -15,12 +16,12 @@ import re
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
 from cache_helpers import tree
-from cache_tools import archive, tarfmt
+from cache_tools import archive, restore_workers, tarfmt
 from cache_tools.errors import ArchiveError
 from cache_tools.fingerprint import Fingerprint
 from cache_tools.manifest import MANIFEST_NAME, EntryRecord, FileRecord, Manifest
@@ -504,18 +505,36 @@ def truncations(valid: Path) -> list[int]:
 
 
 # --- the check every refusal gets ------------------------------------------------------------
+@contextlib.contextmanager
+def forked_workers() -> Iterator[None]:
+    """Restore workers for archives of any size, also in pytest-xdist's worker processes (which
+    run an I/O thread that the restore's children never touch)."""
+    saved = restore_workers.MIN_FILES, restore_workers.MIN_BYTES, restore_workers.single_threaded
+    restore_workers.MIN_FILES, restore_workers.MIN_BYTES = 1, 1
+    restore_workers.single_threaded = lambda: True
+    try:
+        yield
+    finally:
+        (restore_workers.MIN_FILES, restore_workers.MIN_BYTES,
+         restore_workers.single_threaded) = saved
+
+
 def rejects(path: Path, dest: Path, fp: Fingerprint, expect: str | re.Pattern,
             limits: Limits | None = None) -> str:
     """Restore (plan and execute) and verify both refuse ``path`` with ``expect``; ``dest``
     is unchanged.  Returns the message."""
     before = tree(dest)
     with pytest.raises(ArchiveError) as err:
-        archive.plan_restore(path, dest=dest, local=fp, limits=limits).execute()
+        archive.plan_restore(path, dest=dest, local=fp, limits=limits).execute(jobs=1)
     got = err.value.message
     if isinstance(expect, re.Pattern):
         assert expect.fullmatch(got), got
     else:
         assert got == expect
+    assert tree(dest) == before
+    with forked_workers(), pytest.raises(ArchiveError) as forked:
+        archive.plan_restore(path, dest=dest, local=fp, limits=limits).execute(jobs=2)
+    assert forked.value.message == got
     assert tree(dest) == before
     with pytest.raises(ArchiveError) as again:
         archive.verify(path, local=fp, limits=limits)

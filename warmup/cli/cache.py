@@ -119,6 +119,10 @@ def restore_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan and stop"),
     force: bool = typer.Option(False, "--force", help="restore an archive of another "
                                                       "toolchain"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
+                                       help="worker processes for a large uncompressed archive "
+                                            "(1: this process only; default: one per usable "
+                                            "CPU, at most 8)"),
     fmt: Format = options.FORMAT,
     json_alias: bool = options.JSON_ALIAS,
     quiet: bool = options.QUIET,
@@ -129,7 +133,8 @@ def restore_cmd(
     archive is read and checked even when every entry is already in place."""
     as_json = options.output_format(fmt, json_alias) == "json"
     plan = archive.plan_restore(path, dest=dest, kinds=_chosen_kinds(kinds), force=force)
-    _install(plan, str(path), as_json, dry_run, quiet, verb="Restored", check_all=True)
+    _install(plan, str(path), as_json, dry_run, quiet, verb="Restored", check_all=True,
+             jobs=jobs)
 
 
 @app.command("prune")
@@ -229,7 +234,7 @@ def pull_cmd(
 
 
 def _install(plan, source: str, as_json: bool, dry_run: bool, quiet: bool, *, verb: str,
-             check_all: bool = False) -> None:
+             check_all: bool = False, jobs: int | None = None) -> None:
     """Print a restore or pull plan, execute it unless there is nothing to do (``check_all``:
     even then, so a restore reads and checks the whole archive), print what happened (JSON:
     ``{"plan": ..., "outcomes": [...]}``)."""
@@ -237,7 +242,8 @@ def _install(plan, source: str, as_json: bool, dry_run: bool, quiet: bool, *, ve
         output.data(render.plan_text(plan, source))
     result = None
     if not dry_run and (check_all or not plan.nothing_to_do):
-        result = plan.execute(progress=output.progress(quiet))
+        more = {"jobs": jobs} if jobs is not None else {}   # restore's workers (pull has none)
+        result = plan.execute(progress=output.progress(quiet), **more)
     if as_json:
         _json({"plan": render.plan_json(plan),
                "outcomes": render.outcomes_json(result) if result else []})

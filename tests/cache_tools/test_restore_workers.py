@@ -1,0 +1,153 @@
+"""Restore workers (cache_tools.restore_workers): forked processes stage what one process stages,
+or hand the archive back to the sequential reader; never anything else.  The hostile corpus runs
+through them too (hostile.rejects restores with one job and with two)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import shutil
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+import hostile
+from cache_helpers import tree
+from cache_tools import archive, restore_workers
+from cache_tools.locations import resolve
+from cache_tools.reader import WHOLE, ArchiveReader
+
+
+@pytest.fixture
+def stages(monkeypatch) -> list[bool]:
+    """What each call of restore_workers.stage returned (True: the workers staged it all)."""
+    seen: list[bool] = []
+    real = restore_workers.stage
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(restore_workers, "stage", spy)
+    return seen
+
+
+def _restore(path: Path, dest: Path, fp, jobs: int):
+    shutil.rmtree(dest, ignore_errors=True)
+    result = archive.plan_restore(path, dest=dest, local=fp).execute(jobs=jobs)
+    return [(o.entry.key, o.status) for o in result.outcomes], tree(dest)
+
+
+def test_workers_restore_what_one_process_restores(valid_archive, fp, tmp_path, stages):
+    dest = tmp_path / "dest"               # one place: restored group files name it
+    one = _restore(valid_archive, dest, fp, jobs=1)
+    with hostile.forked_workers():
+        for jobs in (2, 3, 8):             # 3 entries: 2 and 3 workers, and more than entries
+            assert _restore(valid_archive, dest, fp, jobs=jobs) == one
+    assert stages == [True, True, True]
+    assert len(one[0]) == 3 and {s for _, s in one[0]} == {"added"}
+
+
+def test_a_tar_another_writer_laid_out_is_read_sequentially(valid_archive, fp, tmp_path, stages):
+    # The same members, rewritten by Python's tarfile with other header bytes (owner names, a
+    # time): the sequential reader accepts them through its careful parse; the workers find a
+    # header that is not theirs and hand the archive back.
+    other = tmp_path / "other.tar"
+    with tarfile.open(valid_archive) as src, tarfile.open(other, "w", format=tarfile.PAX_FORMAT) as out:
+        for member in src.getmembers():
+            data = src.extractfile(member).read()
+            member.mtime, member.uname = 1_700_000_000, "someone"
+            out.addfile(member, io.BytesIO(data))
+    dest = tmp_path / "dest"
+    one = _restore(other, dest, fp, jobs=1)
+    with hostile.forked_workers():
+        assert _restore(other, dest, fp, jobs=2) == one
+    assert stages == [False]
+
+
+def test_large_members_stream_through_the_workers(tmp_path, fp, stages):
+    src = tmp_path / "root"
+    ops = src / ".cache" / "flashinfer" / "0.2.14" / "90" / "cached_ops"
+    for i, size in enumerate((WHOLE + (3 << 20), 1000, WHOLE + 17)):
+        op = ops / f"op{i}"
+        op.mkdir(parents=True)
+        (op / f"op{i}.so").write_bytes(hashlib.sha256(b"%d" % i).digest() * (size // 32 + 1))
+        (op / "build.ninja").write_text("rule link\n")
+    out = tmp_path / "fi.tar"
+    archive.pack(out, resolve(root=src), fingerprint=fp)
+    dest = tmp_path / "dest"
+    one = _restore(out, dest, fp, jobs=1)
+    with hostile.forked_workers():
+        assert _restore(out, dest, fp, jobs=2) == one
+    assert stages == [True]
+    # damaged inside a large member of the second half: refused as one process refuses it
+    data = bytearray(out.read_bytes())
+    data[-(WHOLE // 2)] ^= 0xFF
+    out.write_bytes(data)
+    hostile.rejects(out, dest, fp, re.compile(r"archive member '.*/op2/op2\.so': sha256 "
+                                              r"mismatch \(manifest \w+, content \w+\)"))
+
+
+def test_the_ranges_split_at_entries_and_end_where_the_writer_ended(valid_archive):
+    with ArchiveReader(valid_archive) as reader:
+        manifest = reader.read_manifest()
+        start = reader.payload_offset
+        runs, end = restore_workers.ranges(manifest, start, 2)
+        assert [(a, b) for a, b, _ in runs] in ([(0, 1), (1, 3)], [(0, 2), (2, 3)])
+        assert runs[0][2] == start
+        with tarfile.open(valid_archive) as tar:
+            members = tar.getmembers()
+        first_of = {m.name: m.offset for m in members}
+        second = manifest.entries[runs[1][0]]
+        assert runs[1][2] == first_of[second.member(second.files[0])]
+        last = members[-1]
+        assert end == last.offset_data + last.size + (-last.size % 512)
+
+
+def test_workers_are_used_only_where_safe(valid_archive, tmp_path):
+    with ArchiveReader(valid_archive) as reader:
+        manifest = reader.read_manifest()
+        assert manifest.nb_files < restore_workers.MIN_FILES
+        assert manifest.size < restore_workers.MIN_BYTES
+        assert not restore_workers.usable(reader, manifest, 8)          # too small
+        with hostile.forked_workers():
+            assert restore_workers.usable(reader, manifest, 2)
+            assert not restore_workers.usable(reader, manifest, 1)      # one job
+    import zstandard
+
+    zst = tmp_path / "valid.tar.zst"
+    zst.write_bytes(zstandard.ZstdCompressor().compress(valid_archive.read_bytes()))
+    with ArchiveReader(zst) as reader, hostile.forked_workers():
+        assert not restore_workers.usable(reader, reader.read_manifest(), 2)  # no offsets
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert not restore_workers.single_threaded()
+    finally:
+        stop.set()
+        other.join()
+    assert 1 <= restore_workers.default_jobs() <= min(os.cpu_count() or 1, restore_workers.MAX_JOBS)
+
+
+def test_the_cli_passes_jobs_through(valid_archive, tmp_path, stages):
+    from typer.testing import CliRunner
+
+    from warmup.cli.cache import app
+
+    runner = CliRunner()
+    dest = tmp_path / "dest"
+    with hostile.forked_workers():
+        done = runner.invoke(app, ["restore", str(valid_archive), "--dest", str(dest), "-j", "2"])
+        assert done.exit_code == 0, done.output
+        shutil.rmtree(dest)
+        one = runner.invoke(app, ["restore", str(valid_archive), "--dest", str(dest),
+                                  "--jobs", "1"])
+        assert one.exit_code == 0, one.output
+    assert stages == [True]          # --jobs 1 never forks
+    bad = runner.invoke(app, ["restore", str(valid_archive), "--dest", str(dest), "--jobs", "0"])
+    assert bad.exit_code == 2
