@@ -26,6 +26,7 @@ from __future__ import annotations
 import gc
 import os
 import select
+import signal
 import struct
 import threading
 from pathlib import Path
@@ -145,15 +146,22 @@ def stage(reader: ArchiveReader, manifest: Manifest, installer: Installer,
     pipes: list[int] = []
     try:
         for first, last, offset in runs:
-            r, w = os.pipe()
-            pid = os.fork()
+            try:
+                r, w = os.pipe()
+            except OSError:                                 # no descriptor to spare: one will do
+                return False
+            pipes.append(r)
+            try:
+                pid = os.fork()
+            except OSError:                                 # no process to spare: one will do
+                os.close(w)
+                return False
             if pid == 0:                                    # the worker
                 os.close(r)
                 os._exit(_work(reader.path, reader.limits, manifest, offset,
                                manifest.entries[first:last], stage_of, targets, w))
             os.close(w)
             pids.append(pid)
-            pipes.append(r)
         _progress(pipes, advance)
         codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
         pids = []
@@ -162,7 +170,7 @@ def stage(reader: ArchiveReader, manifest: Manifest, installer: Installer,
             os.close(fd)
         for pid in pids:                                    # interrupted: stop and reap them
             try:
-                os.kill(pid, 9)
+                os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
             except OSError:
                 pass

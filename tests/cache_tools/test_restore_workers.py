@@ -151,3 +151,22 @@ def test_the_cli_passes_jobs_through(valid_archive, tmp_path, stages):
     assert stages == [True]          # --jobs 1 never forks
     bad = runner.invoke(app, ["restore", str(valid_archive), "--dest", str(dest), "--jobs", "0"])
     assert bad.exit_code == 2
+
+
+def test_a_fork_that_fails_leaves_the_restore_to_one_process(valid_archive, fp, tmp_path, stages,
+                                                             monkeypatch):
+    dest = tmp_path / "dest"
+    one = _restore(valid_archive, dest, fp, jobs=1)
+    forks = []
+    real_fork = os.fork
+
+    def fork_once():
+        if forks:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        forks.append(real_fork())
+        return forks[-1]
+
+    monkeypatch.setattr(os, "fork", fork_once)
+    with hostile.forked_workers():
+        assert _restore(valid_archive, dest, fp, jobs=2) == one
+    assert stages == [False] and len(forks) == 1     # the first worker was stopped and reaped
