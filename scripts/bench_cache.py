@@ -18,7 +18,8 @@ between rounds), and the table prints medians of the per-round ratios ours / bas
 | pack | ``archive.pack`` | ``tar -cf`` |
 | pack zstd | ``archive.pack(zstd=True)`` | ``tar -cf - | zstd -3 -T0`` |
 | verify | ``archive.verify`` | ``tar -xOf ARCHIVE | sha256sum`` (same archive) |
-| restore | ``plan_restore().execute()`` | ``tar -xf ARCHIVE`` (same archive, same file system) |
+| restore | ``plan_restore().execute()`` (forked workers where usable) | ``tar -xf ARCHIVE`` (same archive, same file system) |
+| restore j1 | ``plan_restore().execute(jobs=1)`` (one process) | the same |
 | restore zstd | the same on the zstd archive | ``zstd -dc ARCHIVE | tar -xf -`` |
 
     .venv/bin/python scripts/bench_cache.py                    # full size, 5 rounds
@@ -52,7 +53,7 @@ from cache_tools import archive, fingerprint  # noqa: E402
 from cache_tools.locations import Location, kind  # noqa: E402
 from cache_tools.scan import scan  # noqa: E402
 
-OPS = ("pack", "pack zstd", "verify", "restore", "restore zstd")
+OPS = ("pack", "pack zstd", "verify", "restore", "restore j1", "restore zstd")
 
 
 # --- building the caches ----------------------------------------------------------------------
@@ -256,8 +257,8 @@ def bench_cache(name: str, root: Path, kind_dir: str, loc: Location, work: Path,
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir()
 
-    def restore(path: Path) -> Callable[[], object]:
-        return lambda: archive.plan_restore(path, dest=dest, local=fp).execute()
+    def restore(path: Path, jobs: int | None = None) -> Callable[[], object]:
+        return lambda: archive.plan_restore(path, dest=dest, local=fp).execute(jobs=jobs)
 
     out: dict[str, dict[str, float]] = {}
     # The archives the read-side operations use exist before those are timed.
@@ -278,6 +279,9 @@ def bench_cache(name: str, root: Path, kind_dir: str, loc: Location, work: Path,
                              lambda: sh(f"tar -xOf {ours_tar} | sha256sum"))
         elif op == "restore":
             out[op] = paired(rounds, restore(ours_tar),
+                             lambda: sh(f"tar -xf {ours_tar} -C {dest}"), fresh)
+        elif op == "restore j1":
+            out[op] = paired(rounds, restore(ours_tar, jobs=1),
                              lambda: sh(f"tar -xf {ours_tar} -C {dest}"), fresh)
         elif op == "restore zstd":
             out[op] = paired(rounds, restore(ours_zst),
