@@ -12,6 +12,7 @@ another (the plugin passes the second-pass check of :mod:`warmup.coverage.second
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import logging
 import multiprocessing
@@ -281,9 +282,12 @@ def sglang_freezes_after_warmup() -> bool:
 
 
 async def _freeze_gc(transport: Any) -> None:
-    """After the warm-up: SGLang's own freeze_gc, so that no full collection over the objects
-    the start and the warm-up left lands in serving.  Left to SGLang where it does it itself
-    after its own warm-up request.  A failure is a warning: the server is warm."""
+    """After the warm-up: one full collection in this process (the tokenizer manager's; SGLang's
+    freeze does not collect, and what it freezes is never collected), then SGLang's own
+    freeze_gc, so that no full collection over the objects the start and the warm-up left lands
+    in serving.  The freeze is left to SGLang where it does it itself after its own warm-up
+    request.  A failure is a warning: the server is warm."""
+    gc.collect()
     if sglang_freezes_after_warmup():
         logger.info("sglang-warmup: SGLang freezes the garbage collector after its own warm-up "
                     "request; not freezing here")

@@ -10,7 +10,6 @@ the step (see :class:`TokenMaker`).
 from __future__ import annotations
 
 import asyncio
-import gc
 import hashlib
 import logging
 import random
@@ -235,9 +234,6 @@ class InProcessTransport:
                                       "that has /freeze_gc")
         if hasattr(self.tm, "auto_create_handle_loop"):
             self.tm.auto_create_handle_loop()
-        # A full collection in this process first (SGLang's freeze does not collect), so that
-        # the frozen generation holds what is alive, not the warm-up's garbage.
-        gc.collect()
         await freeze()
 
     async def close(self) -> None:

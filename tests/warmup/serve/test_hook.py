@@ -190,15 +190,20 @@ def test_the_gc_is_frozen_after_the_warmup_and_its_flush(sglang_warmups, tiny_pl
 
 
 def test_an_sglang_that_freezes_after_its_own_warmup_is_left_to_it(sglang_warmups, tiny_plan_path,
-                                                                  fake_tokenizer_manager, caplog):
+                                                                  fake_tokenizer_manager, caplog,
+                                                                  monkeypatch):
     # The pinned SGLang freezes in http_server._freeze_gc_after_server_warmup, after its own
-    # warm-up request (which runs after ours): freezing here would be done twice.
+    # warm-up request (which runs after ours): freezing here would be done twice.  The full
+    # collection still runs here, so that SGLang's freeze keeps what is alive, not garbage.
     assert hook.sglang_freezes_after_warmup()
+    collections: list[int] = []
+    real_collect = hook.gc.collect
+    monkeypatch.setattr(hook.gc, "collect", lambda *a: collections.append(1) or real_collect(*a))
     hook.register(tiny_plan_path)
     tm = fake_tokenizer_manager()
     with caplog.at_level(logging.INFO):
         asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
-    assert tm.gc_frozen_after is None
+    assert tm.gc_frozen_after is None and collections == [1]
     assert any("SGLang freezes the garbage collector after its own warm-up request" in r.getMessage()
                for r in caplog.records)
 
