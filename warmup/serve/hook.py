@@ -310,9 +310,12 @@ def serving_when_up(tokenizer_manager: Any, mark_serving: Callable[[], None], *,
                     poll_s: float = 0.05, limit_s: float = READY_WAIT_S) -> threading.Thread | None:
     """Call ``mark_serving`` when SGLang reports itself up (``server_status`` turns ``Up`` after
     its own warm-up request, which runs after the ``--warmups`` entries and can still compile):
-    at once where the tokenizer manager has no status, from a daemon thread otherwise.  A server
-    that turns ``UnHealthy`` is going down: the phase stays ``warmup``."""
-    if getattr(tokenizer_manager, "server_status", None) is None:
+    at once where the tokenizer manager has no status or never gets one (SGLang's Rust server
+    front end, ``SGLANG_RUST_SERVER``), from a daemon thread otherwise.  A server that turns
+    ``UnHealthy`` is going down: the phase stays ``warmup``."""
+    rust_front = os.environ.get("SGLANG_RUST_SERVER", "").strip().lower() in ("true", "1", "yes",
+                                                                            "y")  # SGLang's EnvBool
+    if getattr(tokenizer_manager, "server_status", None) is None or rust_front:
         mark_serving()
         return None
 

@@ -227,10 +227,18 @@ def test_the_phase_turns_serving_when_sglang_is_up_not_when_the_plan_ends(
         time.sleep(0.02)
 
 
-def test_serving_when_up_marks_at_once_without_a_status_and_never_for_an_unhealthy_server():
+def test_serving_when_up_marks_at_once_without_a_status_and_never_for_an_unhealthy_server(
+        monkeypatch):
     marks: list[str] = []
     assert hook.serving_when_up(object(), lambda: marks.append("now")) is None
     assert marks == ["now"]
+
+    class Starting:
+        server_status = ServerStatus.Starting
+
+    monkeypatch.setenv("SGLANG_RUST_SERVER", "1")   # SGLang never sets the status there
+    assert hook.serving_when_up(Starting(), lambda: None) is None
+    monkeypatch.delenv("SGLANG_RUST_SERVER")
 
     class Tm:
         server_status = ServerStatus.UnHealthy
