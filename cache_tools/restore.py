@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from cache_tools import fingerprint as fp_mod
-from cache_tools import restore_workers
+from cache_tools import forks, restore_workers
 from cache_tools.errors import ArchiveError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import kind, resolve
@@ -148,7 +148,7 @@ def _execute(plan: RestorePlan, progress: Progress,
              on_entry: Callable[[Outcome], None] | None, jobs: int | None) -> RestoreResult:
     started = time.monotonic()
     targets = {i.entry.key: i.target for i in plan.to_write}
-    jobs = restore_workers.default_jobs() if jobs is None else jobs
+    jobs = forks.default_jobs() if jobs is None else jobs
     installer = Installer(plan.roots)
     installer.clean_stale()
     outcomes: list[Outcome] = []

@@ -15,24 +15,18 @@ ours, a tail that is not clean) makes :func:`stage` return False: the caller dis
 staged and reads the archive sequentially, which accepts and refuses exactly what it always did,
 with its own messages.  The workers can make a restore faster, never different.
 
-They are used only where they are safe and pay: a fork start method (Linux), no other thread in
-the process (a fork copies no thread and no lock they hold), an uncompressed archive (a zstd
-stream has no byte offsets to start from), at least :data:`MIN_FILES` payload files or
-:data:`MIN_BYTES` of payload.
+They are used only where they are safe and pay: where ``forks.usable`` says so (a platform that
+forks, no other thread in the process), an uncompressed archive (a zstd stream has no byte
+offsets to start from), at least :data:`MIN_FILES` payload files or :data:`MIN_BYTES` of
+payload.
 """
 
 from __future__ import annotations
 
-import gc
-import os
-import select
-import signal
-import struct
-import threading
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from cache_tools import groups, tarfmt
+from cache_tools import forks, groups, tarfmt
 from cache_tools.manifest import MANIFEST_NAME, EntryRecord, Manifest
 from cache_tools.reader import ArchiveReader, Limits, Member
 from cache_tools.staging import Installer, StagedEntry
@@ -41,34 +35,12 @@ from cache_tools.staging import Installer, StagedEntry
 #: than it saves)
 MIN_FILES = 2048
 MIN_BYTES = 256 << 20
-#: at most this many workers (more gain nothing on the file systems measured)
-MAX_JOBS = 8
-#: a worker reports its progress every this many bytes
-_REPORT_BYTES = 8 << 20
-_COUNT = struct.Struct("<Q")
-_FALLBACK = 3            # a worker's exit status: read the archive sequentially
-
-
-def default_jobs() -> int:
-    """The CPUs this process may run on, at most MAX_JOBS."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, MAX_JOBS))
 
 
 def usable(reader: ArchiveReader, manifest: Manifest, jobs: int) -> bool:
     """Whether workers may stage this archive (see the module docstring)."""
-    return (jobs > 1 and hasattr(os, "fork") and not reader.compressed
-            and (manifest.nb_files >= MIN_FILES or manifest.size >= MIN_BYTES)
-            and single_threaded())
-
-
-def single_threaded() -> bool:
-    """No other thread runs in this process (a forked child would miss it and any lock it
-    holds)."""
-    return threading.active_count() == 1
+    return (not reader.compressed and (manifest.nb_files >= MIN_FILES or manifest.size >= MIN_BYTES)
+            and forks.usable(jobs))
 
 
 def stage_members(members: Iterable[Member], stage: Callable[[EntryRecord], StagedEntry],
@@ -107,32 +79,17 @@ def ranges(manifest: Manifest, start: int, jobs: int) -> tuple[list[tuple[int, i
     """Up to ``jobs`` contiguous runs of entries of about equal work, as (first entry, end
     entry, byte offset of the first entry's first header), and the byte offset after the last
     member, for an archive laid out by our writer from ``start`` (the first payload header)."""
-    entries = manifest.entries
     offsets, weights = [], []
     offset = start
-    for entry in entries:
+    for entry in manifest.entries:
         offsets.append(offset)
-        prefix = "/".join(p for p in (entry.kind, entry.name) if p)
         weight = 0
         for f in entry.files:
-            name = f"{prefix}/{f.path}" if f.path else prefix
-            if len(name) <= 100 and f.size < 8 << 30 and name.isascii():
-                head = tarfmt.BLOCK
-            else:
-                head = len(tarfmt.header(name, f.size, f.mode))
-            offset += head + f.size + (-f.size % tarfmt.BLOCK)
+            offset += tarfmt.span(entry.member(f), f.size, f.mode)
             weight += f.size + (16 << 10)       # a file costs about what 16 KiB of data does
         weights.append(weight)
-    total = sum(weights)
-    runs: list[tuple[int, int, int]] = []
-    first, done = 0, 0
-    for i, w in enumerate(weights):
-        done += w
-        if len(runs) < jobs - 1 and done >= total * (len(runs) + 1) / jobs and i + 1 < len(entries):
-            runs.append((first, i + 1, offsets[first]))
-            first = i + 1
-    runs.append((first, len(entries), offsets[first] if entries else start))
-    return runs, offset
+    runs = forks.split(weights, jobs) if weights else [(0, 0)]
+    return [(a, b, offsets[a] if a < len(offsets) else start) for a, b in runs], offset
 
 
 def stage(reader: ArchiveReader, manifest: Manifest, installer: Installer,
@@ -142,39 +99,9 @@ def stage(reader: ArchiveReader, manifest: Manifest, installer: Installer,
     what was staged).  ``reader`` has just read the manifest."""
     runs, end = ranges(manifest, reader.payload_offset, jobs)
     stage_of = {e.key: installer.stage(e) for e in manifest.entries if targets.get(e.key) is not None}
-    pids: list[int] = []
-    pipes: list[int] = []
-    try:
-        for first, last, offset in runs:
-            try:
-                r, w = os.pipe()
-            except OSError:                                 # no descriptor to spare: one will do
-                return False
-            pipes.append(r)
-            try:
-                pid = os.fork()
-            except OSError:                                 # no process to spare: one will do
-                os.close(w)
-                return False
-            if pid == 0:                                    # the worker
-                os.close(r)
-                os._exit(_work(reader.path, reader.limits, manifest, offset,
-                               manifest.entries[first:last], stage_of, targets, w))
-            os.close(w)
-            pids.append(pid)
-        _progress(pipes, advance)
-        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
-        pids = []
-    finally:
-        for fd in pipes:
-            os.close(fd)
-        for pid in pids:                                    # interrupted: stop and reap them
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
-    if any(codes):
+    tasks = [_task(reader.path, reader.limits, manifest, offset, manifest.entries[first:last],
+                   stage_of, targets) for first, last, offset in runs]
+    if forks.run(tasks, advance) is None:
         return False
     last = manifest.entries[-1] if manifest.entries else None
     previous = last.member(last.files[-1]) if last is not None else MANIFEST_NAME
@@ -185,41 +112,14 @@ def stage(reader: ArchiveReader, manifest: Manifest, installer: Installer,
     return True
 
 
-def _work(path: Path, limits: Limits, manifest: Manifest, offset: int,
+def _task(path: Path, limits: Limits, manifest: Manifest, offset: int,
           entries: Sequence[EntryRecord], stage_of: Mapping[str, StagedEntry],
-          targets: Mapping[str, Path | None], report_fd: int) -> int:
-    """One worker: its range checked and staged; 0, or _FALLBACK on anything at all."""
-    try:
-        gc.disable()                                        # a short life: no cycles to find
-        pending = [0]
-
-        def advance(n: int) -> None:
-            pending[0] += n
-            if pending[0] >= _REPORT_BYTES:
-                os.write(report_fd, _COUNT.pack(pending[0]))
-                pending[0] = 0
-
+          targets: Mapping[str, Path | None]) -> forks.Task:
+    """One worker's job: its range checked and staged where the parent staged its entries."""
+    def work(advance: Callable[[int], None]) -> bytes:
         with ArchiveReader(path, limits) as reader:
             stage_members(reader.range_members(manifest, offset, entries),
                           lambda entry: stage_of[entry.key], targets, advance)
-        if pending[0]:
-            os.write(report_fd, _COUNT.pack(pending[0]))
-        return 0
-    except BaseException:                                   # noqa: BLE001 - the parent decides
-        return _FALLBACK
-    finally:
-        os.close(report_fd)
+        return b""
 
-
-def _progress(pipes: list[int], advance: Callable[[int], None]) -> None:
-    """The workers' byte counts, as they come, until every worker has closed its pipe."""
-    open_fds = list(pipes)
-    while open_fds:
-        ready, _, _ = select.select(open_fds, [], [])
-        for fd in ready:
-            data = os.read(fd, _COUNT.size * 512)
-            if not data:
-                open_fds.remove(fd)
-                continue
-            for (n,) in _COUNT.iter_unpack(data[:len(data) - len(data) % _COUNT.size]):
-                advance(n)
+    return work

@@ -106,6 +106,15 @@ def header(name: str, size: int, mode: int) -> bytes:
             + ustar)
 
 
+def span(name: str, size: int, mode: int) -> int:
+    """The bytes one member takes in the archive: its header block(s), its data, its padding."""
+    if len(name) <= 100 and 0 <= size < _MAX_SIZE and name.isascii():
+        head = BLOCK
+    else:
+        head = len(header(name, size, mode))
+    return head + size + (-size % BLOCK)
+
+
 def padding(size: int) -> bytes:
     """Zero bytes from the end of ``size`` bytes of data to the next block boundary."""
     return bytes(-size % BLOCK)

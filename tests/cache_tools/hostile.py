@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import pytest
 
 from cache_helpers import tree
-from cache_tools import archive, restore_workers, tarfmt
+from cache_tools import archive, forks, restore_workers, tarfmt
 from cache_tools.errors import ArchiveError
 from cache_tools.fingerprint import Fingerprint
 from cache_tools.manifest import MANIFEST_NAME, EntryRecord, FileRecord, Manifest
@@ -509,14 +509,13 @@ def truncations(valid: Path) -> list[int]:
 def forked_workers() -> Iterator[None]:
     """Restore workers for archives of any size, also in pytest-xdist's worker processes (which
     run an I/O thread that the restore's children never touch)."""
-    saved = restore_workers.MIN_FILES, restore_workers.MIN_BYTES, restore_workers.single_threaded
+    saved = restore_workers.MIN_FILES, restore_workers.MIN_BYTES, forks.single_threaded
     restore_workers.MIN_FILES, restore_workers.MIN_BYTES = 1, 1
-    restore_workers.single_threaded = lambda: True
+    forks.single_threaded = lambda: True
     try:
         yield
     finally:
-        (restore_workers.MIN_FILES, restore_workers.MIN_BYTES,
-         restore_workers.single_threaded) = saved
+        restore_workers.MIN_FILES, restore_workers.MIN_BYTES, forks.single_threaded = saved
 
 
 def rejects(path: Path, dest: Path, fp: Fingerprint, expect: str | re.Pattern,

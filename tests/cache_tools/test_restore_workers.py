@@ -17,7 +17,7 @@ import pytest
 
 import hostile
 from cache_helpers import tree
-from cache_tools import archive, restore_workers
+from cache_tools import archive, forks, restore_workers
 from cache_tools.locations import resolve
 from cache_tools.reader import WHOLE, ArchiveReader
 
@@ -127,11 +127,11 @@ def test_workers_are_used_only_where_safe(valid_archive, tmp_path):
     other = threading.Thread(target=stop.wait)
     other.start()
     try:
-        assert not restore_workers.single_threaded()
+        assert not forks.single_threaded()
     finally:
         stop.set()
         other.join()
-    assert 1 <= restore_workers.default_jobs() <= min(os.cpu_count() or 1, restore_workers.MAX_JOBS)
+    assert 1 <= forks.default_jobs() <= min(os.cpu_count() or 1, forks.MAX_JOBS)
 
 
 def test_the_cli_passes_jobs_through(valid_archive, tmp_path, stages):

@@ -1,0 +1,160 @@
+"""Forked workers: a few tasks run in child processes of this one at once, each reporting its
+progress and one result back through a pipe.
+
+Per-file work in Python (hashing, header bytes, the write) holds the interpreter lock, so
+threads do not spread it over CPUs; forked processes do, and they start in milliseconds with
+everything the parent has already read.  Callers (restore and pack) use them only where
+:func:`usable` says so, and treat ``None`` from :func:`run` (a task failed, a fork failed) as
+"do the work in this process": that path then says what is wrong, with its own messages, so the
+workers can make an operation faster, never different.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import struct
+import threading
+from typing import Callable, Sequence
+
+#: at most this many workers (more gain nothing on the file systems measured)
+MAX_JOBS = 8
+#: a worker reports its progress every this many bytes
+_REPORT_BYTES = 8 << 20
+_FRAME = struct.Struct("<cQ")     # b"P" + bytes done, or b"R" + length of the result after it
+
+#: A task: gets ``advance(nbytes)`` for its progress, returns its result.
+Task = Callable[[Callable[[int], None]], bytes]
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on, at most MAX_JOBS."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_JOBS))
+
+
+def single_threaded() -> bool:
+    """No other thread runs in this process (a forked child would miss it and any lock it
+    holds)."""
+    return threading.active_count() == 1
+
+
+def usable(jobs: int) -> bool:
+    """Whether forked workers may run here: more than one job, a platform that forks, and no
+    other thread in this process."""
+    return jobs > 1 and hasattr(os, "fork") and single_threaded()
+
+
+def split(weights: Sequence[int], jobs: int) -> list[tuple[int, int]]:
+    """Up to ``jobs`` contiguous runs ``(first, end)`` of items of about equal total weight."""
+    total = sum(weights)
+    runs: list[tuple[int, int]] = []
+    first = done = 0
+    for i, w in enumerate(weights):
+        done += w
+        if len(runs) < jobs - 1 and done >= total * (len(runs) + 1) / jobs and i + 1 < len(weights):
+            runs.append((first, i + 1))
+            first = i + 1
+    runs.append((first, len(weights)))
+    return runs
+
+
+def run(tasks: Sequence[Task], advance: Callable[[int], None]) -> list[bytes] | None:
+    """Run every task in a forked child at once; their results in order, or None when any task
+    failed or could not start (the workers already started are stopped and reaped first)."""
+    pids: list[int] = []
+    pipes: list[int] = []
+    results: dict[int, bytes] = {}
+    try:
+        for task in tasks:
+            try:
+                r, w = os.pipe()
+            except OSError:                                 # no descriptor to spare
+                return None
+            pipes.append(r)
+            try:
+                pid = os.fork()
+            except OSError:                                 # no process to spare
+                os.close(w)
+                return None
+            if pid == 0:                                    # the worker
+                os.close(r)
+                os._exit(_child(task, w))
+            os.close(w)
+            pids.append(pid)
+        _collect(pipes, advance, results)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+        pids = []
+    finally:
+        for fd in pipes:
+            os.close(fd)
+        for pid in pids:                                    # interrupted: stop and reap them
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+    if any(codes) or len(results) != len(tasks):
+        return None
+    return [results[fd] for fd in pipes]
+
+
+def _child(task: Task, fd: int) -> int:
+    """One worker: 0 when its task returned (its result sent), 1 on anything at all."""
+    try:
+        import gc
+
+        gc.disable()                                        # a short life: no cycles to find
+        pending = [0]
+
+        def advance(n: int) -> None:
+            pending[0] += n
+            if pending[0] >= _REPORT_BYTES:
+                _send(fd, _FRAME.pack(b"P", pending[0]))
+                pending[0] = 0
+
+        result = task(advance)
+        if pending[0]:
+            _send(fd, _FRAME.pack(b"P", pending[0]))
+        _send(fd, _FRAME.pack(b"R", len(result)) + result)
+        return 0
+    except BaseException:                                   # noqa: BLE001 - the parent decides
+        return 1
+    finally:
+        os.close(fd)
+
+
+def _send(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _collect(pipes: list[int], advance: Callable[[int], None], results: dict[int, bytes]) -> None:
+    """Read every worker's frames until every worker has closed its pipe: progress as it comes,
+    the result at the end."""
+    buffers = {fd: bytearray() for fd in pipes}
+    open_fds = list(pipes)
+    while open_fds:
+        ready, _, _ = select.select(open_fds, [], [])
+        for fd in ready:
+            data = os.read(fd, 1 << 16)
+            if not data:
+                open_fds.remove(fd)
+                continue
+            buf = buffers[fd]
+            buf += data
+            while len(buf) >= _FRAME.size:
+                kind, n = _FRAME.unpack_from(buf)
+                if kind == b"P":
+                    del buf[:_FRAME.size]
+                    advance(n)
+                elif len(buf) >= _FRAME.size + n:
+                    results[fd] = bytes(buf[_FRAME.size:_FRAME.size + n])
+                    del buf[:_FRAME.size + n]
+                else:
+                    break
