@@ -20,6 +20,10 @@ from typing import Callable, Sequence
 
 #: at most this many workers (more gain nothing on the file systems measured)
 MAX_JOBS = 8
+#: below this many files and bytes an operation stays in one process (a fork costs more than it
+#: saves)
+MIN_FILES = 2048
+MIN_BYTES = 256 << 20
 #: a worker reports its progress every this many bytes
 _REPORT_BYTES = 8 << 20
 _FRAME = struct.Struct("<cQ")     # b"P" + bytes done, or b"R" + length of the result after it
@@ -47,6 +51,11 @@ def usable(jobs: int) -> bool:
     """Whether forked workers may run here: more than one job, a platform that forks, and no
     other thread in this process."""
     return jobs > 1 and hasattr(os, "fork") and single_threaded()
+
+
+def worth(files: int, nbytes: int) -> bool:
+    """Whether an operation on ``files`` files of ``nbytes`` in all is worth workers."""
+    return files >= MIN_FILES or nbytes >= MIN_BYTES
 
 
 def split(weights: Sequence[int], jobs: int) -> list[tuple[int, int]]:

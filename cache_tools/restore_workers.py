@@ -17,8 +17,7 @@ with its own messages.  The workers can make a restore faster, never different.
 
 They are used only where they are safe and pay: where ``forks.usable`` says so (a platform that
 forks, no other thread in the process), an uncompressed archive (a zstd stream has no byte
-offsets to start from), at least :data:`MIN_FILES` payload files or :data:`MIN_BYTES` of
-payload.
+offsets to start from), and enough of it (``forks.worth``).
 """
 
 from __future__ import annotations
@@ -31,15 +30,10 @@ from cache_tools.manifest import MANIFEST_NAME, EntryRecord, Manifest
 from cache_tools.reader import ArchiveReader, Limits, Member
 from cache_tools.staging import Installer, StagedEntry
 
-#: below this many payload files and bytes a restore stays in one process (a fork costs more
-#: than it saves)
-MIN_FILES = 2048
-MIN_BYTES = 256 << 20
-
 
 def usable(reader: ArchiveReader, manifest: Manifest, jobs: int) -> bool:
     """Whether workers may stage this archive (see the module docstring)."""
-    return (not reader.compressed and (manifest.nb_files >= MIN_FILES or manifest.size >= MIN_BYTES)
+    return (not reader.compressed and forks.worth(manifest.nb_files, manifest.size)
             and forks.usable(jobs))
 
 

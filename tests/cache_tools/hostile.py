@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-
 from cache_helpers import tree
-from cache_tools import archive, forks, restore_workers, tarfmt
+
+from cache_tools import archive, forks, tarfmt
 from cache_tools.errors import ArchiveError
 from cache_tools.fingerprint import Fingerprint
 from cache_tools.manifest import MANIFEST_NAME, EntryRecord, FileRecord, Manifest
@@ -509,13 +509,12 @@ def truncations(valid: Path) -> list[int]:
 def forked_workers() -> Iterator[None]:
     """Restore workers for archives of any size, also in pytest-xdist's worker processes (which
     run an I/O thread that the restore's children never touch)."""
-    saved = restore_workers.MIN_FILES, restore_workers.MIN_BYTES, forks.single_threaded
-    restore_workers.MIN_FILES, restore_workers.MIN_BYTES = 1, 1
-    forks.single_threaded = lambda: True
+    saved = forks.MIN_FILES, forks.MIN_BYTES, forks.single_threaded
+    forks.MIN_FILES, forks.MIN_BYTES, forks.single_threaded = 1, 1, lambda: True
     try:
         yield
     finally:
-        restore_workers.MIN_FILES, restore_workers.MIN_BYTES, forks.single_threaded = saved
+        forks.MIN_FILES, forks.MIN_BYTES, forks.single_threaded = saved
 
 
 def rejects(path: Path, dest: Path, fp: Fingerprint, expect: str | re.Pattern,

@@ -111,8 +111,7 @@ def test_the_ranges_split_at_entries_and_end_where_the_writer_ended(valid_archiv
 def test_workers_are_used_only_where_safe(valid_archive, tmp_path):
     with ArchiveReader(valid_archive) as reader:
         manifest = reader.read_manifest()
-        assert manifest.nb_files < restore_workers.MIN_FILES
-        assert manifest.size < restore_workers.MIN_BYTES
+        assert manifest.nb_files < forks.MIN_FILES and manifest.size < forks.MIN_BYTES
         assert not restore_workers.usable(reader, manifest, 8)          # too small
         with hostile.forked_workers():
             assert restore_workers.usable(reader, manifest, 2)
