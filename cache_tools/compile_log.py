@@ -33,9 +33,12 @@ VERSION = 1
 
 #: Record ``event`` values.  ``miss``: a Triton compile; ``hit``: a Triton disk-cache load;
 #: ``load``: a kernel's device load at its first launch; ``jit_build``: an nvcc JIT module
-#: (``outcome`` ``built``, ``cached`` or ``failed``).
-MISS, HIT, LOAD, JIT_BUILD = "miss", "hit", "load", "jit_build"
-EVENTS = (MISS, HIT, LOAD, JIT_BUILD)
+#: (``outcome`` ``built``, ``cached`` or ``failed``); ``gc``: a long Python garbage collection
+#: (``generation``, ``duration_s``, ``collected``; ``time`` is when it ended).
+MISS, HIT, LOAD, JIT_BUILD, GC = "miss", "hit", "load", "jit_build", "gc"
+EVENTS = (MISS, HIT, LOAD, JIT_BUILD, GC)
+#: Events about one kernel or module (the ones grouped by compile key).
+KERNEL_EVENTS = (MISS, HIT, LOAD, JIT_BUILD)
 #: Events that compile or look up a compiled artifact (the ones coverage and audit count).
 COMPILE_EVENTS = (MISS, HIT, JIT_BUILD)
 

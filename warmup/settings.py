@@ -107,6 +107,9 @@ METRICS = EnvVar("WARMUP_METRICS", True, _bool,
                  "set to 0 to install no compile-event hooks in SGLang processes")
 PROMETHEUS_MULTIPROC_DIR = EnvVar("PROMETHEUS_MULTIPROC_DIR", "", _str,
                                   "prometheus-client multiprocess directory")
+GC_PAUSE_MS = EnvVar("WARMUP_GC_PAUSE_MS", 20.0, _float,
+                     "a Python garbage collection at least this long (ms) in an SGLang process "
+                     "is written to the compile log (event gc), so audit can name it; 0: none")
 
 # --- coverage and audit -------------------------------------------------------------------
 SECOND_PASS = EnvVar("WARMUP_SECOND_PASS", False, _bool,

@@ -62,22 +62,25 @@ LOAD_METRIC = "sglang_warmup_kernel_loads"
 @dataclass(frozen=True)
 class PassResult:
     """One step in one pass: wall time of the step (ms), compile events attributed to it
-    (``misses``), device loads, and the compile keys (compile_log mode only)."""
+    (``misses``), device loads, the compile keys, and the time long garbage collections of the
+    server overlapped the step (``gc_ms``) (the last two in compile_log mode only)."""
 
     ms: float
     misses: int = 0
     device_loads: int = 0
     keys: tuple[KeyEvents, ...] = ()
+    gc_ms: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"ms": round(self.ms, 2), "misses": self.misses, "device_loads": self.device_loads,
-                "keys": [k.to_json() for k in self.keys]}
+                "keys": [k.to_json() for k in self.keys], "gc_ms": round(self.gc_ms, 2)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "PassResult":
         return cls(ms=float(d.get("ms") or 0.0), misses=int(d.get("misses") or 0),
                    device_loads=int(d.get("device_loads") or 0),
-                   keys=tuple(KeyEvents.from_json(k) for k in d.get("keys") or ()))
+                   keys=tuple(KeyEvents.from_json(k) for k in d.get("keys") or ()),
+                   gc_ms=float(d.get("gc_ms") or 0.0))
 
 
 @dataclass(frozen=True)
@@ -109,9 +112,10 @@ class StepAudit:
     def cause(self) -> str:
         """What the audit can see behind a slow first pass: ``compile`` (a kernel compiled or
         JIT-built for this step), ``cache load`` (loaded from the disk cache), ``kernel load``
-        (a first launch on the device), ``first use of …`` (request features this step was the
-        first to send, e.g. logprobs or n > 1), or ``none found``; empty when the step was not
-        slow."""
+        (a first launch on the device), ``garbage collection (N ms)`` (the server's long
+        collections overlapped the step for at least half of its extra time), ``first use of
+        …`` (request features this step was the first to send, e.g. logprobs or n > 1), or
+        ``none found``; empty when the step was not slow."""
         if not self.slow_first:
             return ""
         keys = self.first.keys
@@ -121,6 +125,8 @@ class StepAudit:
             return "cache load"
         if self.first.device_loads or any(k.device_loads for k in keys):
             return "kernel load"
+        if self.first.gc_ms and self.first.gc_ms >= 0.5 * (self.first.ms - self.second.ms):
+            return f"garbage collection ({self.first.gc_ms:.0f} ms)"
         # logprob_start_len 0 (input logprobs from the first token) counts; other zeros do not
         features = [FEATURE_WORDS[k] for k, v in sorted(self.step.features.items())
                     if k in FEATURE_WORDS and v is not False
@@ -390,6 +396,7 @@ class _Audit:
 
         n = len(self.steps)
         times: dict[int, float] = {}
+        windows: dict[int, tuple[float, float]] = {}
         counted: dict[int, tuple[int, int]] = {}
         cached: dict[int, bool] = {}
         flushes: list[str] = []
@@ -413,6 +420,7 @@ class _Audit:
                     else:
                         prev = await asyncio.to_thread(serving_counts, t)
                     t0 = time.perf_counter()
+                    wall = time.time()
                     try:
                         await t.send(step.to_step(i))
                     except TransportError as exc:
@@ -421,6 +429,7 @@ class _Audit:
                                              f"{_prompts(step)}): {exc.message}",
                                              hint=exc.hint) from None
                     times[seq] = (time.perf_counter() - t0) * 1000
+                    windows[seq] = (wall, wall + times[seq] / 1000)
                     if prev is not None:
                         after = await asyncio.to_thread(serving_counts, t)
                         counted[seq] = (int(round(after.compile_events - prev.compile_events)),
@@ -443,7 +452,10 @@ class _Audit:
             records = cursor.read(mark)
             by_seq: dict[int, list[dict]] = {}
             other: list[dict] = []
+            pauses = [r for r in records if r.get("event") == compile_log.GC]
             for r in records:
+                if r.get("event") not in compile_log.KERNEL_EVENTS:
+                    continue
                 seq = r.get("request")
                 cls = r.get("shape_class")
                 if (r.get("phase") == "serving" and isinstance(cls, str)
@@ -458,7 +470,8 @@ class _Audit:
                 rs = by_seq.get(seq, [])
                 passes[seq] = PassResult(ms=times[seq], misses=sum(1 for r in rs if is_compile_event(r)),
                                          device_loads=sum(1 for r in rs if r.get("event") == "load"),
-                                         keys=tuple(aggregate(rs)))
+                                         keys=tuple(aggregate(rs)),
+                                         gc_ms=gc_overlap_ms(pauses, *windows[seq]))
             unattributed = tuple(aggregate(other))
             if before is not None:
                 try:
@@ -485,6 +498,19 @@ class _Audit:
                            facts=facts.to_dict(), steps=results, max_misses=self.max_misses,
                            created_at=created, unattributed=unattributed, unseen_events=unseen,
                            flushes=tuple(flushes), notes=tuple(self.notes))
+
+
+def gc_overlap_ms(pauses: Sequence[Mapping[str, Any]], start: float, end: float) -> float:
+    """Milliseconds of the window ``start``-``end`` (wall clock) that the recorded garbage
+    collections (compile-log ``gc`` records: ``time`` their end, ``duration_s``) overlapped."""
+    total = 0.0
+    for r in pauses:
+        try:
+            ended, took = float(r["time"]), float(r["duration_s"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        total += max(0.0, min(end, ended) - max(start, ended - took))
+    return total * 1000
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from cache_tools import jsonfile
+from cache_tools import compile_log, jsonfile
 from cache_tools.render import table
 
 # --------------------------------------------------------------------------------------------
@@ -135,6 +135,8 @@ def aggregate(records: Iterable[Mapping[str, Any]]) -> list[KeyEvents]:
     """Group records by compile key, in order of first appearance."""
     acc: dict[tuple, dict[str, Any]] = {}
     for r in records:
+        if r.get("event") not in compile_log.KERNEL_EVENTS:    # e.g. a garbage collection
+            continue
         compiler, name, h, module = _key_ident(r)
         ident = (compiler, name, h if compiler == "triton" else None)
         a = acc.get(ident)

@@ -7,7 +7,9 @@ process it runs in (the plugin calls it first thing in every SGLang process):
   (:mod:`warmup.observe.triton_hooks`; each compile's record is built by
   :mod:`warmup.observe.triton_record`);
 * SGLang's nvcc JIT and tvm-ffi's ninja builds (:mod:`warmup.observe.jit_hooks`), patched when
-  their modules get imported, so nothing heavy is imported here.
+  their modules get imported, so nothing heavy is imported here;
+* long Python garbage collections (:mod:`warmup.observe.gc_pauses`), written to the compile log
+  so that a slow step with no compile can still be explained.
 
 Single slots are wrapped, never replaced: our wrapper calls the previous hook, returns its
 result, and records after it.  A hook installed later that chains (SGLang's
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cache_tools import compile_log
-from warmup.observe import jit_hooks, metrics, triton_hooks, triton_record
+from warmup.observe import gc_pauses, jit_hooks, metrics, triton_hooks, triton_record
 from warmup.observe import phase as _phase
 
 logger = logging.getLogger("sglang_warmup.events")
@@ -184,6 +186,7 @@ class _Installation:
         self.report: InstallReport = InstallReport(None, "unknown", ())
         self.triton = triton_hooks.TritonHooks(self)
         self.jit = jit_hooks.JitHooks(self)
+        self.gc = gc_pauses.GcPauses(self)
 
     # --- what the sources share ---------------------------------------------------------------
     @property
@@ -241,6 +244,7 @@ class _Installation:
     def install(self) -> None:
         triton_version = self.triton.install()
         layout = self.jit.install()
+        self.gc.install()
         self.report = InstallReport(
             triton_version=triton_version,
             sglang_jit_layout=layout,

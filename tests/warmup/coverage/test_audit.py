@@ -280,13 +280,14 @@ def test_an_existing_out_file_is_refused_before_the_audit_runs(tmp_path, capsys)
     assert out.read_text() == "{}"
 
 
-def _step_audit(first_ms, second_ms, *, keys=(), loads=0, features=None):
+def _step_audit(first_ms, second_ms, *, keys=(), loads=0, features=None, gc_ms=0.0):
     from warmup.coverage.audit import PassResult, StepAudit
     from warmup.coverage.traffic import TrafficStep
 
     step = TrafficStep("single", (300,), features=features or {})
     return StepAudit(0, step, False, PassResult(first_ms, misses=len(keys), device_loads=loads,
-                                                keys=tuple(keys)), PassResult(second_ms))
+                                                keys=tuple(keys), gc_ms=gc_ms),
+                     PassResult(second_ms))
 
 
 def test_a_slow_first_pass_is_given_the_cause_the_audit_can_see():
@@ -301,5 +302,29 @@ def test_a_slow_first_pass_is_given_the_cause_the_audit_can_see():
                                               "n": 2}).cause == (
         "first use of input logprobs, parallel sampling (n > 1), logprobs")
     assert _step_audit(100.0, 10.0).cause == "none found"
+    # the server's long garbage collections overlapped the step for most of its extra time
+    collected = _step_audit(460.0, 100.0, gc_ms=450.0, features={"n": 2})
+    assert collected.cause == "garbage collection (450 ms)"
+    assert collected.to_json()["pass1"]["gc_ms"] == 450.0
+    assert _step_audit(460.0, 100.0, gc_ms=60.0).cause == "none found"   # too little of it
     fast = _step_audit(12.0, 10.0, keys=[compiled])
     assert fast.cause == "" and fast.to_json()["ratio"] == 1.2
+
+
+def test_collections_count_where_they_overlap_a_step():
+    from warmup.coverage.audit import gc_overlap_ms
+
+    pauses = [{"event": "gc", "time": 10.5, "duration_s": 0.4},     # 10.1-10.5
+              {"event": "gc", "time": 12.0, "duration_s": 0.1},     # after the step
+              {"event": "gc", "time": "junk", "duration_s": 1}]     # unreadable: ignored
+    assert gc_overlap_ms(pauses, 10.0, 11.0) == pytest.approx(400.0)
+    assert gc_overlap_ms(pauses, 10.3, 10.4) == pytest.approx(100.0)
+    assert gc_overlap_ms(pauses, 11.0, 11.5) == 0.0
+
+
+def test_collections_are_not_compile_keys():
+    from warmup.coverage.classes import aggregate
+
+    records = [{"event": "gc", "generation": 2, "duration_s": 0.45, "phase": "serving"},
+               {"event": "miss", "compiler": "triton", "kernel": {"name": "k"}, "hash": "h"}]
+    assert [(k.name, k.compiled) for k in aggregate(records)] == [("k", 1)]
