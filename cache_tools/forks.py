@@ -12,7 +12,7 @@ workers can make an operation faster, never different.
 from __future__ import annotations
 
 import os
-import select
+import selectors
 import signal
 import struct
 import threading
@@ -96,8 +96,14 @@ def run(tasks: Sequence[Task], advance: Callable[[int], None]) -> list[bytes] | 
             os.close(w)
             pids.append(pid)
         _collect(pipes, advance, results)
-        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
-        pids = []
+        codes = []
+        while pids:
+            try:
+                status = os.waitpid(pids[0], 0)[1]
+            except ChildProcessError:                       # SIGCHLD ignored: no exit status
+                return None
+            pids.pop(0)
+            codes.append(os.waitstatus_to_exitcode(status))
     finally:
         for fd in pipes:
             os.close(fd)
@@ -147,23 +153,30 @@ def _collect(pipes: list[int], advance: Callable[[int], None], results: dict[int
     """Read every worker's frames until every worker has closed its pipe: progress as it comes,
     the result at the end."""
     buffers = {fd: bytearray() for fd in pipes}
-    open_fds = list(pipes)
-    while open_fds:
-        ready, _, _ = select.select(open_fds, [], [])
-        for fd in ready:
-            data = os.read(fd, 1 << 16)
-            if not data:
-                open_fds.remove(fd)
-                continue
-            buf = buffers[fd]
-            buf += data
-            while len(buf) >= _FRAME.size:
-                kind, n = _FRAME.unpack_from(buf)
-                if kind == b"P":
-                    del buf[:_FRAME.size]
-                    advance(n)
-                elif len(buf) >= _FRAME.size + n:
-                    results[fd] = bytes(buf[_FRAME.size:_FRAME.size + n])
-                    del buf[:_FRAME.size + n]
-                else:
-                    break
+    with selectors.DefaultSelector() as sel:          # any descriptor number (not select())
+        for fd in pipes:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            for key, _ in sel.select():
+                fd = key.fd
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    sel.unregister(fd)
+                    continue
+                _frames(buffers[fd], data, fd, advance, results)
+
+
+def _frames(buf: bytearray, data: bytes, fd: int, advance: Callable[[int], None],
+            results: dict[int, bytes]) -> None:
+    """Take every whole frame out of ``buf`` once ``data`` is added to it."""
+    buf += data
+    while len(buf) >= _FRAME.size:
+        kind, n = _FRAME.unpack_from(buf)
+        if kind == b"P":
+            del buf[:_FRAME.size]
+            advance(n)
+        elif len(buf) >= _FRAME.size + n:
+            results[fd] = bytes(buf[_FRAME.size:_FRAME.size + n])
+            del buf[:_FRAME.size + n]
+        else:
+            break

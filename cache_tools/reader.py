@@ -181,6 +181,9 @@ class ArchiveReader:
     def close(self) -> None:
         self._file.close()
 
+    def fileno(self) -> int:
+        return self._file.fileno()
+
     @property
     def archive_bytes(self) -> int:
         return os.fstat(self._file.fileno()).st_size
@@ -350,6 +353,7 @@ class ArchiveReader:
     def _seek(self, manifest: Manifest, offset: int) -> None:
         self.manifest = manifest
         self._budget = manifest.size + self.limits.max_manifest_bytes + _framing(manifest)
+        self._produced = offset     # what a reader from the start would have produced by here
         self._file.seek(offset)
         self._tar = tarfmt.TarStream(self._read, max_header_bytes=self.limits.max_header_bytes,
                                      chunk=CHUNK)

@@ -157,9 +157,10 @@ def _execute(plan: RestorePlan, progress: Progress,
         try:
             manifest = _read_manifest(reader, plan)
             progress.start("restore", manifest.size)
-            staged = restore_workers.usable(reader, manifest, jobs) and restore_workers.stage(
-                reader, manifest, installer, targets, jobs, progress.advance)
-            if not staged and installer.staged:     # the workers' fallback: start over
+            tried = restore_workers.usable(reader, manifest, jobs)
+            staged = tried and restore_workers.stage(reader, manifest, installer, targets, jobs,
+                                                     progress.advance)
+            if tried and not staged:                # the workers' fallback: start over
                 installer.cleanup()
                 installer = Installer(plan.roots)
                 reader.close()

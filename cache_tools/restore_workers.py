@@ -93,7 +93,11 @@ def stage(reader: ArchiveReader, manifest: Manifest, installer: Installer,
     what was staged).  ``reader`` has just read the manifest."""
     runs, end = ranges(manifest, reader.payload_offset, jobs)
     stage_of = {e.key: installer.stage(e) for e in manifest.entries if targets.get(e.key) is not None}
-    tasks = [_task(reader.path, reader.limits, manifest, offset, manifest.entries[first:last],
+    # The workers read the very file the parent opened and checked (a new open file of it, with
+    # its own offset), not whatever the path names by then.
+    proc_fd = Path(f"/proc/self/fd/{reader.fileno()}")
+    source = proc_fd if proc_fd.exists() else reader.path
+    tasks = [_task(source, reader.limits, manifest, offset, manifest.entries[first:last],
                    stage_of, targets) for first, last, offset in runs]
     if forks.run(tasks, advance) is None:
         return False

@@ -69,7 +69,8 @@ def test_a_tar_another_writer_laid_out_is_read_sequentially(valid_archive, fp, t
     assert stages == [False]
 
 
-def test_large_members_stream_through_the_workers(tmp_path, fp, stages):
+def _large_archive(tmp_path: Path, fp) -> Path:
+    """Three FlashInfer-like entries, two of them above the reader's whole-member size."""
     src = tmp_path / "root"
     ops = src / ".cache" / "flashinfer" / "0.2.14" / "90" / "cached_ops"
     for i, size in enumerate((WHOLE + (3 << 20), 1000, WHOLE + 17)):
@@ -79,6 +80,11 @@ def test_large_members_stream_through_the_workers(tmp_path, fp, stages):
         (op / "build.ninja").write_text("rule link\n")
     out = tmp_path / "fi.tar"
     archive.pack(out, resolve(root=src), fingerprint=fp)
+    return out
+
+
+def test_large_members_stream_through_the_workers(tmp_path, fp, stages):
+    out = _large_archive(tmp_path, fp)
     dest = tmp_path / "dest"
     one = _restore(out, dest, fp, jobs=1)
     with hostile.forked_workers():
@@ -169,3 +175,50 @@ def test_a_fork_that_fails_leaves_the_restore_to_one_process(valid_archive, fp, 
     with hostile.forked_workers():
         assert _restore(valid_archive, dest, fp, jobs=2) == one
     assert stages == [False] and len(forks) == 1     # the first worker was stopped and reaped
+
+
+def _payload_end(path: Path) -> int:
+    with tarfile.open(path) as tar:
+        last = tar.getmembers()[-1]
+    return last.offset_data + last.size + (-last.size % 512)
+
+
+def test_a_bad_tail_is_refused_also_when_every_entry_is_already_in_place(valid_archive, fp,
+                                                                         tmp_path, stages):
+    from cache_tools import tarfmt
+
+    raw = valid_archive.read_bytes()
+    end = _payload_end(valid_archive)
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(raw[:end] + tarfmt.header("junk", 0, 0o644) + tarfmt.end(end + 512))
+    dest = tmp_path / "dest"
+    archive.plan_restore(valid_archive, dest=dest, local=fp).execute(jobs=1)  # all in place
+    hostile.rejects(bad, dest, fp, "archive member 'junk' is not listed in the manifest")
+    assert stages == [False]        # the workers saw the bad tail and handed the archive back
+
+
+def test_the_size_budget_counts_what_the_workers_read(fp, tmp_path):
+    from cache_tools.reader import Limits
+
+    big = _large_archive(tmp_path, fp)                # about 11 MiB of payload
+    padded = tmp_path / "padded.tar"
+    padded.write_bytes(big.read_bytes() + bytes(6 << 20))   # zeros after the end, past the budget
+    hostile.rejects(padded, tmp_path / "dest", fp,
+                    re.compile(r"archive member .*: decompressed data exceeds what the manifest "
+                               r"declares \(\d+ bytes\); refusing a possible decompression bomb"),
+                    Limits(max_manifest_bytes=1 << 20))
+
+
+def test_workers_whose_exit_status_cannot_be_read_leave_it_to_one_process(valid_archive, fp,
+                                                                          tmp_path, stages):
+    import signal
+
+    dest = tmp_path / "dest"
+    one = _restore(valid_archive, dest, fp, jobs=1)
+    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)   # children reaped by the kernel
+    try:
+        with hostile.forked_workers():
+            assert _restore(valid_archive, dest, fp, jobs=2) == one
+    finally:
+        signal.signal(signal.SIGCHLD, old)
+    assert stages == [False]
