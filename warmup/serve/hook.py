@@ -301,36 +301,47 @@ async def _freeze_gc(transport: Any) -> None:
                     "detokenizer)")
 
 
-#: How long the phase waits for SGLang's readiness after the plan (its own warm-up request has
-#: a 600 s timeout by default); past it the phase turns ``serving`` anyway.
-READY_WAIT_S = 900.0
+#: Seconds the phase waits for SGLang's readiness beyond SGLang's own warm-up timeout
+#: (``SGLANG_WARMUP_TIMEOUT``, else 1,800 s, its longest default, PD's); past it the phase turns
+#: ``serving`` anyway.
+READY_SLACK_S = 300.0
+
+
+def ready_wait_s() -> float:
+    """How long :func:`serving_when_up` waits at most."""
+    try:
+        timeout = float(os.environ.get("SGLANG_WARMUP_TIMEOUT", "") or -1)
+    except ValueError:
+        timeout = -1.0
+    return (timeout if timeout > 0 else 1800.0) + READY_SLACK_S
 
 
 def serving_when_up(tokenizer_manager: Any, mark_serving: Callable[[], None], *,
-                    poll_s: float = 0.05, limit_s: float = READY_WAIT_S) -> threading.Thread | None:
+                    poll_s: float = 0.05, limit_s: float | None = None) -> threading.Thread | None:
     """Call ``mark_serving`` when SGLang reports itself up (``server_status`` turns ``Up`` after
     its own warm-up request, which runs after the ``--warmups`` entries and can still compile):
     at once where the tokenizer manager has no status or never gets one (SGLang's Rust server
-    front end, ``SGLANG_RUST_SERVER``), from a daemon thread otherwise.  A server that turns
-    ``UnHealthy`` is going down: the phase stays ``warmup``."""
+    front end, ``SGLANG_RUST_SERVER``), from a daemon thread otherwise.  ``UnHealthy`` (a PD
+    warm-up that failed) keeps the watch going: a later health check can bring the server
+    ``Up``.  Past ``limit_s`` (default :func:`ready_wait_s`) the phase turns ``serving``."""
     rust_front = os.environ.get("SGLANG_RUST_SERVER", "").strip().lower() in ("true", "1", "yes",
                                                                             "y")  # SGLang's EnvBool
     if getattr(tokenizer_manager, "server_status", None) is None or rust_front:
         mark_serving()
         return None
 
+    wait_s = ready_wait_s() if limit_s is None else limit_s
+
     def watch() -> None:
-        deadline = time.monotonic() + limit_s
+        deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             state = getattr(getattr(tokenizer_manager, "server_status", None), "name", None)
             if state == "Up":
                 break
-            if state == "UnHealthy":
-                return
             time.sleep(poll_s)
         else:
             logger.warning("sglang-warmup: SGLang did not report itself up within %.0f s of the "
-                           "warm-up; compile events count as serving from now", limit_s)
+                           "warm-up; compile events count as serving from now", wait_s)
         mark_serving()
 
     thread = threading.Thread(target=watch, name="sglang-warmup-ready", daemon=True)

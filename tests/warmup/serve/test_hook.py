@@ -227,7 +227,7 @@ def test_the_phase_turns_serving_when_sglang_is_up_not_when_the_plan_ends(
         time.sleep(0.02)
 
 
-def test_serving_when_up_marks_at_once_without_a_status_and_never_for_an_unhealthy_server(
+def test_serving_when_up_marks_at_once_without_a_status_and_waits_through_unhealthy(
         monkeypatch):
     marks: list[str] = []
     assert hook.serving_when_up(object(), lambda: marks.append("now")) is None
@@ -241,15 +241,27 @@ def test_serving_when_up_marks_at_once_without_a_status_and_never_for_an_unhealt
     monkeypatch.delenv("SGLANG_RUST_SERVER")
 
     class Tm:
-        server_status = ServerStatus.UnHealthy
+        server_status = ServerStatus.UnHealthy       # a PD warm-up that failed
 
-    thread = hook.serving_when_up(Tm(), lambda: marks.append("unhealthy"), poll_s=0.01)
+    thread = hook.serving_when_up(Tm(), lambda: marks.append("up"), poll_s=0.01, limit_s=30)
+    time.sleep(0.1)
+    assert thread.is_alive() and marks == ["now"]   # still waiting
+    Tm.server_status = ServerStatus.Up              # a later health check brought it up
     thread.join(5)
-    assert not thread.is_alive() and marks == ["now"]
+    assert not thread.is_alive() and marks == ["now", "up"]
     Tm.server_status = ServerStatus.Starting
     thread = hook.serving_when_up(Tm(), lambda: marks.append("late"), poll_s=0.01, limit_s=0.05)
     thread.join(5)
-    assert marks == ["now", "late"]  # past the limit the phase turns serving anyway
+    assert marks == ["now", "up", "late"]           # past the limit the phase turns serving anyway
+
+
+def test_the_wait_follows_sglangs_warmup_timeout(monkeypatch):
+    monkeypatch.delenv("SGLANG_WARMUP_TIMEOUT", raising=False)
+    assert hook.ready_wait_s() == 1800 + hook.READY_SLACK_S
+    monkeypatch.setenv("SGLANG_WARMUP_TIMEOUT", "3600")
+    assert hook.ready_wait_s() == 3600 + hook.READY_SLACK_S
+    monkeypatch.setenv("SGLANG_WARMUP_TIMEOUT", "soon")
+    assert hook.ready_wait_s() == 1800 + hook.READY_SLACK_S
 
 
 def test_a_failed_warmup_fails_sglangs_startup(sglang_warmups, tiny_plan_path, fake_tokenizer_manager,
