@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -80,6 +81,20 @@ def kernel_name(rec: Mapping[str, Any]) -> str:
 
 
 # --- writing ------------------------------------------------------------------------------------
+#: every live Writer, so that a forked child gives each a new lock
+_WRITERS: "weakref.WeakSet[Writer]" = weakref.WeakSet()
+
+
+def _new_locks_in_child() -> None:
+    # A child forked while another thread of the parent was writing would wait for it forever.
+    for writer in list(_WRITERS):
+        writer._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_locks_in_child)
+
+
 class Writer:
     """Appends records to ``<directory>/compiles-<pid>.jsonl``: O_APPEND, one ``write`` per
     line, so concurrent writers never interleave and a reader sees whole lines (but the last
@@ -93,6 +108,7 @@ class Writer:
         self._fd: int | None = None
         self._pid: int | None = None
         self._lock = threading.Lock()
+        _WRITERS.add(self)
 
     def write(self, rec: Mapping[str, Any]) -> None:
         data = (json.dumps(rec, default=self._default, separators=(",", ":")) + "\n").encode()

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from warmup.observe import gc_pauses
 from warmup.observe import phase as phase_mod
 from cache_tools import atomic, compile_log, jsonfile
 from cache_tools.compile_log import is_compile_event
@@ -449,6 +450,8 @@ class _Audit:
         passes: dict[int, PassResult]
         if mode == "compile_log":
             assert cursor is not None and mark is not None
+            # The servers write a collection's record up to gc_pauses.FLUSH_S after it ended.
+            await asyncio.sleep(1.5 * gc_pauses.FLUSH_S)
             records = cursor.read(mark)
             by_seq: dict[int, list[dict]] = {}
             other: list[dict] = []
@@ -501,15 +504,23 @@ class _Audit:
 
 
 def gc_overlap_ms(pauses: Sequence[Mapping[str, Any]], start: float, end: float) -> float:
-    """Milliseconds of the window ``start``-``end`` (wall clock) that the recorded garbage
-    collections (compile-log ``gc`` records: ``time`` their end, ``duration_s``) overlapped."""
-    total = 0.0
+    """Milliseconds of the window ``start``-``end`` (wall clock) during which at least one of the
+    recorded garbage collections (compile-log ``gc`` records: ``time`` their end,
+    ``duration_s``) ran: collections of several processes at once count once."""
+    spans = []
     for r in pauses:
         try:
             ended, took = float(r["time"]), float(r["duration_s"])
         except (KeyError, TypeError, ValueError):
             continue
-        total += max(0.0, min(end, ended) - max(start, ended - took))
+        lo, hi = max(start, ended - took), min(end, ended)
+        if hi > lo:
+            spans.append((lo, hi))
+    total, reach = 0.0, start
+    for lo, hi in sorted(spans):
+        if hi > reach:
+            total += hi - max(lo, reach)
+            reach = hi
     return total * 1000
 
 

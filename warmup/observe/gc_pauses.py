@@ -8,21 +8,52 @@ step whose time it overlaps), and the log shows where it fell.
 The callback runs inside the collector, at any allocation of any thread: it takes no lock and
 writes nothing, it only appends to a deque.  A daemon thread writes what it finds there about
 once a second, through the installation's compile log (stamped with the phase at that moment;
-``time`` is the collection's end).
+``time`` is the collection's end).  A process forked from one that records (Inductor's compile
+workers) has no such thread: there the callback is taken off.
 """
 
 from __future__ import annotations
 
 import collections
 import gc
+import logging
+import os
 import threading
 import time
+import weakref
 from typing import Any
 
 from warmup import settings
+from warmup.errors import WarmupError
+
+logger = logging.getLogger("sglang_warmup.gc")
 
 #: seconds between two writes of what was recorded
 FLUSH_S = 1.0
+_DEFAULT_MS = 20.0
+
+_RECORDERS: "weakref.WeakSet[GcPauses]" = weakref.WeakSet()
+
+
+def _off_in_child() -> None:
+    # The writer thread does not survive a fork: nothing would ever write what the child queues.
+    for recorder in list(_RECORDERS):
+        recorder.detach()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_off_in_child)
+
+
+def threshold_s() -> float:
+    """WARMUP_GC_PAUSE_MS in seconds; a value that does not parse warns and keeps the default
+    (it must not take the other recorders down with it)."""
+    try:
+        return max(0.0, settings.GC_PAUSE_MS.get()) / 1000.0
+    except WarmupError as exc:
+        logger.warning("sglang-warmup: %s; recording collections of %g ms or more",
+                       exc.message, _DEFAULT_MS)
+        return _DEFAULT_MS / 1000.0
 
 
 class GcPauses:
@@ -30,7 +61,7 @@ class GcPauses:
 
     def __init__(self, inst: Any) -> None:
         self.inst = inst
-        self.threshold_s = settings.GC_PAUSE_MS.get() / 1000.0
+        self.threshold_s = threshold_s()
         self._pending: collections.deque = collections.deque(maxlen=10_000)
         self._started = 0.0
         self._stop = threading.Event()
@@ -41,6 +72,7 @@ class GcPauses:
             self.inst.add("gc.callbacks", "missing", "WARMUP_GC_PAUSE_MS=0: not recorded")
             return
         gc.callbacks.append(self._callback)
+        _RECORDERS.add(self)
         self._thread = threading.Thread(target=self._flush_loop, name="sglang-warmup-gc",
                                         daemon=True)
         self._thread.start()
@@ -49,14 +81,21 @@ class GcPauses:
                       f"collections of {self.threshold_s * 1000:g} ms or more")
 
     def uninstall(self) -> None:
-        try:
-            gc.callbacks.remove(self._callback)
-        except ValueError:
-            pass
+        self.detach()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.flush()
+
+    def detach(self) -> None:
+        """Take the callback off (and forget what it queued: a forked child)."""
+        try:
+            gc.callbacks.remove(self._callback)
+        except ValueError:
+            pass
+        _RECORDERS.discard(self)
+        if self._thread is not None and not self._thread.is_alive():
+            self._pending.clear()
 
     def _callback(self, phase: str, info: dict) -> None:
         # Inside the collector: no lock, no I/O, no allocation beyond one small tuple.
@@ -74,8 +113,11 @@ class GcPauses:
 
     def flush(self) -> None:
         """Write what was recorded (never raises: a failure is counted)."""
-        while self._pending:
-            ended, generation, took, collected = self._pending.popleft()
+        while True:
+            try:                            # the thread and uninstall may both be here
+                ended, generation, took, collected = self._pending.popleft()
+            except IndexError:
+                return
             try:
                 rec = self.inst.new_record("gc", self.inst.phase(), "python")
                 rec.update(time=ended, generation=generation, duration_s=round(took, 6),

@@ -52,6 +52,16 @@ class PhaseState:
 
 
 _lock = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    # A child forked while another thread of the parent held the lock would wait for it forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 _local = PhaseState()  # the in-process value (always updated by set_phase)
 # One cache per phase file: path -> ((st_ino, st_mtime_ns, st_size), PhaseState).
 # os.replace gives every version a fresh inode, so the key changes even when two writes

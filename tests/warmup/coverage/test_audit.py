@@ -320,6 +320,9 @@ def test_collections_count_where_they_overlap_a_step():
     assert gc_overlap_ms(pauses, 10.0, 11.0) == pytest.approx(400.0)
     assert gc_overlap_ms(pauses, 10.3, 10.4) == pytest.approx(100.0)
     assert gc_overlap_ms(pauses, 11.0, 11.5) == 0.0
+    # eight schedulers collecting at the same time stall the step once, not eight times
+    ranks = [{"event": "gc", "time": 10.5 + i * 0.01, "duration_s": 0.4} for i in range(8)]
+    assert gc_overlap_ms(ranks, 10.0, 11.0) == pytest.approx(470.0)
 
 
 def test_collections_are_not_compile_keys():

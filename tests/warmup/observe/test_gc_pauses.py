@@ -4,6 +4,8 @@ installed becomes one compile-log record (event gc), written by the recorder's t
 from __future__ import annotations
 
 import gc
+import os
+import threading
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -62,3 +64,43 @@ def test_uninstall_takes_the_callback_off(tmp_path):
     assert len(gc.callbacks) == len(before) + 1
     events.uninstall()
     assert gc.callbacks == before
+
+
+def _in_child(check) -> int:
+    """Run ``check()`` in a forked child; its exit status (0: it held)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if check() else 1)
+        except BaseException:
+            os._exit(2)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_forked_child_takes_the_callback_off_and_gets_new_locks(tmp_path):
+    from warmup.observe import gc_pauses
+
+    events.install(registry=CollectorRegistry(), state_dir=tmp_path)
+    recorder = next(iter(gc_pauses._RECORDERS))
+    assert recorder._callback in gc.callbacks
+    # the writer thread does not survive the fork: the child must not queue for nobody
+    assert _in_child(lambda: recorder._callback not in gc.callbacks) == 0
+    assert recorder._callback in gc.callbacks                   # the parent keeps it
+    # a lock held by another thread of the parent at the fork is a new, free lock in the child
+    writer = recorder.inst.log
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with writer._lock, phase._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    try:
+        status = _in_child(lambda: writer._lock.acquire(timeout=5) and phase._lock.acquire(timeout=5))
+    finally:
+        release.set()
+        holder.join()
+    assert status == 0
