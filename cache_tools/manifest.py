@@ -130,11 +130,12 @@ class Manifest:
     entries: tuple[EntryRecord, ...]
     created_by: str = "sglang-warmup"
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
+        """Payload bytes (computed once: a restore asks for it several times)."""
         return sum(e.size for e in self.entries)
 
-    @property
+    @functools.cached_property
     def nb_files(self) -> int:
         return sum(len(e.files) for e in self.entries)
 
