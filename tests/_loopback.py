@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
 
 
 class LocalServer:
@@ -30,3 +31,23 @@ class LocalServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(5)
+
+
+def responding(respond: Callable[[BaseHTTPRequestHandler], None], **options: Any) -> LocalServer:
+    """A LocalServer whose every GET and POST is answered by ``respond(handler)``; a POST's body
+    is read first (``handler.body``: its bytes)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        body = b""
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            respond(self)
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            respond(self)
+
+    return LocalServer(Handler, **options)

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from _loopback import LocalServer
+from _loopback import LocalServer, responding
 from cache_tools import archive, remote
 from cache_tools.errors import ArchiveError, RemoteError
 from cache_tools.fingerprint import current as current_fingerprint
@@ -531,34 +531,13 @@ def test_pending_jit_records_and_load_starts():
 
 
 # --- the warm-up transport ---------------------------------------------------------------------
-class _Server:
-    """A local HTTP server on 127.0.0.1 whose handler is ``respond(handler)``."""
-
-    def __init__(self, respond) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                respond(self)
-
-            def do_POST(self) -> None:
-                self.body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                respond(self)
-
-        self.server = LocalServer(Handler)
-        self.url = self.server.url
-
-    def close(self) -> None:
-        self.server.close()
-
-
 @pytest.fixture
 def local_server():
-    started: list[_Server] = []
+    """``local_server(respond)``: a loopback server answering with ``respond(handler)``."""
+    started: list[LocalServer] = []
 
-    def start(respond) -> _Server:
-        started.append(_Server(respond))
+    def start(respond) -> LocalServer:
+        started.append(responding(respond))
         return started[-1]
 
     yield start

@@ -8,11 +8,10 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
-from typing import Any
 
 import pytest
 
-from _loopback import LocalServer
+from _loopback import responding
 from warmup.errors import TransportError
 from warmup.serve.http import HttpClient, Probe, printable, snippet, wait_for_health
 
@@ -24,32 +23,19 @@ class Canned:
     def __init__(self, answers: dict[str, list[tuple[int, bytes]]]) -> None:
         self.answers = answers
         self.paths: list[str] = []
-        app = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802
-                self._answer()
-
-            def do_POST(self) -> None:  # noqa: N802
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self._answer()
-
-            def _answer(self) -> None:
-                path = self.path.split("?", 1)[0]
-                app.paths.append(path)
-                queue = app.answers.get(path) or [(404, b'{"detail":"Not Found"}')]
-                status, body = queue.pop(0) if len(queue) > 1 else queue[0]
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = LocalServer(Handler)
+        self.server = responding(self._answer)
         self.url = self.server.url
+
+    def _answer(self, h: BaseHTTPRequestHandler) -> None:
+        path = h.path.split("?", 1)[0]
+        self.paths.append(path)
+        queue = self.answers.get(path) or [(404, b'{"detail":"Not Found"}')]
+        status, body = queue.pop(0) if len(queue) > 1 else queue[0]
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
 
     def close(self) -> None:
         self.server.close()
