@@ -11,10 +11,12 @@ workers can make an operation faster, never different.
 
 from __future__ import annotations
 
+import math
 import os
 import selectors
 import signal
 import struct
+import sys
 import threading
 from typing import Callable, Sequence
 
@@ -33,12 +35,45 @@ Task = Callable[[Callable[[int], None]], bytes]
 
 
 def default_jobs() -> int:
-    """The CPUs this process may run on, at most MAX_JOBS."""
+    """The CPUs this process may use, at most MAX_JOBS."""
+    return min(usable_cpus(), MAX_JOBS)
+
+
+def usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """CPUs this process may run on: its affinity mask, capped by the cgroup v2 CPU quota in
+    ``cpu_max`` (a container limited to 2 CPUs on a 64-core node gets 2)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return max(1, min(cpus, MAX_JOBS))
+    try:
+        with open(cpu_max, encoding="ascii") as fh:
+            quota, period = fh.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota readable: the affinity mask is the limit
+    return max(1, cpus)
+
+
+def fork_is_safe() -> bool:
+    """Whether worker processes may be forked from this one: on Linux, with no other Python
+    thread (one holding a lock at the fork would leave it held forever in the child) and no
+    initialised CUDA context (which a child cannot use)."""
+    import multiprocessing  # here, not at import: it registers __main__ as __mp_main__
+
+    if not sys.platform.startswith("linux") or \
+            "fork" not in multiprocessing.get_all_start_methods():
+        return False
+    if not single_threaded():
+        return False
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return False
+    except Exception:  # a torch without CUDA support: nothing to inherit
+        pass
+    return True
 
 
 def single_threaded() -> bool:
@@ -48,9 +83,8 @@ def single_threaded() -> bool:
 
 
 def usable(jobs: int) -> bool:
-    """Whether forked workers may run here: more than one job, a platform that forks, and no
-    other thread in this process."""
-    return jobs > 1 and hasattr(os, "fork") and single_threaded()
+    """Whether forked workers may run here: more than one job, and :func:`fork_is_safe`."""
+    return jobs > 1 and fork_is_safe()
 
 
 def worth(files: int, nbytes: int) -> bool:

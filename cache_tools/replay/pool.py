@@ -18,52 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import os
-import sys
-import threading
 import warnings
 from typing import Any, Iterator, Sequence
 
 from cache_tools import locations
+from cache_tools.forks import fork_is_safe, usable_cpus
 from cache_tools.replay.report import COMPILE_ERROR, FAILED, FORK, IN_PROCESS, SPAWN
 from cache_tools.replay.toolchain import Toolchain
 from cache_tools.replay.worker import cache_environment, prepare, replay_record
-
-
-def usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
-    """CPUs this process may run on: its affinity mask, capped by the cgroup v2 CPU quota in
-    ``cpu_max`` (a container limited to 2 CPUs on a 64-core node gets 2)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    try:
-        with open(cpu_max, encoding="ascii") as fh:
-            quota, period = fh.read().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass  # no cgroup v2 quota readable: the affinity mask is the limit
-    return max(1, cpus)
-
-
-def fork_is_safe() -> bool:
-    """Whether worker processes may be forked from this one (see the module's docstring)."""
-    import multiprocessing  # here, not at import: it registers __main__ as __mp_main__
-
-    if not sys.platform.startswith("linux") or \
-            "fork" not in multiprocessing.get_all_start_methods():
-        return False
-    if threading.active_count() > 1:
-        return False
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            return False
-    except Exception:  # a torch without CUDA support: nothing to inherit
-        pass
-    return True
 
 
 def default_jobs(todo: int, *, fork: bool) -> int:
