@@ -71,7 +71,8 @@ def _batch_buckets(buckets: Any, lo_size: int, cap: int) -> list[int]:
     """A few batch sizes per power-of-two range up to ``cap``: in each range (2^(k-1), 2^k] the
     largest captured bucket (or the range's top), and one size in Triton's "other" integer
     class; sizes above the largest bucket run eager, so the range top and the size just above
-    the largest bucket are added there.  Sorted, unique, every size in [lo_size, cap]."""
+    the largest bucket are added there (in the range that holds it, that size is the "other"
+    one).  Sorted, unique, every size in [lo_size, cap]."""
     cap, lo_size = int(cap), max(int(lo_size), 1)
     if cap < lo_size:
         return []
@@ -83,7 +84,10 @@ def _batch_buckets(buckets: Any, lo_size: int, cap: int) -> list[int]:
         hi = min(lo * 2, cap)
         inside = [b for b in graphs if lo < b <= hi]
         out.add(inside[-1] if inside else hi)
-        other = hi - 1 if hi - 1 > lo and (hi - 1) % 16 else lo + 1
+        if lo < largest + 1 <= hi and (largest + 1) % 16:
+            other = largest + 1  # the first eager size is this range's "other" size
+        else:
+            other = hi - 1 if hi - 1 > lo and (hi - 1) % 16 else lo + 1
         if other <= hi and other % 16:
             out.add(other)
         if hi > largest:
