@@ -72,7 +72,9 @@ def _batch_buckets(buckets: Any, lo_size: int, cap: int) -> list[int]:
     largest captured bucket (or the range's top), and one size in Triton's "other" integer
     class; sizes above the largest bucket run eager, so the range top and the size just above
     the largest bucket are added there (in the range that holds it, that size is the "other"
-    one).  Sorted, unique, every size in [lo_size, cap]."""
+    one).  A range wholly above the captured buckets (there are some) runs eager at every size:
+    its two integer classes are its smallest sizes, lo + 1 and the first multiple of 16.
+    Sorted, unique, every size in [lo_size, cap]."""
     cap, lo_size = int(cap), max(int(lo_size), 1)
     if cap < lo_size:
         return []
@@ -82,6 +84,11 @@ def _batch_buckets(buckets: Any, lo_size: int, cap: int) -> list[int]:
     lo = 1
     while lo < cap:
         hi = min(lo * 2, cap)
+        if graphs and lo >= largest and lo >= 16:
+            # the same kernels (next_power_of_2 and integer class) as the range top, cheaper
+            out.update({lo + 1, min(lo + 16 - lo % 16, hi)})
+            lo = hi
+            continue
         inside = [b for b in graphs if lo < b <= hi]
         out.add(inside[-1] if inside else hi)
         if lo < largest + 1 <= hi and (largest + 1) % 16:
