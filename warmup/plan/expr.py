@@ -72,8 +72,8 @@ def _batch_buckets(buckets: Any, lo_size: int, cap: int) -> list[int]:
     largest captured bucket (or the range's top), and one size in Triton's "other" integer
     class; sizes above the largest bucket run eager, so the range top and the size just above
     the largest bucket are added there (in the range that holds it, that size is the "other"
-    one).  A range wholly above the captured buckets (there are some) runs eager at every size:
-    its two integer classes are its smallest sizes, lo + 1 and the first multiple of 16.
+    one).  When buckets are given, a range wholly above them runs eager at every size: its two
+    integer classes are its smallest sizes, lo + 1 and the first multiple of 16.
     Sorted, unique, every size in [lo_size, cap]."""
     cap, lo_size = int(cap), max(int(lo_size), 1)
     if cap < lo_size:
