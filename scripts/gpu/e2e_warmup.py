@@ -250,6 +250,11 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/e2e-out"))
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole run")
     ap.add_argument("--traffic", default="shapes", choices=("shapes", "features"))
+    ap.add_argument("--idle-probe", type=float, default=0.0, metavar="S",
+                    help="after every launch's two passes, leave all servers idle S seconds, then "
+                         "send each the traffic's first step twice (new token ids): the first "
+                         "request after an idle spell against its repeat, to tell an idle cost "
+                         "from a first-hit cost")
     ap.add_argument("--gc-log", action="store_true",
                     help="log every Python GC of the scheduler and the tokenizer manager's long ones")
     a = ap.parse_args()
@@ -368,6 +373,15 @@ def main() -> None:
                 f"triton, {r['after_pass2']['nvcc'] - r['at_ready']['nvcc']} nvcc; "
                 f"first-pass total {sum(x['ms'] for x in r['pass1']):.0f} ms vs second "
                 f"{sum(x['ms'] for x in r['pass2']):.0f} ms; steps >1.5x slower: {len(slow)}")
+        if a.idle_probe > 0 and time.time() - start + a.idle_probe < a.deadline:
+            log(f"idle probe: all servers idle for {a.idle_probe:.0f} s")
+            time.sleep(a.idle_probe)
+            for s in servers:
+                if s.name in results and "pass2" in results[s.name]:
+                    probe = [asyncio.run(replay(s.url, steps[:1], salt))[0] for salt in ("i1", "i2")]
+                    results[s.name]["idle_probe"] = {"idle_s": a.idle_probe, "steps": probe}
+                    log(f"{s.name}: after {a.idle_probe:.0f} s idle {probe[0]['label']} "
+                        f"{probe[0]['ms']} ms, repeated {probe[1]['ms']} ms")
     finally:
         for s in servers:
             s.stop()
