@@ -5,11 +5,15 @@ An input-logprob request (``logprob_start_len: 0``) runs the LM head and a log-s
 every prompt row: a ``[rows, hidden] x [hidden, vocab]`` GEMM, ``log_softmax`` and ``gather``
 over ``[rows, vocab]`` float32, and ``topk`` when top logprobs are asked.  On the GPU rig the
 first such request of a new row count stayed slower than its repeat with no compile behind it.
-This script times each op's first call and its repeat (CUDA events, one fresh process per
-setting) at row counts in the order a server would meet them: the warm-up's rows first, then
-rows it never ran, then rows in the same power-of-two range as a warmed one.  Run once with
-CUDA's default lazy module loading and once with ``CUDA_MODULE_LOADING=EAGER``: a first-use cost
-that disappears under EAGER is the lazy loading of a kernel the process had not launched yet.
+
+This script times each op's first call, its repeat, and a third call after
+``torch.cuda.empty_cache()`` (what SGLang's cache flush does), with CUDA events, at row counts in
+the order a server would meet them: the warm-up's rows first, then rows it never ran, then rows
+in the same power-of-two range as one already run.  A cost that comes back after the
+``empty_cache`` is the caching allocator growing; one that does not outlives a flush.  It runs
+once with CUDA's default lazy module loading and once with ``CUDA_MODULE_LOADING=EAGER`` (a
+fresh process each): a first-use cost that disappears under EAGER is the lazy loading of a
+kernel the process had not launched yet.
 
     python3 scripts/gpu/first_use.py --out OUT_DIR [--hidden 1024 --vocab 65600]
 """
@@ -45,17 +49,27 @@ def child(hidden: int, vocab: int) -> list[dict]:
         torch.cuda.synchronize()
         return r, start.elapsed_time(end)
 
+    w_sq = torch.randn(hidden, hidden, device=dev, dtype=torch.bfloat16) * 0.02
+    buf = torch.empty(max(r for _, r in ORDER), vocab, device=dev, dtype=torch.bfloat16)
     for label, rows in ORDER:
         h = torch.randn(rows, hidden, device=dev, dtype=torch.bfloat16)
         ids = torch.randint(0, vocab, (rows, 1), device=dev)
         rec = {"label": label, "rows": rows}
-        for rep in ("first", "repeat"):
-            logits, t_gemm = timed(lambda: torch.matmul(h, w.t()).float())
+        for rep in ("first", "repeat", "after empty_cache"):
+            if rep == "after empty_cache":
+                torch.cuda.empty_cache()
+            # the LM head GEMM into memory that exists (no allocation), then its float copy
+            # (a new [rows, vocab] block), then a GEMM of the same rows against [hidden, hidden]
+            _, t_gemm = timed(lambda: torch.matmul(h, w.t(), out=buf[:rows]))
+            logits, t_f = timed(lambda: buf[:rows].float())
+            _, t_sq = timed(lambda: torch.matmul(h, w_sq))
             lp, t_ls = timed(lambda: torch.log_softmax(logits, dim=-1))
             _, t_g = timed(lambda: lp.gather(1, ids))
             _, t_k = timed(lambda: lp.topk(20, dim=-1))
-            rec[rep] = {"gemm": round(t_gemm, 3), "log_softmax": round(t_ls, 3),
+            rec[rep] = {"lm_head": round(t_gemm, 3), "float_copy": round(t_f, 3),
+                        "gemm_hidden": round(t_sq, 3), "log_softmax": round(t_ls, 3),
                         "gather": round(t_g, 3), "topk": round(t_k, 3)}
+            del logits, lp
         out.append(rec)
     return out
 
@@ -87,10 +101,11 @@ def main() -> None:
         if isinstance(recs, dict):
             print(mode, recs["error"][-500:])
             continue
-        print(f"CUDA_MODULE_LOADING={mode}: first / repeat ms per op")
-        print(f"{'':12} {'rows':>5}  " + "  ".join(f"{op:>17}" for op in recs[0]["first"]))
+        print(f"CUDA_MODULE_LOADING={mode}: first / repeat / after empty_cache, ms per op")
+        print(f"{'':12} {'rows':>5}  " + "  ".join(f"{op:>20}" for op in recs[0]["first"]))
         for r in recs:
-            cells = "  ".join(f"{r['first'][op]:7.3f} / {r['repeat'][op]:7.3f}" for op in r["first"])
+            cells = "  ".join(f"{r['first'][op]:6.2f}/{r['repeat'][op]:6.2f}/"
+                              f"{r['after empty_cache'][op]:6.2f}" for op in r["first"])
             print(f"{r['label']:12} {r['rows']:5}  {cells}")
 
 
