@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-# (label, rows): the plan's old input-logprob lengths, then traffic's, then a neighbour of each
+# (label, rows): the default plan's input-logprob lengths, then the traffic's, then a neighbour of each
 ORDER = [("warm", 219), ("warm", 2253), ("new", 286), ("new", 543), ("new", 1100),
          ("same range", 300), ("same range", 600), ("same range", 1200), ("new", 37), ("new", 67)]
 
