@@ -17,18 +17,19 @@ payload streams after it while it is hashed, and the manifest fills the room at 
 from __future__ import annotations
 
 import hashlib
+import marshal
 import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 from cache_tools import fingerprint as fp_mod
-from cache_tools import groups, tarfmt
+from cache_tools import forks, groups, tarfmt
 from cache_tools.errors import ArchiveError, CacheError, IncompatibleError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
-from cache_tools.locations import MERGE_PREFIX, Location, kind
+from cache_tools.locations import MERGE_PREFIX, Location
 from cache_tools.manifest import EntryRecord, FileRecord, Manifest, check_overlaps, paused_gc
 from cache_tools.progress import Progress
 from cache_tools.reader import (CHUNK, WHOLE, ZSTD_MAGIC, ArchiveReader, Limits, Member,
@@ -37,7 +38,7 @@ from cache_tools.restore import (EntryPlanView, PlannedEntry, RestorePlan, Resto
                                  plan_entry, plan_restore, restore_roots)
 from cache_tools.scan import CacheEntry, CacheWarning, noatime_fd, scan, size_str
 from cache_tools.staging import _ACTIVE, clean_stale, own_name
-from cache_tools.writer import ArchiveWriter, Source, write_archive
+from cache_tools.writer import ArchiveWriter, PlacedWriter, Source, write_archive
 
 __all__ = ["ArchiveReader", "ArchiveWriter", "CHUNK", "EntryPlanView", "Limits", "Member",
            "MergeResult",
@@ -66,9 +67,8 @@ def _changed(path: str) -> CacheError:
                            "done (entries are only packed whole)")
 
 
-@dataclass(frozen=True)
-class _File:
-    """One file to pack: what the scan saw, or a group file's archive form (read already)."""
+class _File(NamedTuple):
+    """One file to pack: what the scan saw, or a group file's archive form."""
 
     rel: str
     path: str
@@ -87,37 +87,22 @@ class _Vanished(Exception):
         self.entry = entry
 
 
-def _triton_scanned(entry: CacheEntry) -> bool:
-    parts = tuple(entry.name.split("/")) if entry.name else ()
-    rule = kind(entry.kind).layout.entry_rule(parts, entry.is_dir)
-    return rule is not None and rule.complete == "triton"
-
-
 def _plan_entry(entry: CacheEntry) -> list[_File]:
-    """The files of one entry as they will be packed (group files read and normalized)."""
-    triton = entry.is_dir and _triton_scanned(entry)
+    """The files of one entry as they will be packed (group files in archive form, from the
+    children the scan read)."""
     base = str(entry.path)
-    paths = [f"{base}/{rel}" if rel else base for rel in entry.files]
-    stats = entry.stats or tuple(_stat(p) for p in paths)
+    listed = dict(entry.groups)
     files = []
-    for rel, path, (size, mode, ino, mtime_ns) in zip(entry.files, paths, stats):
+    for rel, (size, mode, ino, mtime_ns) in zip(entry.files, entry.stats):
         mode = 0o755 if mode & 0o111 else 0o644
-        if triton and groups.is_group(rel):
-            fd = noatime_fd(path)
-            try:
-                raw = _read_exact(fd, size, path)
-            finally:
-                os.close(fd)
-            data = groups.normalize(raw, path)
-            files.append(_File(rel, path, len(data), mode, (ino, mtime_ns), data))
-        else:
+        path = f"{base}/{rel}" if rel else base
+        children = listed.get(rel) if listed else None
+        if children is None:
             files.append(_File(rel, path, size, mode, (ino, mtime_ns)))
+        else:
+            data = groups.archive_form(children)
+            files.append(_File(rel, path, len(data), mode, (ino, mtime_ns), data))
     return files
-
-
-def _stat(path: str) -> tuple[int, int, int, int]:
-    st = os.lstat(path)
-    return st.st_size, st.st_mode, st.st_ino, st.st_mtime_ns
 
 
 def _read_exact(fd: int, size: int, path: str) -> bytes:
@@ -189,20 +174,21 @@ def pack(out: str | os.PathLike[str], locations: Iterable[Location], *, zstd: bo
          level: int = 3, fingerprint: Fingerprint | None = None,
          progress: Progress | None = None, jobs: int | None = None) -> PackResult:
     """Pack every complete entry of ``locations`` into ``out``, reading each file once.
-    ``jobs``: zstd compression threads (default: one per CPU; the archive is the same)."""
+    ``jobs``: forked workers that scan and read a large cache, and zstd compression threads
+    (default: the usable CPUs, at most ``forks.MAX_JOBS``; the archive is the same for any
+    number)."""
     if zstd:  # before the scan and the fingerprint, not after them
         zstandard_module("write a zstd-compressed archive")
     with paused_gc():
         return _pack_all(Path(out), list(locations), zstd, level, fingerprint,
-                         progress or Progress.null(), jobs)
+                         progress or Progress.null(), jobs or forks.default_jobs())
 
 
 def _pack_all(out: Path, locations: list[Location], zstd: bool, level: int,
-              fingerprint: Fingerprint | None, progress: Progress, jobs: int | None
-              ) -> PackResult:
+              fingerprint: Fingerprint | None, progress: Progress, jobs: int) -> PackResult:
     started = time.monotonic()
     progress.step("scanning " + ", ".join(loc.kind.name for loc in locations if loc.path))
-    info = scan(locations)
+    info = scan(locations, jobs)
     warnings = list(info.warnings)
     complete = sorted((e for e in info.entries if e.complete), key=lambda e: (e.kind, e.name))
     fp = fingerprint or fp_mod.current()
@@ -210,18 +196,12 @@ def _pack_all(out: Path, locations: list[Location], zstd: bool, level: int,
                            "is writable with free space"):
         out.parent.mkdir(parents=True, exist_ok=True)
         clean_stale(out.parent)
-        planned = []
-        for e in complete:
-            try:
-                planned.append((e, _plan_entry(e)))
-            except FileNotFoundError:
-                warnings.append(_vanished(e))
+        planned = [(e, _plan_entry(e)) for e in complete]
         for _ in range(4):
             total = sum(f.size for _, files in planned for f in files)
             progress.step(f"packing {len(planned)} entries ({size_str(total)}) into {out}")
             try:
-                manifest, size = _pack(out, planned, fp, zstd, level, progress,
-                                       jobs or os.cpu_count() or 1)
+                manifest, size = _pack(out, planned, fp, zstd, level, progress, jobs)
                 break
             except _Vanished as gone:
                 warnings.append(_vanished(gone.entry))
@@ -240,27 +220,78 @@ def _pack(out: Path, planned: list[tuple[CacheEntry, list[_File]]], fp: Fingerpr
           zstd: bool, level: int, progress: Progress, jobs: int) -> tuple[Manifest, int]:
     producer = _producer()
     room = Manifest(fp, tuple(_record(e, files, [_PLACEHOLDER] * len(files))
-                              for e, files in planned), producer).to_json()
+                              for e, files in planned), producer).to_json(digests=False)
     writer = ArchiveWriter(out, len(room), zstd, level, jobs)
     try:
         progress.start("pack", sum(f.size for _, files in planned for f in files))
-        records = []
-        for e, files in planned:
-            encoded = _encode(e, files)
-            if encoded is None:            # a file too large to hold: streamed here
-                records.append(_write_entry(writer, e, files, progress))
-                continue
-            blob, hashes = encoded
-            writer.write(blob)
-            writer.offset += len(blob)
-            progress.advance(sum(f.size for f in files))
-            records.append(_record(e, files, hashes))
-        manifest = Manifest(fp, tuple(records), producer)
+        hashes = None if zstd else _encode_forked(writer, planned, jobs, progress.advance)
+        if hashes is None:
+            hashes = [_encode_entry(writer, e, files, progress.advance) for e, files in planned]
+        manifest = Manifest(fp, tuple(_record(e, files, h)
+                                      for (e, files), h in zip(planned, hashes)), producer)
         size = writer.finish(manifest.to_json())
     finally:
         writer.close()
     progress.finish()
     return manifest, size
+
+
+def _encode_forked(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list[_File]]],
+                   jobs: int, advance: Callable[[int], None]) -> list[list[str]] | None:
+    """The payload read, hashed and written in place by forked workers, a contiguous run of
+    entries each at the offset the layout gives it (it follows from the names and sizes);
+    their sha256s.  None when the payload is to be written here (a small cache, no fork, a
+    worker that failed: that path then says what is wrong)."""
+    nbytes = sum(f.size for _, files in planned for f in files)
+    nfiles = sum(len(files) for _, files in planned)
+    if not forks.worth(nfiles, nbytes) or not forks.usable(jobs):
+        return None
+    offsets, weights = [], []
+    offset = writer.offset
+    for e, files in planned:
+        offsets.append(offset)
+        prefix = "/".join(p for p in (e.kind, e.name) if p)
+        for f in files:
+            offset += tarfmt.span(f"{prefix}/{f.rel}" if f.rel else prefix, f.size, f.mode)
+        weights.append(sum(f.size for f in files) + len(files) * (16 << 10))
+    runs = forks.split(weights, jobs)
+    fd = writer.fileno()
+
+    def task(first: int, end: int) -> forks.Task:
+        def work(progress: Callable[[int], None]) -> bytes:
+            sink = PlacedWriter(fd, offsets[first])
+            hashes = []
+            for i in range(first, end):
+                try:
+                    hashes.append(_encode_entry(sink, *planned[i], progress))
+                except _Vanished:
+                    return marshal.dumps((i, hashes))
+            sink.flush()
+            return marshal.dumps((-1, hashes))
+        return work
+
+    results = forks.run([task(a, b) for a, b in runs], advance)
+    if results is None:
+        return None
+    hashes = []
+    for vanished, some in map(marshal.loads, results):
+        if vanished >= 0:
+            raise _Vanished(planned[vanished][0])
+        hashes += some
+    writer.placed(offset)
+    return hashes
+
+
+def _encode_entry(sink: ArchiveWriter | PlacedWriter, entry: CacheEntry, files: list[_File],
+                  advance: Callable[[int], None]) -> list[str]:
+    """One entry's members written to ``sink``; their sha256s."""
+    encoded = _encode(entry, files)
+    if encoded is None:            # a file too large to hold: streamed
+        return _write_entry(sink, entry, files, advance)
+    blob, hashes = encoded
+    sink.write(blob)
+    advance(sum(f.size for f in files))
+    return hashes
 
 
 def _encode(entry: CacheEntry, files: list[_File]) -> tuple[bytes, list[str]] | None:
@@ -283,33 +314,33 @@ def _encode_one(entry: CacheEntry, f: _File, name: str) -> tuple[bytes, str]:
             hashlib.sha256(data).hexdigest())
 
 
-def _write_entry(w: ArchiveWriter, entry: CacheEntry, files: list[_File], progress: Progress
-                 ) -> EntryRecord:
+def _write_entry(sink: ArchiveWriter | PlacedWriter, entry: CacheEntry, files: list[_File],
+                 advance: Callable[[int], None]) -> list[str]:
     """An entry holding a file too large to read whole: each member written as it is read."""
     hashes = []
     prefix = "/".join(p for p in (entry.kind, entry.name) if p)
     for f in files:
         name = f"{prefix}/{f.rel}" if f.rel else prefix
         if f.size <= WHOLE:
-            encoded = _encode_one(entry, f, name)
-            w.write(encoded[0])
-            w.offset += len(encoded[0])
-            hashes.append(encoded[1])
-            progress.advance(f.size)
+            member, digest = _encode_one(entry, f, name)
+            sink.write(member)
+            hashes.append(digest)
+            advance(f.size)
             continue
         try:
             fd = noatime_fd(f.path)
         except FileNotFoundError:
             raise _Vanished(entry) from None
         try:
-            hashes.append(_write_large(w, fd, name, f, progress))
+            hashes.append(_write_large(sink, fd, name, f, advance))
         finally:
             os.close(fd)
-    return _record(entry, files, hashes)
+    return hashes
 
 
-def _write_large(w: ArchiveWriter, fd: int, name: str, f: _File, progress: Progress) -> str:
-    w.member(name, f.size, f.mode)
+def _write_large(sink: ArchiveWriter | PlacedWriter, fd: int, name: str, f: _File,
+                 advance: Callable[[int], None]) -> str:
+    sink.write(tarfmt.header(name, f.size, f.mode))
     h = hashlib.sha256()
     left = f.size
     while left:
@@ -317,11 +348,11 @@ def _write_large(w: ArchiveWriter, fd: int, name: str, f: _File, progress: Progr
         if not chunk:
             raise _changed(f.path)
         h.update(chunk)
-        w.write(chunk)
+        sink.write(chunk)
         left -= len(chunk)
-        progress.advance(len(chunk))
+        advance(len(chunk))
     _check_same(fd, f)
-    w.pad(f.size)
+    sink.write(tarfmt.padding(f.size))
     return h.hexdigest()
 
 

@@ -26,6 +26,8 @@ MAX_JOBS = 8
 #: saves)
 MIN_FILES = 2048
 MIN_BYTES = 256 << 20
+#: a scan of fewer entries than this stays in one process
+MIN_ENTRIES = 512
 #: a worker reports its progress every this many bytes
 _REPORT_BYTES = 8 << 20
 _FRAME = struct.Struct("<cQ")     # b"P" + bytes done, or b"R" + length of the result after it

@@ -11,11 +11,10 @@ The check below is the one rule every reader applies (verify, restore and pull a
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Collection
+from typing import Collection, Iterable
 
-from cache_tools.errors import ArchiveError, CacheError
+from cache_tools.errors import ArchiveError
 
 #: a group file above this size is refused before it is read (real ones are under 4 KiB)
 MAX_GROUP_BYTES = 1 << 20
@@ -26,18 +25,10 @@ def is_group(path: str) -> bool:
     return path.startswith("__grp__") and path.endswith(".json")
 
 
-def normalize(data: bytes, where: str) -> bytes:
-    """A group file read from disk, in archive form (each child's path is its name)."""
-    try:
-        doc = json.loads(data.decode("utf-8"))
-        children = doc["child_paths"]
-        assert isinstance(children, dict)
-        rel = {c: os.path.basename(p) for c, p in children.items()}
-    except Exception:
-        raise CacheError(f"{where}: unreadable Triton group file",
-                         hint="the cache entry is damaged; delete it and let Triton recompile"
-                         ) from None
-    return json.dumps({"child_paths": rel}).encode()
+def archive_form(children: Iterable[str]) -> bytes:
+    """The group file an archive holds for a group that lists ``children`` (each child's
+    path is its own name; scan has checked each is a file of the entry)."""
+    return json.dumps({"child_paths": {c: c for c in children}}).encode()
 
 
 def check(data: bytes | memoryview, group: str, files: Collection[str], entry: str

@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from cache_tools.errors import ArchiveError
 from cache_tools.fingerprint import Fingerprint, canonical_json
@@ -28,6 +28,7 @@ VERSION = 1
 MANIFEST_NAME = "manifest.json"
 MODES = (0o644, 0o755)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_ZEROS = "0" * 64
 #: JSON string spelling with ensure_ascii=False, as canonical_json writes strings
 _json_str = json.encoder.encode_basestring  # type: ignore[attr-defined]
 _HINT = "the archive is corrupt or was not written by `sglang-warmup cache pack`"
@@ -110,10 +111,27 @@ def is_triton(entry: EntryRecord) -> bool:
 def content_digest(is_dir: bool, files: tuple[FileRecord, ...]) -> str:
     """sha256 of ``canonical_json({"type": ..., "files": [[path, size, sha256, mode], ...]})``,
     spelled out here because it runs for every entry of every archive (json.dumps of the
-    same object costs ten times more; tests check the two agree)."""
-    listed = ",".join(f'[{_json_str(f.path)},{f.size},"{f.sha256}",{f.mode}]' for f in files)
-    text = '{"files":[%s],"type":"%s"}' % (listed, "dir" if is_dir else "file")
+    same object costs several times more; tests check the two agree)."""
+    return _digest(_files_json(files), is_dir)
+
+
+def _digest(files_json: str, is_dir: bool) -> str:
+    text = '{"files":%s,"type":"%s"}' % (files_json, "dir" if is_dir else "file")
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _compact_encoder() -> Callable[[Any], str]:
+    """``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``, minus
+    the setup ``json.dumps`` repeats per call (it is called once per entry)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:                        # no C accelerator: the same text, more slowly
+        return json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+    encode = make(None, None, _json_str, None, ":", ",", True, False, True)
+    return lambda obj: "".join(encode(obj, 0))
+
+
+#: a FileRecord tuple as canonical JSON: ``[["path",size,"sha256",mode],...]``
+_files_json = _compact_encoder()
 
 
 def slow_content_digest(is_dir: bool, files: tuple[FileRecord, ...]) -> str:
@@ -145,7 +163,12 @@ class Manifest:
             for f in e.files:
                 yield e.member(f), e, f
 
-    def to_json(self) -> bytes:
+    def to_json(self, *, digests: bool = True) -> bytes:
+        """The manifest's bytes: ``json.dumps(doc, sort_keys=True, separators=(",", ":"),
+        ensure_ascii=False)`` plus a newline, assembled entry by entry so that each entry's
+        file list is encoded once, for its digest and its place (tests check the two agree).
+        ``digests=False`` writes 64 zeros for every entry digest: the same length, without
+        hashing (pack sizes the manifest's room this way)."""
         kinds: dict[str, dict[str, int]] = {}
         for e in self.entries:
             k = kinds.setdefault(e.kind, {"entries": 0, "bytes": 0})
@@ -155,11 +178,17 @@ class Manifest:
                "fingerprint": self.fingerprint.to_dict(),
                "totals": {"entries": len(self.entries), "files": self.nb_files,
                           "bytes": self.size},
-               "kinds": kinds,
-               "entries": [e.to_dict() for e in self.entries]}
-        # Compact separators use the C encoder (indent=1 made pack spend seconds here).
-        return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False
-                          ).encode() + b"\n"
+               "kinds": kinds, "entries": []}
+        before, mark, after = _files_json(doc).partition('"entries":[]')
+        assert mark, "a key sorted before 'entries' spelled the mark"
+        parts = []
+        for e in self.entries:
+            files = _files_json(e.files)
+            kind_of = "dir" if e.is_dir else "file"
+            parts.append('{"files":%s,"kind":%s,"name":%s,"sha256":"%s","type":"%s"}' % (
+                files, _json_str(e.kind), _json_str(e.name),
+                _digest(files, e.is_dir) if digests else _ZEROS, kind_of))
+        return (before + '"entries":[' + ",".join(parts) + "]" + after + "\n").encode()
 
     @classmethod
     def parse(cls, data: bytes, where: str = MANIFEST_NAME) -> "Manifest":

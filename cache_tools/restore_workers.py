@@ -41,18 +41,18 @@ def stage_members(members: Iterable[Member], stage: Callable[[EntryRecord], Stag
                   targets: Mapping[str, Path | None], advance: Callable[[int], None]) -> None:
     """Every member through the reader's checks; those of entries to write into staging."""
     staged: StagedEntry | None = None
-    key = ""
+    entry: EntryRecord | None = None
     target: Path | None = None
     try:
         for m in members:
-            if m.entry.key != key:
+            if m.entry is not entry:            # the reader yields an entry's members in a row
                 if staged is not None:
                     staged.close()
                     staged = None
-                key = m.entry.key
-                target = targets.get(key)
+                entry = m.entry
+                target = targets.get(entry.key)
                 if target is not None:
-                    staged = stage(m.entry)
+                    staged = stage(entry)
             if staged is None:
                 m.drain()
             elif m.children is not None:

@@ -3,19 +3,25 @@
 Scanning never raises on what it finds: incomplete entries, in-flight temp files, leftovers of
 interrupted restores and names outside a kind's known layout become CacheWarnings.  Only
 complete entries are ever packed, pushed or counted as present by a restore.
+
+Longer than 500 lines: the walk, the entry reader (one process or forked workers) and the Triton
+group check share the layout rules, the warnings and the per-file stats pack relies on; apart
+they would hand all of them back and forth.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import marshal
 import os
 import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, NamedTuple
 
+from cache_tools import forks
 from cache_tools.locations import (STAGING_PREFIX, TRASH_PREFIX, CacheKind, EntryRule, Layout,
                                    Location)
 
@@ -109,6 +115,10 @@ class CacheEntry:
     #: per file (aligned with ``files``): (size, mode, inode, mtime_ns) as scanned; pack
     #: checks a file against them after reading it (a change means it was rewritten meanwhile)
     stats: tuple[tuple[int, int, int, int], ...] = field(default=(), compare=False, repr=False)
+    #: per Triton group file: its name and the children it lists, in its order (each checked
+    #: to be a file of this entry); what pack writes instead of reading the group again
+    groups: tuple[tuple[str, tuple[str, ...]], ...] = field(default=(), compare=False,
+                                                             repr=False)
 
     @property
     def size_on_disk_str(self) -> str:
@@ -172,12 +182,14 @@ class CacheInfo:
         return not any(k.entries for k in self.kinds)
 
 
-def scan(locations: Iterable[Location]) -> CacheInfo:
-    """Inventory every location (missing directories are empty, not errors)."""
-    return CacheInfo(tuple(scan_kind(loc) for loc in locations))
+def scan(locations: Iterable[Location], jobs: int = 1) -> CacheInfo:
+    """Inventory every location (missing directories are empty, not errors).  ``jobs`` above 1
+    reads the entries of a large cache in that many forked workers (``forks``); the inventory
+    is the same."""
+    return CacheInfo(tuple(scan_kind(loc, jobs) for loc in locations))
 
 
-def scan_kind(loc: Location) -> KindInfo:
+def scan_kind(loc: Location, jobs: int = 1) -> KindInfo:
     if loc.path is None:
         return KindInfo(loc, False, (), ())
     root = loc.path
@@ -189,11 +201,67 @@ def scan_kind(loc: Location) -> KindInfo:
     if not stat.S_ISDIR(st.st_mode):
         warnings.append(CacheWarning(loc.kind.name, root, "not a directory; left alone"))
         return KindInfo(loc, False, (), tuple(warnings))
-    entries = list(_walk(loc.kind, root, (), warnings))
+    found: list[CacheWarning | _Spot] = []
+    _walk(loc.kind, root, (), found)
+    spots = [s for s in found if type(s) is _Spot]
+    read = iter(_read_forked(loc.kind, root, spots, jobs) or
+                [_read_spot(loc.kind, root, s) for s in spots])
+    entries = []
+    for item in found:
+        if type(item) is _Spot:
+            entry, more = next(read)
+            warnings += more
+            if entry is not None:
+                entries.append(entry)
+        else:
+            warnings.append(item)  # type: ignore[arg-type]
     for e in entries:
         if not e.complete:
             warnings.append(CacheWarning(loc.kind.name, e.path, "incomplete: " + e.problem))
     return KindInfo(loc, True, tuple(entries), tuple(warnings))
+
+
+class _Spot(NamedTuple):
+    """Where the walk found an entry; ``_entry`` reads it."""
+
+    parts: tuple[str, ...]
+    rule: EntryRule
+    path: Path
+    st: os.stat_result
+
+
+def _read_spot(k: CacheKind, root: Path, spot: _Spot
+               ) -> tuple[CacheEntry | None, list[CacheWarning]]:
+    warnings: list[CacheWarning] = []
+    return _entry(k, root, spot.parts, spot.rule, warnings, spot.path, spot.st), warnings
+
+
+def _read_forked(k: CacheKind, root: Path, spots: list[_Spot], jobs: int
+                 ) -> list[tuple[CacheEntry | None, list[CacheWarning]]] | None:
+    """The spots read by forked workers, a contiguous share each (None: read them here)."""
+    if len(spots) < forks.MIN_ENTRIES or not forks.usable(jobs):
+        return None
+    shares = forks.split([1] * len(spots), jobs)
+
+    def task(first: int, end: int) -> forks.Task:
+        def work(advance: Callable[[int], None]) -> bytes:
+            out = []
+            for spot in spots[first:end]:
+                e, ws = _read_spot(k, root, spot)
+                out.append((None if e is None else (
+                    e.is_dir, e.files, e.size_on_disk, e.last_used, e.last_modified, e.complete,
+                    e.problem, e.stats, e.groups), [(str(w.path), w.message) for w in ws]))
+            return marshal.dumps(out)
+        return work
+
+    results = forks.run([task(a, b) for a, b in shares], lambda n: None)
+    if results is None:
+        return None
+    read = []
+    for spot, (e, ws) in zip(spots, (r for blob in results for r in marshal.loads(blob))):
+        entry = None if e is None else CacheEntry(k.name, "/".join(spot.parts), spot.path, *e)
+        read.append((entry, [CacheWarning(k.name, Path(p), m) for p, m in ws]))
+    return read
 
 
 def entry_at(k: CacheKind, root: Path, name: str) -> CacheEntry | None:
@@ -213,39 +281,38 @@ def entry_at(k: CacheKind, root: Path, name: str) -> CacheEntry | None:
     return _entry(k, root, parts, rule, [])
 
 
-def _walk(k: CacheKind, root: Path, parts: tuple[str, ...], warnings: list[CacheWarning]
-          ) -> Iterator[CacheEntry]:
+def _walk(k: CacheKind, root: Path, parts: tuple[str, ...],
+          found: list[CacheWarning | _Spot]) -> None:
+    """Append to ``found``, in walk order, the warnings and the spots of the entries."""
     path = root.joinpath(*parts)
     try:
         st = os.lstat(path)
     except OSError:
         return  # vanished while scanning (pruned or replaced): nothing to report
     if stat.S_ISLNK(st.st_mode):
-        warnings.append(CacheWarning(k.name, path, "symbolic link; never packed"))
+        found.append(CacheWarning(k.name, path, "symbolic link; never packed"))
         return
     is_dir = stat.S_ISDIR(st.st_mode)
     verdict, rule = k.layout.match(parts, is_dir)
     if verdict == "entry":
         assert rule is not None
-        entry = _entry(k, root, parts, rule, warnings, path, st)
-        if entry is not None:
-            yield entry
+        found.append(_Spot(parts, rule, path, st))
         return
     if verdict == "descend" and is_dir:
         for name in _listdir(path):
             if _own(name):
-                warnings.append(CacheWarning(k.name, path / name, _own_message(name)))
+                found.append(CacheWarning(k.name, path / name, _own_message(name)))
                 continue
             if k.layout.is_ignored(name):
                 continue
             if k.layout.is_temp(name):
-                warnings.append(CacheWarning(k.name, path / name,
-                                             "in-flight or abandoned temporary file; skipped"))
+                found.append(CacheWarning(k.name, path / name,
+                                          "in-flight or abandoned temporary file; skipped"))
                 continue
-            yield from _walk(k, root, parts + (name,), warnings)
+            _walk(k, root, parts + (name,), found)
         return
-    warnings.append(CacheWarning(k.name, path, f"not part of the known {k.name} layout; "
-                                               "left alone"))
+    found.append(CacheWarning(k.name, path, f"not part of the known {k.name} layout; "
+                                            "left alone"))
 
 
 def _own(name: str) -> bool:
@@ -290,8 +357,9 @@ def _entry(k: CacheKind, root: Path, parts: tuple[str, ...], rule: EntryRule,
     except OSError:
         return None
     problem = layout_problem(rule, parts, files, is_dir)
+    groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
     if problem == "" and rule.complete == "triton":
-        problem, stale = _triton_groups(path, files)
+        problem, stale, groups = _triton_groups(path, files)
         if stale and problem == "":
             warnings.append(CacheWarning(
                 k.name, path, "Triton group file records another directory (a copied "
@@ -303,7 +371,8 @@ def _entry(k: CacheKind, root: Path, parts: tuple[str, ...], rule: EntryRule,
         warnings.append(CacheWarning(k.name, path / temp_seen[0],
                                      "in-flight or abandoned temporary file; skipped"))
     return CacheEntry(k.name, name, path, is_dir, tuple(files), size, used, modified,
-                      problem == "", problem, tuple(st for _, st in found))
+                      problem == "", problem, tuple(st for _, st in found),
+                      groups if problem == "" else ())
 
 
 def _files(path: Path, layout: Layout, temp_seen: list[str], warnings: list[CacheWarning],
@@ -375,7 +444,7 @@ def layout_problem(rule: EntryRule, parts: tuple[str, ...], files: Iterable[str]
     raise AssertionError(rule.complete)
 
 
-def read_group(path: Path) -> dict[str, str] | None:
+def read_group(path: Path | str) -> dict[str, str] | None:
     """A Triton group file's ``child_paths`` (name -> path); None when unreadable."""
     try:
         data = json.loads(read_noatime(path).decode("utf-8"))
@@ -399,26 +468,29 @@ def triton_problem(path: Path, files: Iterable[str]) -> str:
     return layout_problem(_TRITON_RULE, (), names, True) or _triton_groups(path, names)[0]
 
 
-def _triton_groups(path: Path, names: list[str]) -> tuple[str, bool]:
-    """The group-file half of ``triton_problem`` (each group read once), and whether a group
-    records another directory than ``path`` (a copied cache)."""
+def _triton_groups(path: Path, names: list[str]
+                   ) -> tuple[str, bool, tuple[tuple[str, tuple[str, ...]], ...]]:
+    """The group-file half of ``triton_problem`` (each group read once), whether a group
+    records another directory than ``path`` (a copied cache), and each group's children."""
     present = set(names)
     stale = False
+    found = []
+    here = str(path)
     for g in names:
         if not (g.startswith(GROUP_PREFIX) and g.endswith(".json")):
             continue
-        children = read_group(path / g)
+        children = read_group(f"{here}/{g}")
         if children is None:
-            return f"unreadable group file {g}", stale
-        here = str(path)
+            return f"unreadable group file {g}", stale, ()
         for child, recorded in children.items():
             where, _, base = recorded.rpartition("/")
             if "/" in child or child in ("", ".", "..") or base != child:
-                return f"group file {g} names {child!r} outside its entry", stale
+                return f"group file {g} names {child!r} outside its entry", stale, ()
             if child not in present:
-                return f"group file {g} references missing file {child}", stale
+                return f"group file {g} references missing file {child}", stale, ()
             stale = stale or where != here
-    return "", stale
+        found.append((g, tuple(children)))
+    return "", stale, tuple(found)
 
 
 def triton_hits(path: Path) -> bool:

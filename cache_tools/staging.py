@@ -2,9 +2,10 @@
 
 Every entry is first written into a staging directory *inside the destination* (so the final
 move is a same-filesystem ``rename``), checked, and only then moved into place, one entry per
-rename.  A reader (Triton, SGLang, a concurrent restore) therefore sees an entry complete or not
-at all; a process killed mid-way leaves only a ``.sgw-staging-<host>-<pid>-<id>`` directory,
-which scan ignores and the next run removes.  A complete entry is never overwritten.
+rename; a kind whose directory does not exist yet is staged whole beside it and moved in with a
+single rename.  A reader (Triton, SGLang, a concurrent restore) therefore sees an entry complete
+or not at all; a process killed mid-way leaves only a ``.sgw-staging-<host>-<pid>-<id>``
+directory, which scan ignores and the next run removes.  A complete entry is never overwritten.
 
 Files are written through a descriptor of their entry's staging directory (``dir_fd``), with one
 ``open``/``write``/``close`` each: restore's cost per file is what ``tar -x`` pays.
@@ -160,12 +161,18 @@ class StagedEntry:
         return f.path, self._fd
 
     def write(self, f: FileRecord, data: bytes | memoryview) -> None:
-        name, dir_fd = self._where(f)
-        fd = os.open(name, _WRITE, f.mode, dir_fd=dir_fd)
+        path = f.path
+        if self._fd is None or "/" in path:     # the first file, a file entry, a subdirectory
+            path, dir_fd = self._where(f)
+        else:
+            dir_fd = self._fd
+        fd = os.open(path, _WRITE, f.mode, dir_fd=dir_fd)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            done = os.write(fd, data)
+            if done < len(data):
+                view = memoryview(data)[done:]
+                while view:
+                    view = view[os.write(fd, view):]
         finally:
             os.close(fd)
 
@@ -182,7 +189,9 @@ class StagedEntry:
 
 
 class Installer:
-    """Stages entries for a set of kind roots, then commits them one rename at a time."""
+    """Stages entries for a set of kind roots, then commits them: one rename per entry, or one
+    rename of the whole directory for a kind whose directory did not exist when staging began
+    (every entry of it is new; if the directory appeared meanwhile, entry by entry after all)."""
 
     def __init__(self, roots: Mapping[str, Path]) -> None:
         self.roots = dict(roots)
@@ -190,18 +199,17 @@ class Installer:
         self._created: list[Path] = []        # directories made for stages, deepest first
         self._made: set[str] = set()          # directories inside stages, and commit parents
         self._paths: dict[str, str] = {}      # entry key -> its staged path
+        self._whole: dict[str, str] = {}      # kind -> its staged directory ('' per entry)
         self.staged: list[EntryRecord] = []
 
     def clean_stale(self) -> list[Path]:
         """Remove leftovers of killed restores/pulls in every root (and beside it, where a
-        whole-directory entry stages)."""
+        whole directory stages)."""
         return clean_roots(self.roots.values())
 
     # -- staging ------------------------------------------------------------------------------
 
-    def _stage_dir(self, entry: EntryRecord) -> Path:
-        root = self.roots[entry.kind]
-        home = root if entry.name else root.parent   # a whole-directory entry stages beside
+    def _stage_dir(self, home: Path) -> Path:
         stage = self._stages.get(home)
         if stage is None:
             missing = []
@@ -218,14 +226,23 @@ class Installer:
             self._stages[home] = stage
         return stage
 
-    def staged_path(self, entry: EntryRecord) -> Path:
-        return Path(self._staged_str(entry))
+    def _beside(self, kind_name: str) -> str:
+        """Where the whole directory of a kind stages: beside it, so that one rename moves it."""
+        return f"{self._stage_dir(self.roots[kind_name].parent)}/{kind_name}"
 
     def _staged_str(self, entry: EntryRecord) -> str:
         path = self._paths.get(entry.key)
         if path is None:
-            stage = str(self._stage_dir(entry))
-            path = f"{stage}/{entry.name or self.roots[entry.kind].name}"
+            if not entry.name:                 # the entry is the whole directory
+                path = self._beside(entry.kind)
+            else:
+                whole = self._whole.get(entry.kind)
+                if whole is None:
+                    root = self.roots[entry.kind]
+                    whole = "" if os.path.lexists(root) else self._beside(entry.kind)
+                    self._whole[entry.kind] = whole
+                stage = whole or str(self._stage_dir(self.roots[entry.kind]))
+                path = f"{stage}/{entry.name}"
             self._paths[entry.key] = path
         return path
 
@@ -243,15 +260,36 @@ class Installer:
     # -- commit -------------------------------------------------------------------------------
 
     def commit_all(self, on_entry: "Callable[[Outcome], None] | None" = None) -> list[Outcome]:
-        """Move every staged entry into place, one rename each (called once everything
-        staged has been verified, so a bad archive leaves the destination untouched)."""
+        """Move every staged entry into place (called once everything staged has been
+        verified, so a bad archive leaves the destination untouched)."""
         outcomes = []
+        moved: dict[str, bool] = {}
         for entry in self.staged:
-            outcome = self.commit(entry)
+            if entry.name and self._whole.get(entry.kind):
+                if entry.kind not in moved:
+                    moved[entry.kind] = self._move_whole(entry.kind)
+                if moved[entry.kind]:
+                    outcome = Outcome(entry, Path(f"{self.roots[entry.kind]}/{entry.name}"),
+                                      "added")
+                else:
+                    outcome = self.commit(entry)
+            else:
+                outcome = self.commit(entry)
             outcomes.append(outcome)
             if on_entry is not None:
                 on_entry(outcome)
         return outcomes
+
+    def _move_whole(self, kind_name: str) -> bool:
+        """The staged directory of a kind moved into place: whether it was (False when the
+        directory appeared meanwhile with content: its entries then go in one by one)."""
+        try:
+            os.rename(self._whole[kind_name], self.roots[kind_name])  # onto absent or empty
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise
+            return False
 
     def commit(self, entry: EntryRecord) -> Outcome:
         root = self.roots[entry.kind]

@@ -54,21 +54,36 @@ class ArchiveWriter:
                                                 threads=max(1, threads))
             self._sink = self._compressor.stream_writer(self._spool, closefd=False,
                                                         write_size=1 << 20)
-            self.write = self._sink.write
+            self._write = self._sink.write
         else:
             self._raw.seek(self.room)
             self._buffered = open(self._raw.fileno(), "wb", buffering=1 << 20, closefd=False)
-            self.write = self._buffered.write
+            self._write = self._buffered.write
+
+    def write(self, data: bytes | memoryview) -> None:
+        """The next bytes of the (uncompressed) tar stream."""
+        self._write(data)
+        self.offset += len(data)
 
     def member(self, name: str, size: int, mode: int) -> None:
         """Start a member: its header; then ``size`` bytes of ``write`` and ``pad``."""
-        head = tarfmt.header(name, size, mode)
-        self.write(head)
-        self.offset += len(head) + size + (-size % tarfmt.BLOCK)
+        self.write(tarfmt.header(name, size, mode))
 
     def pad(self, size: int) -> None:
         if size % tarfmt.BLOCK:
             self.write(tarfmt.padding(size))
+
+    def fileno(self) -> int:
+        """The uncompressed archive's descriptor, for ``PlacedWriter``s of forked workers."""
+        if self._zstd is not None:
+            raise AssertionError("a compressed stream is written in order, in this process")
+        return self._raw.fileno()
+
+    def placed(self, end: int) -> None:
+        """The payload up to byte ``end`` was written in place by ``PlacedWriter``s: go on
+        from there."""
+        self._buffered.seek(end)
+        self.offset = end
 
     def finish(self, manifest_json: bytes) -> int:
         """Write the manifest into its room and the end of the archive; rename into place.
@@ -110,6 +125,35 @@ class ArchiveWriter:
                     os.unlink(p)
                 except FileNotFoundError:
                     pass
+
+
+class PlacedWriter:
+    """A run of the payload written in place, from byte ``offset`` of an uncompressed archive
+    being written (``ArchiveWriter.fileno``), in pieces of about a MiB: a forked worker's share,
+    at the offset the layout gives it."""
+
+    def __init__(self, fd: int, offset: int) -> None:
+        self.fd = fd
+        self.offset = offset
+        self._at = offset
+        self._parts: list[bytes | memoryview] = []
+        self._held = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._parts.append(data)
+        self._held += len(data)
+        self.offset += len(data)
+        if self._held >= CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        view = memoryview(b"".join(self._parts))
+        while view:
+            n = os.pwrite(self.fd, view, self._at)
+            self._at += n
+            view = view[n:]
+        self._parts.clear()
+        self._held = 0
 
 
 def _copy(src: IO[bytes], dst: IO[bytes]) -> None:

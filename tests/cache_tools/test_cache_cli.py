@@ -125,7 +125,8 @@ def test_prune_json_and_a_refusal_through_the_boundary(triton_cache, capsys, mon
 def test_merge_command(triton_cache, tmp_path):
     root = str(triton_cache.parent)
     _ok("pack", str(tmp_path / "a.tar"), "--root", root)
-    _ok("pack", str(tmp_path / "b.tar"), "--root", root)
+    _ok("pack", str(tmp_path / "b.tar"), "--root", root, "--jobs", "1")
+    assert (tmp_path / "a.tar").read_bytes() == (tmp_path / "b.tar").read_bytes()
     merged = _ok("merge", str(tmp_path / "m.tar"), str(tmp_path / "a.tar"),
                  str(tmp_path / "b.tar"))
     assert merged.stdout.startswith(f"Merged into {tmp_path / 'm.tar'}: 3 entries")

@@ -187,3 +187,64 @@ def test_every_write_is_deterministic_and_zstd_does_not_depend_on_threads(triton
     archive.pack(b, loc, zstd=True, fingerprint=fp, jobs=4)
     archive.pack(c, loc, zstd=True, fingerprint=fp)
     assert a.read_bytes() == b.read_bytes() == c.read_bytes()
+
+
+def _forced_workers(monkeypatch) -> None:
+    """Forked scan and pack workers for a cache of any size (pytest-xdist's I/O thread is never
+    touched by the children)."""
+    from cache_tools import forks
+
+    monkeypatch.setattr(forks, "MIN_FILES", 1)
+    monkeypatch.setattr(forks, "MIN_BYTES", 1)
+    monkeypatch.setattr(forks, "MIN_ENTRIES", 1)
+    monkeypatch.setattr(forks, "single_threaded", lambda: True)
+
+
+def test_forked_scan_and_pack_write_the_archive_one_process_writes(triton_cache, tmp_path, fp,
+                                                                   monkeypatch):
+    from cache_tools import forks
+    from cache_tools.scan import scan
+
+    loc = [triton_location(triton_cache)]
+    (triton_cache / "not-a-hash").mkdir()                   # a warning, in walk order
+    one = tmp_path / "one.tar"
+    archive.pack(one, loc, fingerprint=fp, jobs=1)
+    alone = scan(loc)
+    _forced_workers(monkeypatch)
+    forked = []
+    real = forks.run
+    monkeypatch.setattr(forks, "run", lambda tasks, advance: forked.append(len(tasks)) or
+                        real(tasks, advance))
+    assert scan(loc, 3) == alone and forked == [3]
+    assert [e.groups for e in scan(loc, 3).entries] == [e.groups for e in alone.entries]
+    for jobs in (2, 3):
+        forked.clear()
+        out = tmp_path / f"{jobs}.tar"
+        result = archive.pack(out, loc, fingerprint=fp, jobs=jobs)
+        assert forked[0] == jobs and len(forked) == 2 and forked[1] > 1  # scan, then payload
+        assert out.read_bytes() == one.read_bytes()
+        assert [w.message for w in result.warnings] == [w.message for w in alone.warnings]
+    archive.verify(tmp_path / "3.tar", local=fp)
+
+
+def test_an_entry_that_vanishes_under_a_forked_pack_is_skipped_as_in_one_process(
+        triton_cache, tmp_path, fp, monkeypatch):
+    import shutil
+
+    loc = [triton_location(triton_cache)]
+    victim = sorted(p for p in triton_cache.iterdir())[1]
+    real = archive._plan_entry
+
+    def plan_then_prune(entry):
+        files = real(entry)
+        if entry.path == victim:                            # pruned after the scan saw it
+            shutil.rmtree(victim)
+        return files
+
+    monkeypatch.setattr(archive, "_plan_entry", plan_then_prune)
+    _forced_workers(monkeypatch)
+    result = archive.pack(tmp_path / "w.tar", loc, fingerprint=fp, jobs=3)
+    assert [w.message for w in result.warnings] == [
+        "vanished while packing (pruned or replaced); skipped"]
+    kept = [e.name for e in archive.verify(tmp_path / "w.tar", local=fp).manifest.entries]
+    assert kept == sorted(p.name for p in triton_cache.iterdir())

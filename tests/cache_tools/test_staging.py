@@ -50,10 +50,9 @@ def test_concurrent_restores_while_triton_compiles(triton_cache, tmp_path, fp):
     assert compile_into(dest / "triton", specs) == [True, True, True, True]
 
 
-def test_sigkill_mid_restore_leaves_no_partial_entry_and_a_rerun_completes(
-        triton_cache, tmp_path, fp):
-    tar = _pack(triton_cache, tmp_path / "c.tar", fp)
-    dest = tmp_path / "dest"
+def _killed_after_first_commit(tar: Path, dest: Path) -> str:
+    """Restore ``tar`` into ``dest`` in a child process, SIGKILLed right after its first
+    committed entry; returns the line that reported that entry."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parents[1]), str(HERE)]))
     proc = subprocess.Popen([sys.executable, str(HERE / "cache_workers.py"), str(tar),
                              str(dest), "60"], stdout=subprocess.PIPE, text=True, env=env)
@@ -64,7 +63,16 @@ def test_sigkill_mid_restore_leaves_no_partial_entry_and_a_rerun_completes(
     finally:
         proc.wait(30)
     assert proc.returncode == -signal.SIGKILL
+    return first
+
+
+def test_sigkill_mid_restore_leaves_no_partial_entry_and_a_rerun_completes(
+        triton_cache, tmp_path, fp):
+    tar = _pack(triton_cache, tmp_path / "c.tar", fp)
+    dest = tmp_path / "dest"
     root = dest / "triton"
+    root.mkdir(parents=True)                 # the directory exists: one rename per entry
+    first = _killed_after_first_commit(tar, dest)
     info = scan_kind(triton_location(root))
     assert [(e.name, e.complete) for e in info.entries] == [(first.split()[1], True)]
     leftovers = [p for p in root.iterdir() if p.name.startswith(STAGING_PREFIX)]
@@ -76,6 +84,41 @@ def test_sigkill_mid_restore_leaves_no_partial_entry_and_a_rerun_completes(
     assert sorted(i.action for i in plan.items) == ["add", "add", "skip"]
     assert [o.status for o in plan.execute().outcomes] == ["added", "added"]
     assert not [p for p in root.iterdir() if p.name.startswith(STAGING_PREFIX)]
+    assert compile_into(root) == [True, True, True]
+
+
+def test_a_new_directory_moves_in_whole_and_a_killed_restore_leaves_it_complete(
+        triton_cache, tmp_path, fp, monkeypatch):
+    tar = _pack(triton_cache, tmp_path / "c.tar", fp)
+    dest = tmp_path / "dest"
+    root = dest / "triton"                   # absent: staged beside it, moved in with one rename
+    _killed_after_first_commit(tar, dest)
+    info = scan_kind(triton_location(root))
+    assert [e.complete for e in info.entries] == [True, True, True] and not info.warnings
+    assert len([p for p in dest.iterdir() if p.name.startswith(STAGING_PREFIX)]) == 1
+    plan = archive.plan_restore(tar, dest=dest, local=fp)   # removes the dead run's staging
+    assert [i.action for i in plan.items] == ["skip", "skip", "skip"]
+    assert [p.name for p in dest.iterdir()] == ["triton"]
+    assert compile_into(root) == [True, True, True]
+    # A directory that appears between staging and commit gets the entries one by one.
+    import shutil
+
+    from cache_tools.staging import Installer
+
+    shutil.rmtree(dest)
+    plan = archive.plan_restore(tar, dest=dest, local=fp)
+    real = Installer.commit_all
+
+    def appear_first(self, on_entry=None):
+        (root / "other").mkdir(parents=True)
+        return real(self, on_entry)
+
+    monkeypatch.setattr(Installer, "commit_all", appear_first)
+    outcomes = plan.execute(jobs=1).outcomes
+    assert [o.status for o in outcomes] == ["added", "added", "added"]
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [o.entry.name for o in outcomes] + ["other"])
+    assert [p.name for p in dest.iterdir()] == ["triton"]
     assert compile_into(root) == [True, True, True]
 
 

@@ -80,13 +80,18 @@ def pack_cmd(
     kinds: Optional[List[str]] = options.KINDS,
     root: Optional[Path] = options.root("pack the --root layout under DIR"),
     zstd: bool = typer.Option(False, "--zstd", help="compress with zstd (zstandard package)"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
+                                       help="worker processes that scan and read a large "
+                                            "cache, and zstd threads (1: this process only; "
+                                            "default: one per usable CPU, at most 8); the "
+                                            "archive is the same for any number"),
     yes: bool = options.yes("overwrite OUT if it exists"),
     fmt: Format = options.FORMAT,
     quiet: bool = options.QUIET,
 ) -> None:
     """Pack complete cache entries into one archive (manifest.json first)."""
     output.refuse_overwrite(out, yes, "OUT")
-    result = archive.pack(out, _locations(root, kinds), zstd=zstd,
+    result = archive.pack(out, _locations(root, kinds), zstd=zstd, jobs=jobs,
                           progress=output.progress(quiet))
     if fmt == "json":
         _json(render.pack_json(result))
