@@ -22,6 +22,20 @@ def _repo_root_cwd():
 
 
 @pytest.fixture
+def spawn_from_zygote():
+    """multiprocessing's ``spawn`` children start through the test zygote (_interpreter.py)
+    during the test: for spawned processes that import SGLang."""
+    import multiprocessing.spawn
+
+    from _interpreter import python
+
+    before = multiprocessing.spawn.get_executable()
+    multiprocessing.set_executable(python())
+    yield
+    multiprocessing.set_executable(before)
+
+
+@pytest.fixture
 def endpoint_server():
     """The sidecar's EndpointServer on 127.0.0.1 (a free port) answering every path with 200
     ``{"path": ...}``; built with ``endpoint_server(**limits)``, shut down afterwards."""

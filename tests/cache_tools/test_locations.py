@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _interpreter import python
 
 from cache_tools import locations as L
 from cache_tools.errors import CacheError
@@ -17,6 +18,8 @@ from cache_tools.render import env_text
 
 REPO = Path(__file__).resolve().parents[2]
 DEPS_0523 = REPO / ".deps" / "sglang-0.5.23"
+#: The environment before any fixture changed it (read at collection).
+_SESSION_ENV = dict(os.environ)
 
 
 def _paths(env, profile=L.LATEST_KNOWN):
@@ -100,6 +103,10 @@ def test_root_puts_every_kind_under_one_directory():
 _PROBE = r"""
 import json, os, sys
 cases = json.loads(sys.argv[1])
+# SGLang's environment from its import on: PATH, PYTHONPATH and HOME only (sys.argv[2]; set
+# here rather than at the start, so that the start can come from the test zygote).
+os.environ.clear()
+os.environ.update(json.loads(sys.argv[2]))
 import sglang.srt.environ as environ
 from sglang.kernels.jit.utils.compile import cache
 out = []
@@ -135,8 +142,13 @@ def test_resolution_matches_the_installed_sglang(version):
         if not DEPS_0523.is_dir():
             pytest.fail(f"{DEPS_0523} missing: run scripts/setup.sh")
         env["PYTHONPATH"] = str(DEPS_0523)
-    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(_CASES)], env=env,
-                          capture_output=True, text=True, timeout=240, check=False)
+    # Started in the session's environment (PYTHONPATH aside), which the zygote can serve;
+    # the probe itself narrows it to ``env`` before it imports SGLang.
+    start = {k: v for k, v in _SESSION_ENV.items() if k != "PYTHONPATH"}
+    if "PYTHONPATH" in env:
+        start["PYTHONPATH"] = env["PYTHONPATH"]
+    proc = subprocess.run([python(), "-c", _PROBE, json.dumps(_CASES), json.dumps(env)],
+                          env=start, capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.split("RESULT", 1)[1])
     profile_env = dict(env)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import triton
+from _interpreter import python
 
 from cache_tools import replay
 from cache_tools import compile_log
@@ -31,6 +32,8 @@ SOURCE = Path(__file__).parent / "data" / "inductor" / f"{KEY}.py"
 MODULE = f"torch._inductor.runtime.compile_tasks.{KEY}"
 NAME = "triton_poi_fused_copy__mul_sum_0"
 TRITON_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+#: HOME before any fixture changed it (read at collection).
+_HOME = os.environ.get("HOME")
 
 # One Inductor compile-worker task, as torch runs it: load the generated module with torch's
 # loader and precompile every config (sm_90 from the kernel's DeviceProperties).
@@ -56,7 +59,14 @@ def run_worker(tmp: Path, cache: Path, *, ptxas: Path | None = None) -> list[dic
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRITON_PTXAS_PATH", "WARMUP_STATE_DIR", "PROMETHEUS_MULTIPROC_DIR")}
     env["TRITON_CACHE_DIR"] = str(cache)
-    done = subprocess.run([sys.executable, "-c", WORKER, str(state), KEY, str(generated),
+    # The worker gets the session's HOME, not the isolated one of cache_tools' conftest (every
+    # run then sees the HOME the module-scoped recording saw, and starts from the test zygote,
+    # whose preloaded Triton read HOME): it writes only to TRITON_CACHE_DIR and the state dir.
+    if _HOME is None:
+        env.pop("HOME", None)
+    else:
+        env["HOME"] = _HOME
+    done = subprocess.run([python(), "-c", WORKER, str(state), KEY, str(generated),
                            NAME, str(ptxas or "")], env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

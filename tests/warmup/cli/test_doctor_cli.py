@@ -17,7 +17,8 @@ def clean_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def test_the_check_fails_when_the_plugin_installs_no_hooks(monkeypatch, capsys):
+def test_the_check_fails_when_the_plugin_installs_no_hooks(monkeypatch, capsys,
+                                                           spawn_from_zygote):
     # An operator who set WARMUP_METRICS=0 gets no compile events: the doctor must say so.
     monkeypatch.setenv("WARMUP_METRICS", "0")
     code, out, err = cli(capsys, "doctor")
@@ -48,7 +49,8 @@ def test_without_triton_one_line_names_the_cause(monkeypatch, capsys):
     assert "Traceback" not in out + err
 
 
-def test_a_failure_in_json_mode_is_also_explained_on_stderr(monkeypatch, capsys):
+def test_a_failure_in_json_mode_is_also_explained_on_stderr(monkeypatch, capsys,
+                                                            spawn_from_zygote):
     # (--json, the hidden alias, runs in test_doctor.py's CI check)
     monkeypatch.setenv("SGLANG_PLUGINS", "someone_else")  # SGLang would skip our plugin
     code, out, err = cli(capsys, "doctor", "--format", "json")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _interpreter import python
 
 from warmup.observe import doctor
 from warmup.errors import WarmupError
@@ -25,7 +26,7 @@ def clean_env(monkeypatch):
 
 def test_the_cli_check_passes_on_a_cpu_machine():
     # Exactly what CI runs (scripts/test.sh): the console entry point with --json.
-    done = subprocess.run([sys.executable, "-m", "warmup", "doctor", "--json"], cwd=REPO,
+    done = subprocess.run([python(), "-m", "warmup", "doctor", "--json"], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads(done.stdout)

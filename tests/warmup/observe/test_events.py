@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import triton
 import triton.language as tl
+from _interpreter import python
 from prometheus_client import CollectorRegistry
 from triton import knobs
 from triton.backends.compiler import GPUTarget
@@ -549,7 +550,7 @@ def test_sglang_jit_builds_hits_and_failures_are_counted(tmp_path, mode, version
     if version == "0.5.23":
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_tvm_ffi_path()),
                                                           env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", _JIT_SCRIPT, mode, str(probe), str(broken)],
+    done = subprocess.run([python(), "-c", _JIT_SCRIPT, mode, str(probe), str(broken)],
                           env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])

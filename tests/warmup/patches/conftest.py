@@ -7,10 +7,10 @@ from __future__ import annotations
 import importlib
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _interpreter import python
 
 from warmup.patches import registry
 
@@ -47,12 +47,13 @@ def clean_patches(monkeypatch):
 
 
 def run_with_sglang_0523(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter with SGLang 0.5.23 first on the path."""
+    """Run ``code`` in a fresh interpreter (``_interpreter``) with SGLang 0.5.23 first on the
+    path."""
     if not (SGLANG_0523 / "sglang").is_dir():
         pytest.fail(f"{SGLANG_0523} is missing: run scripts/setup.sh")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(SGLANG_0523), str(ROOT)])
     for number in registry.BY_NUMBER:
         env.pop(f"WARMUP_FIX_{number}", None)
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+    return subprocess.run([python(), "-c", code], cwd=ROOT, env=env, text=True,
                           capture_output=True, timeout=timeout)

@@ -226,7 +226,7 @@ def _plugin_child(queue) -> None:
     queue.put(result)
 
 
-def test_plugin_applies_the_fixes_in_a_spawned_process(monkeypatch):
+def test_plugin_applies_the_fixes_in_a_spawned_process(monkeypatch, spawn_from_zygote):
     monkeypatch.setenv("WARMUP_ENABLE", "1")
     monkeypatch.setenv("WARMUP_METRICS", "0")
     monkeypatch.delenv("WARMUP_PLAN", raising=False)

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _interpreter import python
 
 from warmup.serve import launch
 
@@ -260,7 +261,7 @@ def test_python_m_sglang_launch_server_registers_and_lists_the_plan(tiny_plan_pa
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("WARMUP_") and k not in ("SGLANG_PLUGINS", "PROMETHEUS_MULTIPROC_DIR")}
     env.update(WARMUP_ENABLE="1", WARMUP_PLAN=str(tiny_plan_path), WARMUP_STATE_DIR=str(tmp_path / "state"))
-    proc = subprocess.run([sys.executable, "-c", LAUNCH_SERVER_PROBE, "--model-path", str(tiny_model_dir),
+    proc = subprocess.run([python(), "-c", LAUNCH_SERVER_PROBE, "--model-path", str(tiny_model_dir),
                            "--device", "cuda", "--skip-tokenizer-init"],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     probe = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")]

@@ -453,7 +453,7 @@ def test_second_pass_that_sees_nothing_shared_cannot_verify(standins, sidecars, 
 
 
 # --- SGLang's managed sidecar ----------------------------------------------------------------------
-def test_runs_as_sglangs_managed_sidecar_and_stops_cleanly(standins, tmp_path):
+def test_runs_as_sglangs_managed_sidecar_and_stops_cleanly(standins, tmp_path, spawn_from_zygote):
     """SGLang 0.5.22's own runner (``_run_sidecar``: main(argv) in a spawned process, stopped
     with terminate()) drives ``warmup.cli.sidecar.main``."""
     from sglang.srt.entrypoints.sidecar import _parse_sidecar_args, _run_sidecar
