@@ -251,8 +251,7 @@ def _encode_forked(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list[_
     for e, files in planned:
         offsets.append(offset)
         prefix = "/".join(p for p in (e.kind, e.name) if p)
-        for f in files:
-            offset += tarfmt.span(f"{prefix}/{f.rel}" if f.rel else prefix, f.size, f.mode)
+        offset += tarfmt.entry_span(prefix, ((f.rel, f.size, f.mode) for f in files))
         weights.append(sum(f.size for f in files) + len(files) * (16 << 10))
     runs = forks.split(weights, jobs)
     fd = writer.fileno()

@@ -125,8 +125,11 @@ def plan_restore(archive: str | os.PathLike[str], *, dest: str | os.PathLike[str
     roots = restore_roots((e.kind for e in entries), dest, env)
     present = {k: v for k, v in roots.items() if v is not None}
     clean_roots(present.values())
-    return RestorePlan(Path(archive), manifest, compat, present,
-                       tuple(plan_entry(e, roots.get(e.kind)) for e in entries), limits, digest)
+    # Under a kind directory that does not exist yet every entry is new: no lookup each.
+    absent = {k for k, root in present.items() if not os.path.lexists(root)}
+    items = tuple(PlannedEntry(e, target_of(roots[e.kind], e), "add")  # type: ignore[arg-type]
+                  if e.kind in absent else plan_entry(e, roots.get(e.kind)) for e in entries)
+    return RestorePlan(Path(archive), manifest, compat, present, items, limits, digest)
 
 
 def plan_entry(entry: EntryRecord, root: Path | None) -> PlannedEntry:

@@ -77,11 +77,10 @@ def ranges(manifest: Manifest, start: int, jobs: int) -> tuple[list[tuple[int, i
     offset = start
     for entry in manifest.entries:
         offsets.append(offset)
-        weight = 0
-        for f in entry.files:
-            offset += tarfmt.span(entry.member(f), f.size, f.mode)
-            weight += f.size + (16 << 10)       # a file costs about what 16 KiB of data does
-        weights.append(weight)
+        prefix = "/".join(p for p in (entry.kind, entry.name) if p)
+        offset += tarfmt.entry_span(prefix, ((f.path, f.size, f.mode) for f in entry.files))
+        # a file costs about what 16 KiB of data does
+        weights.append(entry.size + len(entry.files) * (16 << 10))
     runs = forks.split(weights, jobs) if weights else [(0, 0)]
     return [(a, b, offsets[a] if a < len(offsets) else start) for a, b in runs], offset
 

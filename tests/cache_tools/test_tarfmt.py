@@ -37,6 +37,21 @@ def test_headers_are_what_tarfile_writes(size):
             assert tarfmt.header(name, size, mode) == _tarfile_header(name, size, mode), name
 
 
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 513, 8 ** 11 - 1, 8 ** 11])
+def test_entry_span_is_the_bytes_of_its_members(size):
+    """The layout pack and the restore workers compute offsets from: each member's header,
+    data and padding, whatever the name's length or characters (both sides of 100)."""
+    for name in _names():
+        prefix, _, path = name.rpartition("/")
+        if not prefix:
+            prefix, path = path, ""
+        files = [(path, size, 0o644), (path + "x", size + 3, 0o755)] if path else \
+            [(path, size, 0o644)]
+        members = [(f"{prefix}/{p}" if p else prefix, s, m) for p, s, m in files]
+        expected = sum(len(_tarfile_header(n, s, m)) + s + (-s % 512) for n, s, m in members)
+        assert tarfmt.entry_span(prefix, files) == expected, name
+
+
 def test_end_blocks_are_what_tarfile_writes():
     for n in (0, 1, 3, 19, 20, 21):
         buf = io.BytesIO()
