@@ -223,9 +223,12 @@ def _pack(out: Path, planned: list[tuple[CacheEntry, list[_File]]], fp: Fingerpr
                               for e, files in planned), producer).to_json(digests=False)
     writer = ArchiveWriter(out, len(room), zstd, level, jobs)
     try:
-        progress.start("pack", sum(f.size for _, files in planned for f in files))
+        total = sum(f.size for _, files in planned for f in files)
+        progress.start("pack", total)
         hashes = None if zstd else _encode_forked(writer, planned, jobs, progress.advance)
         if hashes is None:
+            if progress.done:           # workers counted some of it, then one failed: anew
+                progress.start("pack", total)
             hashes = [_encode_entry(writer, e, files, progress.advance) for e, files in planned]
         manifest = Manifest(fp, tuple(_record(e, files, h)
                                       for (e, files), h in zip(planned, hashes)), producer)

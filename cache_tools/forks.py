@@ -31,6 +31,9 @@ MIN_ENTRIES = 512
 #: a worker reports its progress every this many bytes
 _REPORT_BYTES = 8 << 20
 _FRAME = struct.Struct("<cQ")     # b"P" + bytes done, or b"R" + length of the result after it
+#: the signals that stop an operation; a worker dies of them at once
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1
 
 #: A task: gets ``advance(nbytes)`` for its progress, returns its result.
 Task = Callable[[Callable[[int], None]], bytes]
@@ -114,6 +117,8 @@ def run(tasks: Sequence[Task], advance: Callable[[int], None]) -> list[bytes] | 
     pids: list[int] = []
     pipes: list[int] = []
     results: dict[int, bytes] = {}
+    parent = os.getpid()
+    die_with = _parent_death_signal()
     try:
         for task in tasks:
             try:
@@ -121,14 +126,18 @@ def run(tasks: Sequence[Task], advance: Callable[[int], None]) -> list[bytes] | 
             except OSError:                                 # no descriptor to spare
                 return None
             pipes.append(r)
+            # Stop signals wait while forking, so that none reaches a child still running the
+            # parent's code (it would unwind the parent's stack, its cleanups included).
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
             try:
                 pid = os.fork()
             except OSError:                                 # no process to spare
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 os.close(w)
                 return None
             if pid == 0:                                    # the worker
-                os.close(r)
-                os._exit(_child(task, w))
+                os._exit(_worker(task, r, w, parent, mask, die_with))
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.close(w)
             pids.append(pid)
         _collect(pipes, advance, results)
@@ -152,6 +161,35 @@ def run(tasks: Sequence[Task], advance: Callable[[int], None]) -> list[bytes] | 
     if any(codes) or len(results) != len(tasks):
         return None
     return [results[fd] for fd in pipes]
+
+
+def _parent_death_signal() -> Callable[[], None]:
+    """What makes a worker die with its parent (Linux's PR_SET_PDEATHSIG: a parent killed by
+    a supervisor leaves no worker writing on), resolved before forking."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return lambda: None
+    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _worker(task: Task, r: int, w: int, parent: int, mask: object,
+            die_with: Callable[[], None]) -> int:
+    """The forked child until its task ends: stop signals kill it outright (no Python
+    unwinding of the parent's stack), and so does its parent's death."""
+    try:
+        for signum in _STOPS:
+            signal.signal(signum, signal.SIG_DFL)
+        die_with()
+        if os.getppid() != parent:                          # the parent died before that
+            return 1
+        os.close(r)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)     # type: ignore[arg-type]
+    except BaseException:                                   # noqa: BLE001 - exit, never return
+        return 1
+    return _child(task, w)
 
 
 def _child(task: Task, fd: int) -> int:

@@ -193,11 +193,11 @@ def scan_kind(loc: Location, jobs: int = 1) -> KindInfo:
     if loc.path is None:
         return KindInfo(loc, False, (), ())
     root = loc.path
+    warnings = _staged_beside(loc.kind.name, root)
     try:
         st = os.lstat(root)
     except OSError:
-        return KindInfo(loc, False, (), ())
-    warnings: list[CacheWarning] = []
+        return KindInfo(loc, False, (), tuple(warnings))
     if not stat.S_ISDIR(st.st_mode):
         warnings.append(CacheWarning(loc.kind.name, root, "not a directory; left alone"))
         return KindInfo(loc, False, (), tuple(warnings))
@@ -313,6 +313,18 @@ def _walk(k: CacheKind, root: Path, parts: tuple[str, ...],
         return
     found.append(CacheWarning(k.name, path, f"not part of the known {k.name} layout; "
                                             "left alone"))
+
+
+def _staged_beside(kind_name: str, root: Path) -> list[CacheWarning]:
+    """The copies of this kind that killed restores left staged beside its directory (a kind
+    whose directory does not exist is staged whole there, then moved in with one rename)."""
+    parent = root.parent
+    try:
+        names = sorted(n for n in os.listdir(parent) if n.startswith(STAGING_PREFIX))
+    except OSError:
+        return []
+    return [CacheWarning(kind_name, parent / n / kind_name, _own_message(n))
+            for n in names if os.path.lexists(parent / n / kind_name)]
 
 
 def _own(name: str) -> bool:

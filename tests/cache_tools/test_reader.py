@@ -248,3 +248,33 @@ def test_an_entry_that_vanishes_under_a_forked_pack_is_skipped_as_in_one_process
         "vanished while packing (pruned or replaced); skipped"]
     kept = [e.name for e in archive.verify(tmp_path / "w.tar", local=fp).manifest.entries]
     assert kept == sorted(p.name for p in triton_cache.iterdir())
+
+
+def test_a_forked_pack_that_falls_back_counts_its_bytes_once(triton_cache, tmp_path, fp,
+                                                             monkeypatch):
+    """A worker that fails after the others reported progress: the one-process pack that
+    follows counts from zero, so the summary says the payload's size, not more."""
+    import io
+
+    from cache_tools import forks
+    from cache_tools.progress import Progress
+    from cache_tools.scan import size_str
+
+    loc = [triton_location(triton_cache)]
+    _forced_workers(monkeypatch)
+    real = forks.run
+    calls = []
+
+    def payload_fails(tasks, advance):
+        calls.append(len(tasks))
+        results = real(tasks, advance)              # the workers report all their progress
+        return None if len(calls) == 2 else results  # the scan's run, then the payload's
+
+    monkeypatch.setattr(forks, "run", payload_fails)
+    stream = io.StringIO()
+    result = archive.pack(tmp_path / "f.tar", loc, fingerprint=fp, jobs=2,
+                          progress=Progress(stream, interval=0.0))
+    payload = result.manifest.size
+    summary = [line for line in stream.getvalue().splitlines() if line.startswith("pack: ")]
+    assert calls == [2, 2]
+    assert summary and summary[-1].startswith(f"pack: {size_str(payload)} in "), summary

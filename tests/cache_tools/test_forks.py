@@ -1,0 +1,89 @@
+"""forks.py: workers that never outlive the operation that forked them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cache_tools import forks
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: A parent whose two workers write their pid, then wait long; it waits for them.
+_PARENT = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {repo!r})
+    from cache_tools import forks
+
+    def task(i):
+        def work(advance):
+            with open(os.path.join({out!r}, f"worker-{{i}}"), "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(60)
+            return b""
+        return work
+
+    print(forks.run([task(0), task(1)], lambda n: None), flush=True)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _start(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+    code = _PARENT.format(repo=str(REPO), out=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.glob("worker-*"))) < 2 or \
+            not all(p.read_text() for p in tmp_path.glob("worker-*")):
+        assert time.monotonic() < deadline and proc.poll() is None, "workers did not start"
+        time.sleep(0.02)
+    return proc, [int(p.read_text()) for p in sorted(tmp_path.glob("worker-*"))]
+
+
+def _gone_within(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_die_with_a_parent_killed_outright(tmp_path):
+    """A supervisor's SIGKILL (or a SIGTERM the parent dies of) leaves no worker behind."""
+    proc, workers = _start(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    assert _gone_within(workers, 10), [p for p in workers if _alive(p)]
+
+
+def test_a_stop_signal_kills_a_worker_and_the_parent_does_the_work_itself(tmp_path):
+    """A worker stopped by SIGINT or SIGTERM dies of it (no Python unwinding of the parent's
+    stack in the child): run() reports None, the caller's one-process fallback."""
+    proc, workers = _start(tmp_path)
+    os.kill(workers[0], signal.SIGINT)
+    os.kill(workers[1], signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert out.strip() == "None"
+    assert proc.returncode == 0
+    assert _gone_within(workers, 5)
+
+
+def test_results_come_back_in_task_order():
+    assert forks.run([lambda advance: b"a" * 3, lambda advance: b"", lambda advance: b"bc"],
+                     lambda n: None) == [b"aaa", b"", b"bc"]
