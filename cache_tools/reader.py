@@ -382,9 +382,12 @@ class ArchiveReader:
                 if data is None:
                     try:
                         fast = match(expected) if expected else False
-                    except tarfmt.TarFormatError:
+                    except tarfmt.TarFormatError as exc:
                         if not careful:
-                            raise NotOurs(f"truncated before {name!r}") from None
+                            raise NotOurs(f"{exc.reason} before {name!r}") from None
+                        if not exc.truncated:
+                            raise ArchiveError(f"{self._where(previous, exc.offset)}: "
+                                               f"{exc.reason}", hint=HINT_CORRUPT) from None
                         raise ArchiveError(f"archive is truncated after member {previous!r}",
                                            hint=HINT_CORRUPT) from None
                     if not fast:

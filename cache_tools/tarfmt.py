@@ -233,7 +233,10 @@ class TarStream:
             if not self._ensure(self._pad):
                 raise TarFormatError(f"the stream ends in the padding after {after}",
                                      self.offset, truncated=True)
-            self._take(self._pad)
+            offset = self.offset
+            if self._take(self._pad) != ZERO_BLOCK[:self._pad]:
+                raise TarFormatError(f"non-zero bytes in the padding of {after} (data "
+                                     f"hidden outside every member)", offset)
             self._pad = 0
 
     # -- headers ------------------------------------------------------------------------------
@@ -259,8 +262,8 @@ class TarStream:
             return None
         buf = self._buf
         start = self._pos + pad
-        if buf[start:start + n] != expected:
-            return None
+        if buf[start:start + n] != expected or (pad and buf[self._pos:start] != ZERO_BLOCK[:pad]):
+            return None                      # (non-zero padding: ``_skip_padding`` refuses it)
         start += n
         self._pos = start + size
         self.offset += need
@@ -304,7 +307,9 @@ class TarStream:
                     raise TarFormatError("the stream ends inside a PAX header", offset,
                                          truncated=True)
                 records = self._take(size)
-                self._take(-size % BLOCK)
+                if self._take(-size % BLOCK) != ZERO_BLOCK[:-size % BLOCK]:
+                    raise TarFormatError("non-zero bytes in the padding of a PAX header",
+                                         offset)
                 pax = _parse_pax(records, offset)
                 continue
             return self._member(block, offset, typeflag, size, pax, start)

@@ -425,6 +425,17 @@ def lie_hidden_after_end(valid, out, fp):
     return out
 
 
+@case(re.compile(r"the archive member after '[^']+' \(byte \d+\): non-zero bytes in the "
+                 r"padding of the previous member \(data hidden outside every member\)"))
+def lie_hidden_in_padding(valid, out, fp):
+    raw = bytearray(valid.read_bytes())
+    with tarfile.open(valid) as tf:
+        padded = next(ti for ti in tf.getmembers()[1:] if ti.size % 512)
+    raw[padded.offset_data + padded.size] = 0x41      # the first byte after its data
+    out.write_bytes(bytes(raw))
+    return out
+
+
 # layout lies (consistent archives of entries pack would never write)
 
 @case("manifest.json: entries cute_aot:fp/a.o and cute_aot:fp/a.o/b.o overlap ('fp/a.o/b.o' lies "
