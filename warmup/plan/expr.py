@@ -70,7 +70,8 @@ def _odd(x: int) -> int:
 def _batch_buckets(buckets: Any, lo_size: int, cap: int) -> list[int]:
     """A few batch sizes per power-of-two range up to ``cap``: in each range (2^(k-1), 2^k] the
     largest captured bucket (or the range's top), and one size in Triton's "other" integer
-    class; sizes above the largest bucket run eager, so the range top and the size just above
+    class, the range's smallest (lo + 1: a burst costs per request, and every "other" size of
+    the range meets the same kernels); sizes above the largest bucket run eager, so the range top and the size just above
     the largest bucket are added there (in the range that holds it, that size is the "other"
     one).  When buckets are given, a range wholly above them runs eager at every size: its two
     integer classes are its smallest sizes, lo + 1 and the first multiple of 16.
@@ -94,7 +95,7 @@ def _batch_buckets(buckets: Any, lo_size: int, cap: int) -> list[int]:
         if lo < largest + 1 <= hi and (largest + 1) % 16:
             other = largest + 1  # the first eager size is this range's "other" size
         else:
-            other = hi - 1 if hi - 1 > lo and (hi - 1) % 16 else lo + 1
+            other = lo + 1       # the smallest: the same kernels as any other "other" size
         if other <= hi and other % 16:
             out.add(other)
         if hi > largest:

@@ -41,7 +41,7 @@ def test_check_bad_plan_is_one_line_and_exit_2(capsys, tmp_path):
 def test_show_table_lists_every_pr_class(capsys, pr_facts_file):
     code, out, _ = run(capsys, "plan", "show", "deepseek_v4_serving_shapes", "--facts", str(pr_facts_file))
     assert code == 0
-    assert out.splitlines()[0] == "plan deepseek_v4_serving_shapes: 59 steps, 184 requests, 1,383,074 prompt tokens; then flush the cache"
+    assert out.splitlines()[0] == "plan deepseek_v4_serving_shapes: 59 steps, 168 requests, 1,317,794 prompt tokens; then flush the cache"
     for cls in ("extend_int_classes", "chunked_prompt", "prefix_hits", "concurrent_prefills", "batched_extends",
                 "eager_decode", "past_context_bucket", "mixed_batches"):
         assert cls in out

@@ -98,7 +98,7 @@ def test_a_list_fact_above_the_list_limit_is_refused():
 def test_scale_maps_a_list_and_stays_bounded():
     parse = lambda t: E.parse(t, {"w"})  # noqa: E731
     assert parse("scale(batch_buckets([], 2, w), 128, 37)").evaluate({"w": 8}) == [
-        293, 421, 549, 933, 1061]
+        293, 421, 549, 677, 1061]
     assert parse("scale([], 2, 1)").evaluate({"w": 0}) == []
     with pytest.raises(E.ExprEvalError, match=r"scale\(\) needs a list as its first argument, not 3"):
         parse("scale(w, 2, 1)").evaluate({"w": 3})
@@ -107,12 +107,12 @@ def test_scale_maps_a_list_and_stays_bounded():
 
 
 @pytest.mark.parametrize("buckets,lo,cap,expected", [
-    ([1, 2, 4, 8], 1, 16, [1, 2, 3, 4, 7, 8, 9, 16]),
+    ([1, 2, 4, 8], 1, 16, [1, 2, 3, 4, 5, 8, 9, 16]),
     ([1, 2, 4, 8], 9, 16, [9, 16]),
-    ([1, 2, 4, 8], 1, 8, [1, 2, 3, 4, 7, 8]),
-    ([], 1, 16, [1, 2, 3, 4, 7, 8, 15, 16]),
+    ([1, 2, 4, 8], 1, 8, [1, 2, 3, 4, 5, 8]),
+    ([], 1, 16, [1, 2, 3, 4, 5, 8, 9, 16]),
     ([1, 2, 4, 8, 16, 24, 32, 48, 64], 1, 256,
-     [1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 63, 64, 65, 80, 129, 144]),
+     [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 80, 129, 144]),
     ([1, 2, 4, 8], 9, 96, [9, 16, 17, 32, 33, 48, 65, 80]),
     ([8], 1, 0, []),
 ])

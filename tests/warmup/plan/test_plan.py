@@ -63,7 +63,7 @@ def test_dsv4_plan_reproduces_pr44627_classes():
     # class 5: the PR sends every batch size 1-16; the kernels key on next_power_of_2(bs) and on
     # the Triton integer class of bs, so each power-of-two range's top and one "other" size do
     sizes = sorted({len(s.requests) for s in by["batched_extends"]})
-    assert sizes == [1, 2, 3, 4, 7, 8, 15, 16]
+    assert sizes == [1, 2, 3, 4, 5, 8, 9, 16]
     assert {1 << (b - 1).bit_length() for b in sizes} == {1, 2, 4, 8, 16}
     totals = [sum(r.input_len for r in s.requests) % 16 == 0 for s in by["batched_extends"]]
     assert totals.count(False) >= len(sizes) - 1 and totals.count(True) >= len(sizes)  # both token classes
@@ -197,7 +197,7 @@ def test_list_valued_sizes_are_spliced_into_batch_sizes():
                         "        batch_sizes: ['batch_buckets(decode_graph_bs, 1, 16)', 16]\n",
                         "x.yaml")
     exp = expand(plan, _facts_cache.pr44627())
-    assert [s.num_requests for s in exp.steps] == [1, 2, 3, 4, 7, 8, 9, 16]
+    assert [s.num_requests for s in exp.steps] == [1, 2, 3, 4, 5, 8, 9, 16]
 
 
 def test_division_by_zero_at_expansion_names_the_line(tmp_path):
