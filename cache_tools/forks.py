@@ -137,9 +137,9 @@ def run(tasks: Sequence[Task], advance: Callable[[int], None]) -> list[bytes] | 
                 return None
             if pid == 0:                                    # the worker
                 os._exit(_worker(task, r, w, parent, mask, die_with))
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            pids.append(pid)                # known (to stop) before a signal can interrupt
             os.close(w)
-            pids.append(pid)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         _collect(pipes, advance, results)
         codes = []
         while pids:
