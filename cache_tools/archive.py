@@ -181,7 +181,7 @@ def pack(out: str | os.PathLike[str], locations: Iterable[Location], *, zstd: bo
         zstandard_module("write a zstd-compressed archive")
     with paused_gc():
         return _pack_all(Path(out), list(locations), zstd, level, fingerprint,
-                         progress or Progress.null(), jobs or forks.default_jobs())
+                         progress or Progress.null(), forks.jobs_for(jobs))
 
 
 def _pack_all(out: Path, locations: list[Location], zstd: bool, level: int,

@@ -44,6 +44,12 @@ def default_jobs() -> int:
     return min(usable_cpus(), MAX_JOBS)
 
 
+def jobs_for(asked: int | None) -> int:
+    """The workers to use when ``asked`` for (None: ``default_jobs``): at least 1, at most
+    MAX_JOBS whatever was asked (a --jobs of thousands must not fork thousands)."""
+    return default_jobs() if asked is None else max(1, min(int(asked), MAX_JOBS))
+
+
 def usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
     """CPUs this process may run on: its affinity mask, capped by the cgroup v2 CPU quota in
     ``cpu_max`` (a container limited to 2 CPUs on a 64-core node gets 2)."""

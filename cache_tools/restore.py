@@ -151,7 +151,7 @@ def _execute(plan: RestorePlan, progress: Progress,
              on_entry: Callable[[Outcome], None] | None, jobs: int | None) -> RestoreResult:
     started = time.monotonic()
     targets = {i.entry.key: i.target for i in plan.to_write}
-    jobs = forks.default_jobs() if jobs is None else jobs
+    jobs = forks.jobs_for(jobs)
     installer = Installer(plan.roots)
     installer.clean_stale()
     outcomes: list[Outcome] = []

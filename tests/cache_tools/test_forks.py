@@ -87,3 +87,32 @@ def test_a_stop_signal_kills_a_worker_and_the_parent_does_the_work_itself(tmp_pa
 def test_results_come_back_in_task_order():
     assert forks.run([lambda advance: b"a" * 3, lambda advance: b"", lambda advance: b"bc"],
                      lambda n: None) == [b"aaa", b"", b"bc"]
+
+
+def test_a_job_count_is_capped_whatever_is_asked(monkeypatch):
+    """``--jobs 100000`` must not fork a hundred thousand workers: at most MAX_JOBS, at least 1;
+    None is the usable CPUs (capped the same way)."""
+    monkeypatch.setattr(forks, "usable_cpus", lambda: 64)
+    assert forks.jobs_for(None) == forks.MAX_JOBS
+    assert forks.jobs_for(100_000) == forks.MAX_JOBS
+    assert forks.jobs_for(3) == 3
+    assert forks.jobs_for(0) == 1
+
+
+def test_pack_and_restore_fork_at_most_max_jobs(triton_cache, tmp_path, fp, monkeypatch):
+    from cache_helpers import triton_location
+    from cache_tools import archive
+
+    monkeypatch.setattr(forks, "MIN_FILES", 1)
+    monkeypatch.setattr(forks, "MIN_BYTES", 1)
+    monkeypatch.setattr(forks, "MIN_ENTRIES", 1)
+    monkeypatch.setattr(forks, "MAX_JOBS", 2)
+    monkeypatch.setattr(forks, "single_threaded", lambda: True)
+    seen = []
+    real = forks.run
+    monkeypatch.setattr(forks, "run", lambda tasks, advance: seen.append(len(tasks)) or
+                        real(tasks, advance))
+    out = tmp_path / "c.tar"
+    archive.pack(out, [triton_location(triton_cache)], fingerprint=fp, jobs=100_000)
+    archive.plan_restore(out, dest=tmp_path / "dest", local=fp).execute(jobs=100_000)
+    assert seen and max(seen) <= 2, seen

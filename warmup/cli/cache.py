@@ -83,7 +83,7 @@ def pack_cmd(
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
                                        help="worker processes that scan and read a large "
                                             "cache, and zstd threads (1: this process only; "
-                                            "default: one per usable CPU, at most 8); the "
+                                            "default: one per usable CPU; at most 8); the "
                                             "archive is the same for any number"),
     yes: bool = options.yes("overwrite OUT if it exists"),
     fmt: Format = options.FORMAT,
@@ -127,7 +127,7 @@ def restore_cmd(
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
                                        help="worker processes for a large uncompressed archive "
                                             "(1: this process only; default: one per usable "
-                                            "CPU, at most 8)"),
+                                            "CPU; at most 8)"),
     fmt: Format = options.FORMAT,
     json_alias: bool = options.JSON_ALIAS,
     quiet: bool = options.QUIET,
