@@ -65,14 +65,6 @@ class ArchiveWriter:
         self._write(data)
         self.offset += len(data)
 
-    def member(self, name: str, size: int, mode: int) -> None:
-        """Start a member: its header; then ``size`` bytes of ``write`` and ``pad``."""
-        self.write(tarfmt.header(name, size, mode))
-
-    def pad(self, size: int) -> None:
-        if size % tarfmt.BLOCK:
-            self.write(tarfmt.padding(size))
-
     def fileno(self) -> int:
         """The uncompressed archive's descriptor, for ``PlacedWriter``s of forked workers."""
         if self._zstd is not None:
@@ -194,7 +186,7 @@ def write_archive(out: str | os.PathLike[str], manifest: Manifest, sources: Sequ
     try:
         progress.start("pack", manifest.size)
         for s in sources:
-            writer.member(s.entry.member(s.file), s.file.size, s.file.mode)
+            writer.write(tarfmt.header(s.entry.member(s.file), s.file.size, s.file.mode))
             with s.open() as f:
                 left = s.file.size
                 while left:
@@ -205,7 +197,7 @@ def write_archive(out: str | os.PathLike[str], manifest: Manifest, sources: Sequ
                     writer.write(chunk)
                     left -= len(chunk)
                     progress.advance(len(chunk))
-            writer.pad(s.file.size)
+            writer.write(tarfmt.padding(s.file.size))
         size = writer.finish(data)
     finally:
         writer.close()
