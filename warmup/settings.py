@@ -100,6 +100,11 @@ SKIP_FAMILIES = EnvVar("WARMUP_SKIP_FAMILIES", (), _names,
                        "comma-separated shape families to leave out of the warm-up (a class's "
                        "family, else its kind), e.g. logprobs,stream")
 
+GEMM_SWEEP_S = EnvVar("WARMUP_GEMM_SWEEP_S", 4.0, _float,
+                      "seconds each scheduler may spend after loading the model running its "
+                      "dense GEMM shapes at every row count that picks a new cuBLAS kernel "
+                      "(docs/first-hits.md); 0: no sweep")
+
 # --- phase and metrics --------------------------------------------------------------------
 STATE_DIR = EnvVar("WARMUP_STATE_DIR", "", _str,
                    "directory shared by all SGLang processes: phase file and compile log")

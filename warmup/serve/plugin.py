@@ -18,13 +18,14 @@ _registered = False
 
 
 def register() -> None:
-    """Install compile-event hooks, arm the lazy prefill-graph patches and register the plan."""
+    """Install compile-event hooks, arm the lazy prefill-graph patches and the GEMM sweep,
+    and register the plan."""
     global _registered
     if _registered or not settings.ENABLE.get():
         return
     _registered = True
     for name, step in (("events", _install_events), ("patches", _activate_patches),
-                       ("plan", _register_plan)):
+                       ("GEMM sweep", _arm_gemm_sweep), ("plan", _register_plan)):
         try:
             step()
         except Exception as exc:  # a guest never raises into its host
@@ -80,6 +81,14 @@ def _activate_patches() -> None:
     from warmup import patches
 
     patches.activate()
+
+
+def _arm_gemm_sweep() -> None:
+    if settings.GEMM_SWEEP_S.get() <= 0:
+        return
+    from warmup.serve import gemm_sweep
+
+    gemm_sweep.arm()
 
 
 def _register_plan() -> None:

@@ -1,0 +1,231 @@
+"""The GEMM sweep: run every dense GEMM shape of the loaded model once per cuBLAS kernel, in the
+scheduler process, before the server is ready.
+
+cuBLAS loads each GEMM kernel the first time the process uses it, 2-4 ms on an H200, also under
+``CUDA_MODULE_LOADING=EAGER`` (cuBLAS loads its own kernels).  Which kernel a GEMM uses depends
+on its row count, so with eager prefill (no prefill CUDA graph padding the token count to a few
+buckets) a prompt of a length the process has not run, or an input-logprob request over a new
+number of rows, pays a load for each dense layer shape it meets first.  On the H200 the kernels
+changed only at row counts ``8k`` and ``8k + 1`` (63 kernels for the LM head and 80 for a
+1,024-square layer over 1-2,048 rows; docs/first-hits.md): after a sweep no later row count paid
+a load.  No warm-up request can send every row count, but the process can run each shape's
+GEMM at those row counts directly.
+
+What runs: after ``ModelRunner.load_model`` (before the KV cache is sized and before CUDA-graph
+capture), every distinct ``(weight shape, dtype, bias)`` of the model's unquantized linear
+layers goes through the layer's own ``quant_method.apply`` (the backend SGLang would use), and
+the LM head through ``torch.matmul(x, W.T)`` as the logits processor does, at row counts 1-64 and
+then ``8k``, ``8k + 1`` in increasing order up to the server's largest prefill chunk, all shapes
+at one row count before the next row count.  A time budget (``WARMUP_GEMM_SWEEP_S``) stops it; the
+small row counts come first because a load costs most, relatively, on a small GEMM.  Layers are
+not called through ``forward``, so no collective runs and every tensor-parallel rank sweeps its
+own shards.  Buffers are bounded (``MAX_BUFFER_BYTES`` per shape) and freed, and the caching
+allocator is emptied afterwards, so the KV cache is sized as without the sweep.  Quantized layers
+(FP8, DeepGEMM) are not swept: their kernels are not cuBLAS's.
+
+It never raises into SGLang: a failure is logged and the server starts as without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from warmup import settings
+
+logger = logging.getLogger("sglang_warmup.gemm_sweep")
+
+MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
+#: row counts swept one by one before the ``8k`` / ``8k + 1`` steps
+DENSE_ROWS = 64
+#: the largest input plus output buffer of one shape; fewer rows where a shape needs more
+MAX_BUFFER_BYTES = 1 << 30
+#: the row limit when the server's settings name none
+DEFAULT_MAX_ROWS = 8192
+_FLOATS = ("torch.bfloat16", "torch.float16", "torch.float32")
+
+
+def row_counts(max_rows: int) -> Iterator[int]:
+    """1..DENSE_ROWS, then ``8k`` and ``8k + 1`` up to ``max_rows``, increasing."""
+    for m in range(1, min(DENSE_ROWS, max_rows) + 1):
+        yield m
+    k = DENSE_ROWS // 8
+    while 8 * k + 1 <= max_rows:
+        if 8 * k > DENSE_ROWS:
+            yield 8 * k
+        yield 8 * k + 1
+        k += 1
+    if 8 * k == max_rows and max_rows > DENSE_ROWS:
+        yield max_rows
+
+
+@dataclass
+class Shape:
+    """One distinct GEMM of the model: how to run it at ``rows`` rows."""
+
+    label: str
+    in_features: int
+    out_features: int
+    dtype: Any
+    run: Callable[[Any], Any]
+    max_rows: int = 0
+    buffer: Any = None
+
+
+@dataclass
+class SweepResult:
+    shapes: list[str] = field(default_factory=list)
+    calls: int = 0
+    rows_reached: int = 0
+    max_rows: int = 0
+    seconds: float = 0.0
+    stopped_by_budget: bool = False
+
+    def summary(self) -> str:
+        how = "stopped by its time budget" if self.stopped_by_budget else "complete"
+        return (f"GEMM sweep: {len(self.shapes)} shapes, {self.calls} calls, rows 1-"
+                f"{self.rows_reached} of {self.max_rows}, {self.seconds:.2f} s ({how})")
+
+
+def _is_unquantized(module: Any) -> bool:
+    method = getattr(module, "quant_method", None)
+    return method is not None and type(method).__name__ == "UnquantizedLinearMethod"
+
+
+def _floating_weight(module: Any) -> Any:
+    w = getattr(module, "weight", None)
+    if w is None or getattr(w, "dim", lambda: 0)() != 2 or str(w.dtype) not in _FLOATS:
+        return None
+    return w
+
+
+def model_shapes(model: Any, device_type: str = "cuda") -> list[Shape]:
+    """The distinct dense GEMMs of ``model`` on ``device_type``: unquantized linear layers
+    (through their ``quant_method``) and the LM head."""
+    import torch
+
+    shapes: dict[tuple, Shape] = {}
+    for name, module in model.named_modules():
+        if not _is_unquantized(module):
+            continue
+        w = _floating_weight(module)
+        if w is None or w.device.type != device_type:
+            continue
+        bias = getattr(module, "bias", None)
+        if getattr(module, "skip_bias_add", False):
+            bias = None
+        key = ("linear", tuple(w.shape), str(w.dtype), bias is not None,
+               type(module.quant_method))
+
+        def run(x, module=module, bias=bias):
+            return module.quant_method.apply(module, x, bias)
+
+        shapes.setdefault(key, Shape(f"{name} {tuple(w.shape)}", w.shape[1], w.shape[0],
+                                     w.dtype, run))
+    head = getattr(model, "lm_head", None)
+    w = _floating_weight(head) if head is not None and not _quantized_head(head) else None
+    if w is not None and w.device.type == device_type:
+        key = ("lm_head", tuple(w.shape), str(w.dtype))
+        shapes.setdefault(key, Shape(f"lm_head {tuple(w.shape)}", w.shape[1], w.shape[0],
+                                     w.dtype, lambda x, w=w: torch.matmul(x, w.T)))
+    return list(shapes.values())
+
+
+def _quantized_head(head: Any) -> bool:
+    method = getattr(head, "quant_method", None)
+    return method is not None and type(method).__name__ not in ("UnquantizedEmbeddingMethod",
+                                                                "UnquantizedLinearMethod")
+
+
+def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
+          device: Any = "cuda", clock: Callable[[], float] = time.monotonic,
+          synchronize: Callable[[], None] | None = None) -> SweepResult:
+    """Run every shape at every row count of :func:`row_counts` until ``budget_s`` is spent."""
+    import torch
+
+    result = SweepResult(shapes=[s.label for s in shapes], max_rows=max_rows)
+    started = clock()
+    if not shapes or max_rows < 1 or budget_s <= 0:
+        return result
+    for s in shapes:
+        per_row = (s.in_features + s.out_features) * torch.empty((), dtype=s.dtype).element_size()
+        s.max_rows = max(1, min(max_rows, MAX_BUFFER_BYTES // per_row))
+    try:
+        with torch.inference_mode():
+            for s in shapes:
+                s.buffer = torch.zeros(s.max_rows, s.in_features, dtype=s.dtype, device=device)
+            for rows in row_counts(max_rows):
+                for s in shapes:
+                    if rows <= s.max_rows:
+                        s.run(s.buffer[:rows])
+                        result.calls += 1
+                result.rows_reached = rows
+                if clock() - started > budget_s:
+                    result.stopped_by_budget = rows < max_rows
+                    break
+            if synchronize is not None:
+                synchronize()
+    finally:
+        for s in shapes:
+            s.buffer = None
+    result.seconds = clock() - started
+    return result
+
+
+def max_rows_of(server_args: Any) -> int:
+    """The largest number of tokens one prefill forward can hold: the chunked-prefill size,
+    else the largest prefill, else DEFAULT_MAX_ROWS."""
+    sizes = [getattr(server_args, name, None) for name in ("chunked_prefill_size",
+                                                             "max_prefill_tokens")]
+    sizes = [s for s in sizes if isinstance(s, int) and s > 0]
+    return min(sizes) if sizes else DEFAULT_MAX_ROWS
+
+
+def after_load(runner: Any) -> SweepResult | None:
+    """What the wrapped ``load_model`` runs: the sweep of ``runner.model`` on its device."""
+    import torch
+
+    budget = settings.GEMM_SWEEP_S.get()
+    if budget <= 0 or not torch.cuda.is_available():
+        return None
+    shapes = model_shapes(runner.model)
+    result = sweep(shapes, max_rows_of(getattr(runner, "server_args", None)), budget,
+                   device=torch.device("cuda", torch.cuda.current_device()),
+                   synchronize=torch.cuda.synchronize)
+    torch.cuda.empty_cache()
+    logger.info("sglang-warmup: %s", result.summary())
+    return result
+
+
+def _wrap(module: Any) -> None:
+    cls = getattr(module, "ModelRunner", None)
+    original = getattr(cls, "load_model", None)
+    if original is None or getattr(original, "__sglang_warmup__", False):
+        return
+
+    def load_model(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        try:
+            after_load(self)
+        except Exception as exc:  # noqa: BLE001 - a guest never raises into its host
+            logger.warning("sglang-warmup: GEMM sweep skipped: %s: %s", type(exc).__name__, exc)
+        return out
+
+    load_model.__sglang_warmup__ = True  # type: ignore[attr-defined]
+    load_model.__wrapped__ = original  # type: ignore[attr-defined]
+    cls.load_model = load_model
+
+
+def arm() -> None:
+    """Wrap ``ModelRunner.load_model`` now or when SGLang imports it."""
+    import sys
+
+    from warmup.observe.importer import finder
+
+    module = sys.modules.get(MODEL_RUNNER)
+    if module is not None:
+        _wrap(module)
+    else:
+        finder().watch(MODEL_RUNNER, _wrap)
