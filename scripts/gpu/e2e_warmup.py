@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end warm-up benchmark on a GPU host: cold launches of a real SGLang server serving a
 tiny random-weight MoE, with no warm-up (A), SGLang's own ``--warmups prefill_shapes`` (B), and
-``sglang-warmup serve --plan default`` (C), the same with ``--freeze-gc`` (CG); then the same traffic sample twice against
+``sglang-warmup serve --plan default`` (C), the same with ``--freeze-gc`` (CG) or without the
+GEMM sweep (CN, ``WARMUP_GEMM_SWEEP_S=0``; A and B run without it too); then the same traffic sample twice against
 each, measuring per-step latency and the kernels compiled after ready.
 
     python3 scripts/gpu/e2e_warmup.py --graphs eager --out OUT_DIR [--launches A,B,C]
@@ -280,13 +281,15 @@ def main() -> None:
         senv.update({"WARMUP_ENABLE": "1", "WARMUP_STATE_DIR": str(state),
                      "PROMETHEUS_MULTIPROC_DIR": str(state / "prometheus")})
         (state / "prometheus").mkdir()
+        if name.endswith(("-A", "-B", "-CN")):
+            senv["WARMUP_GEMM_SWEEP_S"] = "0"   # A, B: no sglang-warmup in the forward path
         port = 31000 + i * 10
         args = common + ["--port", str(port)]
         if name.endswith("-A"):
             argv = [sys.executable, "-m", "sglang.launch_server", *args]
         elif name.endswith("-B"):
             argv = [sys.executable, "-m", "sglang.launch_server", *args, "--warmups", "prefill_shapes"]
-        else:  # C: the plan; CG: the plan, then SGLang's freeze_gc
+        else:  # C: the plan; CG: the plan, then SGLang's freeze_gc; CN: the plan, no GEMM sweep
             argv = [sys.executable, "-m", "warmup", "serve", "--plan", a.plan,
                     "--state-dir", str(state), "--report", str(wd / "report.json"),
                     *(["--freeze-gc"] if name.endswith("-CG") else []), "--", *args]
@@ -314,7 +317,11 @@ def main() -> None:
                 from warmup.observe import phase
 
                 phase.set_phase("serving", state_dir=str(s.workdir / "state"))
-            log(f"{s.name} ready in {s.ready_s:.0f} s, artifacts {r['at_ready']}")
+            r["gemm_sweep"] = [line[line.index("GEMM sweep"):] for line in
+                               s.log_path.read_text(errors="replace").splitlines()
+                               if "GEMM sweep" in line][:4]
+            log(f"{s.name} ready in {s.ready_s:.0f} s, artifacts {r['at_ready']}, "
+                f"{r['gemm_sweep'] or 'no GEMM sweep'}")
         max_prompt = 12000
         chunk = 8192
         for s in servers:  # the chunk-boundary prompts need the server's chunk size
