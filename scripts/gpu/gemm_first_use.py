@@ -112,6 +112,8 @@ def main() -> None:
     ap.add_argument("--sweep", type=int, default=2048)
     ap.add_argument("--probes", type=int, default=100)
     ap.add_argument("--max-rows", type=int, default=8192)
+    ap.add_argument("--variants", choices=("all", "default"), default="all",
+                    help="default: the default BLAS library and lazy loading only")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "BLAS"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -121,6 +123,8 @@ def main() -> None:
             ("sweep", "default", "LAZY"),
             ("random", "cublaslt", "LAZY"), ("sweep", "cublaslt", "LAZY"),
             ("random", "default", "EAGER"), ("sweep", "default", "EAGER")]
+    if a.variants == "default":
+        runs = [r for r in runs if r[1:] == ("default", "LAZY")]
     results = []
     for mode, blas, loading in runs:
         env = dict(os.environ, CUDA_MODULE_LOADING=loading)
