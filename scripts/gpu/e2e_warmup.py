@@ -200,6 +200,31 @@ async def replay(url: str, steps, salt: str) -> list[dict]:
     return out
 
 
+def row_probe(url: str, n: int, seed: int = 7) -> dict:
+    """``n`` input-logprob requests (``logprob_start_len`` 0, one new token) at prompt lengths
+    drawn from 40-4,000 that no plan class sends, each followed by a request of the same length
+    with other token ids (no prefix hit): with eager prefill every length is a new GEMM row
+    count for every dense layer and the LM head."""
+    import random
+    import statistics
+
+    from warmup.coverage.traffic import TrafficStep
+
+    rng = random.Random(seed)
+    rows = []
+    for i, length in enumerate(rng.sample(range(40, 4000), n)):
+        step = TrafficStep("single", (length,), 1, {"temperature": 0}, label=f"rows_{length}",
+                           features={"return_logprob": True, "logprob_start_len": 0})
+        first = asyncio.run(replay(url, [step], f"ra{i}"))[0]["ms"]
+        repeat = asyncio.run(replay(url, [step], f"rb{i}"))[0]["ms"]
+        rows.append({"rows": length, "first_ms": first, "repeat_ms": repeat})
+    ratios = [r["first_ms"] / r["repeat_ms"] for r in rows if r["repeat_ms"] > 0]
+    return {"requests": n, "first_ms": sum(r["first_ms"] for r in rows),
+            "repeat_ms": sum(r["repeat_ms"] for r in rows),
+            "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
+            "over_1_5": sum(1 for x in ratios if x > 1.5), "steps": rows}
+
+
 def has_flag(field: str) -> bool:
     """Whether the carried SGLang declares a server argument (0.5.17 and later differ)."""
     src = SITE / "sglang/srt"
@@ -256,6 +281,9 @@ def main() -> None:
                          "send each the traffic's first step twice (new token ids): the first "
                          "request after an idle spell against its repeat, to tell an idle cost "
                          "from a first-hit cost")
+    ap.add_argument("--row-probe", type=int, default=0, metavar="N",
+                    help="after the passes, N input-logprob prompts of new lengths, each against "
+                         "a repeat of its length (other token ids): the GEMM sweep's effect")
     ap.add_argument("--gc-log", action="store_true",
                     help="log every Python GC of the scheduler and the tokenizer manager's long ones")
     a = ap.parse_args()
@@ -389,6 +417,14 @@ def main() -> None:
                     results[s.name]["idle_probe"] = {"idle_s": a.idle_probe, "steps": probe}
                     log(f"{s.name}: after {a.idle_probe:.0f} s idle {probe[0]['label']} "
                         f"{probe[0]['ms']} ms, repeated {probe[1]['ms']} ms")
+        if a.row_probe > 0 and time.time() - start < a.deadline:
+            for s in servers:
+                if s.name in results and "pass2" in results[s.name]:
+                    results[s.name]["row_probe"] = row_probe(s.url, a.row_probe)
+                    rp = results[s.name]["row_probe"]
+                    log(f"{s.name}: row probe, {rp['requests']} input-logprob prompts of new "
+                        f"lengths: first / repeat {rp['first_ms']:.0f} / {rp['repeat_ms']:.0f} "
+                        f"ms, median ratio {rp['median_ratio']}, over 1.5x: {rp['over_1_5']}")
     finally:
         for s in servers:
             s.stop()
