@@ -40,8 +40,10 @@ logger = logging.getLogger("sglang_warmup.gemm_sweep")
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 #: row counts swept one by one before the ``8k`` / ``8k + 1`` steps
 DENSE_ROWS = 64
-#: the largest input plus output buffer of one shape; fewer rows where a shape needs more
-MAX_BUFFER_BYTES = 1 << 30
+#: the largest input plus output buffer of one shape; fewer rows where a shape needs more (the
+#: buffers live for the sweep's seconds, while a neighbour server on the same GPU may be
+#: measuring its free memory)
+MAX_BUFFER_BYTES = 512 << 20
 #: the row limit when the server's settings name none
 DEFAULT_MAX_ROWS = 8192
 _FLOATS = ("torch.bfloat16", "torch.float16", "torch.float32")
