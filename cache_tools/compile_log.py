@@ -35,9 +35,12 @@ VERSION = 1
 #: Record ``event`` values.  ``miss``: a Triton compile; ``hit``: a Triton disk-cache load;
 #: ``load``: a kernel's device load at its first launch; ``jit_build``: an nvcc JIT module
 #: (``outcome`` ``built``, ``cached`` or ``failed``); ``gc``: a long Python garbage collection
-#: (``generation``, ``duration_s``, ``collected``; ``time`` is when it ended).
+#: (``generation``, ``duration_s``, ``collected``; ``time`` is when it ended); ``gemm_sweep``:
+#: a scheduler's GEMM sweep after loading the model (``shapes``, ``calls``, ``rows_reached``,
+#: ``max_rows``, ``duration_s``, ``stopped_by_budget``; compiler ``cublas``).
 MISS, HIT, LOAD, JIT_BUILD, GC = "miss", "hit", "load", "jit_build", "gc"
-EVENTS = (MISS, HIT, LOAD, JIT_BUILD, GC)
+GEMM_SWEEP = "gemm_sweep"
+EVENTS = (MISS, HIT, LOAD, JIT_BUILD, GC, GEMM_SWEEP)
 #: Events about one kernel or module (the ones grouped by compile key).
 KERNEL_EVENTS = (MISS, HIT, LOAD, JIT_BUILD)
 #: Events that compile or look up a compiled artifact (the ones coverage and audit count).

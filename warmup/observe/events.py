@@ -169,6 +169,21 @@ def status() -> InstallReport | None:
     return inst.current_report()
 
 
+def note(event: str, compiler: str, **fields: Any) -> None:
+    """Append one record of ``event``, stamped with the current phase and holding ``fields``,
+    to this process's compile log (nothing when the recorders are not installed); never
+    raises."""
+    inst = _installation
+    if inst is None:
+        return
+    try:
+        rec = inst.new_record(event, inst.phase(), compiler)
+        rec.update(fields)
+        inst.write(rec)
+    except Exception as exc:  # a guest never raises into its host
+        inst.failed(event, exc)
+
+
 class _Installation:
     """One active set of recorders: the hooks each source placed and the state they share
     (phase, metrics, compile log, the steps that take the hooks off again)."""

@@ -198,7 +198,19 @@ def after_load(runner: Any) -> SweepResult | None:
                    synchronize=torch.cuda.synchronize)
     torch.cuda.empty_cache()
     logger.info("sglang-warmup: %s", result.summary())
+    record(result)
     return result
+
+
+def record(result: SweepResult) -> None:
+    """The sweep as a ``gemm_sweep`` record in this process's compile log (the run report
+    shows it)."""
+    from cache_tools import compile_log
+    from warmup.observe import events
+
+    events.note(compile_log.GEMM_SWEEP, "cublas", shapes=len(result.shapes), calls=result.calls,
+                rows_reached=result.rows_reached, max_rows=result.max_rows,
+                duration_s=round(result.seconds, 3), stopped_by_budget=result.stopped_by_budget)
 
 
 def _wrap(module: Any) -> None:

@@ -14,12 +14,17 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cache_tools import atomic
-from cache_tools.compile_log import is_miss, kernel_name
+from cache_tools.compile_log import GEMM_SWEEP, is_miss, kernel_name
 from cache_tools.render import bar, table
 
 #: The run report's JSON format and version (``sglang-warmup report`` reads them).
 FORMAT = "sglang-warmup-run"
 VERSION = 1
+#: one start's schedulers sweep within this many seconds of each other (see _this_lifetime)
+SWEEP_WINDOW_S = 120.0
+#: what the report keeps of each ``gemm_sweep`` compile-log record
+_SWEEP_FIELDS = ("pid", "shapes", "calls", "rows_reached", "max_rows", "duration_s",
+                 "stopped_by_budget")
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,9 @@ class RunReport:
 
     ``skipped_reason``: why nothing was sent (PD disaggregation); ``flush``: the flush's answer;
     ``skipped``: items the expansion left out; ``failures``: one line per failed step or flush;
-    ``compiles_by_phase``: compile misses per phase over the records counted.
+    ``compiles_by_phase``: compile misses per phase over the records counted;
+    ``gemm_sweeps``: each scheduler's GEMM sweep after loading the model (its ``gemm_sweep``
+    record's fields and ``pid``).
     """
 
     plan: str
@@ -83,6 +90,7 @@ class RunReport:
     facts: Mapping[str, Any] = field(default_factory=dict)
     compiles_total: int = 0
     compiles_by_phase: Mapping[str, int] = field(default_factory=dict)
+    gemm_sweeps: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def requests(self) -> int:
@@ -104,7 +112,11 @@ class RunReport:
                                    "kernels": []} for c in self.classes}
         by_phase: dict[str, int] = {}
         total = 0
+        sweeps = []
         for r in records:
+            if r.get("event") == GEMM_SWEEP:
+                sweeps.append(r)
+                continue
             t = tallies.get(r.get("shape_class") or "")
             if not is_miss(r):
                 if r.get("event") == "hit" and t is not None:
@@ -124,7 +136,8 @@ class RunReport:
                                 disk_hits=tallies[c.shape_class]["disk_hits"],
                                 kernels=tuple(tallies[c.shape_class]["kernels"]))
                         for c in self.classes)
-        return replace(self, classes=classes, compiles_total=total, compiles_by_phase=by_phase)
+        return replace(self, classes=classes, compiles_total=total, compiles_by_phase=by_phase,
+                       gemm_sweeps=_this_lifetime(sweeps))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON: the format and its version, every field (tuples as lists), plus ``requests``
@@ -171,9 +184,40 @@ def render(report: RunReport) -> str:
     if report.compiles_by_phase:
         out.append("compiles by phase: " + ", ".join(f"{k}={v}" for k, v in
                                                      report.compiles_by_phase.items()))
+    if report.gemm_sweeps:
+        out.append(sweep_line(report.gemm_sweeps))
     if report.skipped:
         out.append(f"{len(report.skipped)} item(s) skipped by the expansion "
                    "(`sglang-warmup plan show` lists them)")
     for f in report.failures:
         out.append(f"failure: {f}")
     return "\n".join(out)
+
+
+def _this_lifetime(records: list[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    """The sweeps of the server's latest start: a state directory kept across restarts holds
+    earlier ones too, minutes or more before; one start's schedulers sweep within
+    ``SWEEP_WINDOW_S`` of each other."""
+    times = [r.get("time") for r in records]
+    if not records or not all(isinstance(t, (int, float)) for t in times):
+        return tuple({k: r.get(k) for k in _SWEEP_FIELDS} for r in records)
+    latest = max(times)  # type: ignore[type-var]
+    return tuple({k: r.get(k) for k in _SWEEP_FIELDS} for r, t in zip(records, times)
+                 if t >= latest - SWEEP_WINDOW_S)  # type: ignore[operator]
+
+
+def sweep_line(sweeps: Iterable[Any]) -> str:
+    """One line for the schedulers' GEMM sweeps (the longest one's numbers); also for a saved
+    report, so anything that is not a number reads as 0."""
+    def num(v: Any) -> float:
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+    found = [s for s in sweeps if isinstance(s, Mapping)]
+    if not found:
+        return "GEMM sweep before the warm-up: none recorded"
+    worst = max(found, key=lambda s: num(s.get("duration_s")))
+    cut = sum(1 for s in found if s.get("stopped_by_budget") is True)
+    return (f"GEMM sweep before the warm-up: {len(found)} scheduler(s), "
+            f"{num(worst.get('shapes')):.0f} shapes, rows 1-{num(worst.get('rows_reached')):.0f} "
+            f"of {num(worst.get('max_rows')):.0f}, {num(worst.get('duration_s')):.1f} s"
+            + (f"; {cut} stopped by WARMUP_GEMM_SWEEP_S" if cut else ""))

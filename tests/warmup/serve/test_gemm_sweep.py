@@ -217,3 +217,54 @@ def test_the_plugin_arms_the_sweep_through_the_post_import_hook(monkeypatch):
     monkeypatch.setenv("WARMUP_GEMM_SWEEP_S", "0")
     plugin.register()
     assert gemm_sweep.MODEL_RUNNER not in finder().watched
+
+
+def test_the_sweep_is_a_compile_log_record_that_the_run_report_shows(tmp_path, monkeypatch):
+    """``record`` writes through the real compile-event installation into the state directory;
+    the driver's ``with_compiles`` over that log puts the sweep in the report and its text."""
+    from prometheus_client import CollectorRegistry
+
+    from cache_tools import compile_log
+    from warmup.observe import events, phase
+    from warmup.serve.report import RunReport, render
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    events.uninstall()
+    phase.reset()
+    try:
+        phase.set_phase("init", state_dir=str(tmp_path))
+        events.install(registry=CollectorRegistry(), state_dir=tmp_path)
+        shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+        gemm_sweep.record(gemm_sweep.sweep(shapes, 80, budget_s=60.0, device="cpu"))
+    finally:
+        events.uninstall()
+        phase.reset()
+    records = compile_log.read_dir(tmp_path)
+    assert [(r["event"], r["phase"], r["compiler"]) for r in records] == [
+        ("gemm_sweep", "init", "cublas")]
+    report = RunReport("p", "0" * 64, "d", "in-process", 0.0).with_compiles(records)
+    (sweep,) = report.gemm_sweeps
+    assert sweep["shapes"] == 5 and sweep["calls"] == len(list(row_counts(80))) * 5
+    assert sweep["rows_reached"] == 80 and sweep["stopped_by_budget"] is False
+    assert report.compiles_total == 0                       # not a compile
+    assert "GEMM sweep before the warm-up: 1 scheduler(s), 5 shapes, rows 1-80 of 80" in \
+        render(report)
+    assert report.to_dict()["gemm_sweeps"][0]["pid"] == records[0]["pid"]
+
+
+def test_the_report_keeps_the_sweeps_of_the_latest_start_only():
+    from warmup.serve.report import RunReport
+
+    def rec(t, pid, stopped=False):
+        return {"event": "gemm_sweep", "time": t, "pid": pid, "shapes": 4, "calls": 10,
+                "rows_reached": 64 if stopped else 8192, "max_rows": 8192, "duration_s": 4.0,
+                "stopped_by_budget": stopped}
+
+    # an earlier start an hour before, then two tensor-parallel ranks of this one
+    records = [rec(1000.0, 1), rec(4600.0, 2), rec(4603.0, 3, stopped=True)]
+    report = RunReport("p", "0" * 64, "d", "in-process", 0.0).with_compiles(records)
+    assert [s["pid"] for s in report.gemm_sweeps] == [2, 3]
+    from warmup.serve.report import render
+    assert render(report).splitlines()[-1] == (
+        "GEMM sweep before the warm-up: 2 scheduler(s), 4 shapes, rows 1-8192 of 8192, 4.0 s; "
+        "1 stopped by WARMUP_GEMM_SWEEP_S")

@@ -35,7 +35,10 @@ def run_report(tmp_path: Path) -> Path:
                     flush="flushed on 1 rank(s)", classes=classes,
                     skipped=({"phase": "long_context", "class": "past_context_bucket",
                               "item": "", "reason": "the prefill CUDA graph is disabled"},),
-                    compiles_total=39, compiles_by_phase={"init": 26, "warmup": 13})
+                    compiles_total=39, compiles_by_phase={"init": 26, "warmup": 13},
+                    gemm_sweeps=({"pid": 7, "shapes": 4, "calls": 7343, "rows_reached": 8192,
+                                  "max_rows": 8192, "duration_s": 2.43,
+                                  "stopped_by_budget": False},))
     cov = compute((), (), classes=[c.shape_class for c in classes], plan="default",
                   latency={"extend_int_classes": ClassLatency(40.0, 38.0, 1.1),
                            "input_logprobs": ClassLatency(30.0, 12.0, 2.6),
@@ -56,6 +59,8 @@ def test_a_run_report_renders_for_the_terminal(tmp_path, capsys):
                         "InProcessTransport")
     assert lines[1].split()[:4] == ["phase", "class", "requests", "ms"]
     assert "compiles by phase: init=26, warmup=13" in lines
+    assert ("GEMM sweep before the warm-up: 1 scheduler(s), 4 shapes, rows 1-8192 of 8192, "
+            "2.4 s") in lines
     assert ("skipped class past_context_bucket: the prefill CUDA graph is disabled") in lines
     assert "plan default NOT closed: first hit over 1.1x its repeat in input_logprobs" in lines
 
