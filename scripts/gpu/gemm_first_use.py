@@ -93,7 +93,7 @@ def child(mode: str, blas: str, sweep: int, probes: int, max_rows: int) -> dict:
         sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
         from warmup.serve import gemm_sweep
 
-        shapes = [gemm_sweep.Shape(name, k, n, torch.bfloat16,
+        shapes = [gemm_sweep.Shape((name,), name, k, n, torch.bfloat16,
                                    lambda x, name=name: torch.matmul(x, weights[name].t()))
                   for name, (k, n) in SHAPES.items()]
         result = gemm_sweep.sweep(shapes, max_rows, 1e9, device=dev,

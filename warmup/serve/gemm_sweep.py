@@ -13,15 +13,19 @@ GEMM at those row counts directly.
 
 What runs: after ``ModelRunner.load_model`` (before the KV cache is sized and before CUDA-graph
 capture), every distinct ``(weight shape, dtype, bias)`` of the model's unquantized linear
-layers goes through the layer's own ``quant_method.apply`` (the backend SGLang would use), and
-the LM head through ``torch.matmul(x, W.T)`` as the logits processor does, at row counts 1-64 and
-then ``8k``, ``8k + 1`` in increasing order up to the server's largest prefill chunk, all shapes
-at one row count before the next row count.  A time budget (``WARMUP_GEMM_SWEEP_S``) stops it; the
-small row counts come first because a load costs most, relatively, on a small GEMM.  Layers are
-not called through ``forward``, so no collective runs and every tensor-parallel rank sweeps its
-own shards.  Buffers are bounded (``MAX_BUFFER_BYTES`` per shape) and freed, and the caching
-allocator is emptied afterwards, so the KV cache is sized as without the sweep.  Quantized layers
-(FP8, DeepGEMM) are not swept: their kernels are not cuBLAS's.
+layers goes through the layer's own ``quant_method.apply`` (the backend SGLang would use, with
+the bias its forward would pass), and each ``lm_head`` through ``torch.matmul(x, W.T)`` as the
+logits processor does, at row counts 1-64 and then ``8k``, ``8k + 1`` in increasing order up to
+the server's largest prefill chunk, all shapes at one row count before the next row count.  A
+time budget (``WARMUP_GEMM_SWEEP_S``, per process: a speculative-decoding draft runner gets what
+the target left, and skips the shapes already swept) stops it; the small row counts come first
+because a load costs most, relatively, on a small GEMM.  Layers are not called through
+``forward``, so no collective runs and every tensor-parallel rank sweeps its own shards.
+Buffers are bounded (``MAX_BUFFER_BYTES``: one input buffer per dtype, one output at a time) and
+freed; the caching allocator and cuBLAS's workspaces are emptied afterwards, so the KV cache is
+sized as without the sweep but for the loaded kernels' code.  Not swept: quantized layers (FP8,
+DeepGEMM: their kernels are not cuBLAS's), an fp32 LM head (``torch.mm`` with an fp32 output),
+and nothing at all under deterministic inference (batch-invariant kernels replace cuBLAS's).
 
 It never raises into SGLang: a failure is logged and the server starts as without it.
 """
@@ -40,8 +44,8 @@ logger = logging.getLogger("sglang_warmup.gemm_sweep")
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 #: row counts swept one by one before the ``8k`` / ``8k + 1`` steps
 DENSE_ROWS = 64
-#: the largest input plus output buffer of one shape; fewer rows where a shape needs more (the
-#: buffers live for the sweep's seconds, while a neighbour server on the same GPU may be
+#: a shape's input plus output at its largest row count; fewer rows where a shape needs more
+#: (the buffers live for the sweep's seconds, while a neighbour server on the same GPU may be
 #: measuring its free memory)
 MAX_BUFFER_BYTES = 512 << 20
 #: the row limit when the server's settings name none
@@ -67,13 +71,13 @@ def row_counts(max_rows: int) -> Iterator[int]:
 class Shape:
     """One distinct GEMM of the model: how to run it at ``rows`` rows."""
 
+    key: tuple
     label: str
     in_features: int
     out_features: int
     dtype: Any
     run: Callable[[Any], Any]
     max_rows: int = 0
-    buffer: Any = None
 
 
 @dataclass
@@ -103,35 +107,60 @@ def _floating_weight(module: Any) -> Any:
     return w
 
 
-def model_shapes(model: Any, device_type: str = "cuda") -> list[Shape]:
+def _tp_rank(module: Any) -> int:
+    rank = getattr(module, "tp_rank", None)
+    if isinstance(rank, int):
+        return rank
+    group = getattr(module, "tp_group", None)
+    if group is not None:
+        try:
+            from sglang.srt.layers.linear import get_group_rank_size
+
+            return int(get_group_rank_size(group)[0])
+        except Exception:  # noqa: BLE001 - an SGLang without it: rank 0's bias
+            pass
+    return 0
+
+
+def _bias(module: Any) -> Any:
+    """The bias SGLang's forward hands to the GEMM: none with ``skip_bias_add``, and none on a
+    row-parallel layer's ranks above 0 (rank 0 adds it once); a GEMM with a bias is another
+    cuBLAS kernel."""
+    bias = getattr(module, "bias", None)
+    if bias is None or getattr(module, "skip_bias_add", False):
+        return None
+    if type(module).__name__ == "RowParallelLinear" and _tp_rank(module) > 0:
+        return None
+    return bias
+
+
+def model_shapes(model: Any, device_type: str = "cuda", *, lm_head: bool = True) -> list[Shape]:
     """The distinct dense GEMMs of ``model`` on ``device_type``: unquantized linear layers
-    (through their ``quant_method``) and the LM head."""
+    (through their ``quant_method``) and LM heads (``lm_head`` modules at any depth, as the
+    logits processor runs them: ``torch.matmul(x, W.T)``)."""
     import torch
 
     shapes: dict[tuple, Shape] = {}
     for name, module in model.named_modules():
-        if not _is_unquantized(module):
-            continue
         w = _floating_weight(module)
         if w is None or w.device.type != device_type:
             continue
-        bias = getattr(module, "bias", None)
-        if getattr(module, "skip_bias_add", False):
-            bias = None
-        key = ("linear", tuple(w.shape), str(w.dtype), bias is not None,
-               type(module.quant_method))
+        if _is_unquantized(module):
+            bias = _bias(module)
+            key = ("linear", tuple(w.shape), str(w.dtype), bias is not None,
+                   type(module.quant_method).__qualname__)
 
-        def run(x, module=module, bias=bias):
-            return module.quant_method.apply(module, x, bias)
+            def run(x, module=module, bias=bias):
+                return module.quant_method.apply(module, x, bias)
+        elif lm_head and name.rpartition(".")[2] == "lm_head" and not _quantized_head(module):
+            key = ("linear", tuple(w.shape), str(w.dtype), False, "UnquantizedLinearMethod")
 
-        shapes.setdefault(key, Shape(f"{name} {tuple(w.shape)}", w.shape[1], w.shape[0],
+            def run(x, w=w):
+                return torch.matmul(x, w.T)
+        else:
+            continue
+        shapes.setdefault(key, Shape(key, f"{name} {tuple(w.shape)}", w.shape[1], w.shape[0],
                                      w.dtype, run))
-    head = getattr(model, "lm_head", None)
-    w = _floating_weight(head) if head is not None and not _quantized_head(head) else None
-    if w is not None and w.device.type == device_type:
-        key = ("lm_head", tuple(w.shape), str(w.dtype))
-        shapes.setdefault(key, Shape(f"lm_head {tuple(w.shape)}", w.shape[1], w.shape[0],
-                                     w.dtype, lambda x, w=w: torch.matmul(x, w.T)))
     return list(shapes.values())
 
 
@@ -144,59 +173,122 @@ def _quantized_head(head: Any) -> bool:
 def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
           device: Any = "cuda", clock: Callable[[], float] = time.monotonic,
           synchronize: Callable[[], None] | None = None) -> SweepResult:
-    """Run every shape at every row count of :func:`row_counts` until ``budget_s`` is spent."""
+    """Run every shape at every row count of :func:`row_counts` until ``budget_s`` is spent.
+
+    One input buffer per dtype serves every shape (a contiguous view of its first
+    ``rows * in_features`` elements), so the memory held is the largest shape's input plus one
+    GEMM's output, each within ``MAX_BUFFER_BYTES``.  The clock is read after every call and,
+    with ``synchronize``, the GPU is waited for after each row count past ``DENSE_ROWS``, so the
+    budget counts the GPU's time too."""
     import torch
 
     result = SweepResult(shapes=[s.label for s in shapes], max_rows=max_rows)
     started = clock()
     if not shapes or max_rows < 1 or budget_s <= 0:
         return result
+    elements: dict[Any, int] = {}
     for s in shapes:
-        per_row = (s.in_features + s.out_features) * torch.empty((), dtype=s.dtype).element_size()
-        s.max_rows = max(1, min(max_rows, MAX_BUFFER_BYTES // per_row))
+        size = torch.empty((), dtype=s.dtype).element_size()
+        s.max_rows = max(1, min(max_rows, MAX_BUFFER_BYTES // ((s.in_features + s.out_features)
+                                                               * size)))
+        elements[s.dtype] = max(elements.get(s.dtype, 0), s.max_rows * s.in_features)
+    buffers: dict[Any, Any] = {}
     try:
         with torch.inference_mode():
-            for s in shapes:
-                s.buffer = torch.zeros(s.max_rows, s.in_features, dtype=s.dtype, device=device)
+            for dtype, n in elements.items():
+                buffers[dtype] = torch.zeros(n, dtype=dtype, device=device)
             for rows in row_counts(max_rows):
+                over = False
                 for s in shapes:
                     if rows <= s.max_rows:
-                        s.run(s.buffer[:rows])
+                        s.run(buffers[s.dtype][:rows * s.in_features].view(rows, s.in_features))
                         result.calls += 1
-                result.rows_reached = rows
-                if clock() - started > budget_s:
-                    result.stopped_by_budget = rows < max_rows
+                        if clock() - started > budget_s:
+                            over = True
+                            break
+                if synchronize is not None and rows > DENSE_ROWS:
+                    synchronize()
+                if over or clock() - started > budget_s:
+                    result.stopped_by_budget = rows < max_rows or over
+                    result.rows_reached = rows - 1 if over else rows
                     break
+                result.rows_reached = rows
             if synchronize is not None:
                 synchronize()
     finally:
-        for s in shapes:
-            s.buffer = None
+        buffers.clear()
     result.seconds = clock() - started
     return result
 
 
+#: the server settings the sweep reads
+_SETTINGS = ("chunked_prefill_size", "max_prefill_tokens", "enable_deterministic_inference",
+             "enable_fp32_lm_head")
+
+
+def _values(server_args: Any) -> dict:
+    """The settings the sweep reads, as SGLang resolved them (``resolved_dict``, SGLang >=
+    0.5.22, whose attributes hold what was typed), else as the attributes hold them."""
+    resolved = getattr(server_args, "resolved_dict", None)
+    try:
+        if callable(resolved):
+            found = resolved()
+            return {name: found.get(name) for name in _SETTINGS}
+    except Exception:  # noqa: BLE001 - an unresolvable ServerArgs: the attributes as they are
+        pass
+    return {name: getattr(server_args, name, None) for name in _SETTINGS}
+
+
 def max_rows_of(server_args: Any) -> int:
-    """The largest number of tokens one prefill forward can hold: the chunked-prefill size,
-    else the largest prefill, else DEFAULT_MAX_ROWS."""
-    sizes = [getattr(server_args, name, None) for name in ("chunked_prefill_size",
-                                                             "max_prefill_tokens")]
-    sizes = [s for s in sizes if isinstance(s, int) and s > 0]
+    """The largest number of tokens one prefill forward can hold: the smaller of the
+    chunked-prefill size and the largest prefill, else DEFAULT_MAX_ROWS."""
+    values = _values(server_args)
+    sizes = [values.get(name) for name in ("chunked_prefill_size", "max_prefill_tokens")]
+    sizes = [s for s in sizes if isinstance(s, int) and not isinstance(s, bool) and s > 0]
     return min(sizes) if sizes else DEFAULT_MAX_ROWS
 
 
+#: what this process swept already (a speculative-decoding draft runner shares shapes with the
+#: target, and every runner of the process shares one budget)
+_done: set[tuple] = set()
+_spent_s = 0.0
+
+
+def _skip_reason(values: dict) -> str | None:
+    """Why the sweep would warm kernels the server does not use, if it would."""
+    if values.get("enable_deterministic_inference") is True:
+        return "deterministic inference runs batch-invariant kernels, not cuBLAS's"
+    return None
+
+
 def after_load(runner: Any) -> SweepResult | None:
-    """What the wrapped ``load_model`` runs: the sweep of ``runner.model`` on its device."""
+    """What the wrapped ``load_model`` runs: the sweep of ``runner.model`` on its device, for
+    the shapes this process has not swept, within what is left of the process's budget."""
+    global _spent_s
     import torch
 
-    budget = settings.GEMM_SWEEP_S.get()
+    budget = settings.GEMM_SWEEP_S.get() - _spent_s
     if budget <= 0 or not torch.cuda.is_available():
         return None
-    shapes = model_shapes(runner.model)
-    result = sweep(shapes, max_rows_of(getattr(runner, "server_args", None)), budget,
-                   device=torch.device("cuda", torch.cuda.current_device()),
+    server_args = getattr(runner, "server_args", None)
+    values = _values(server_args)
+    why = _skip_reason(values)
+    if why is not None:
+        logger.info("sglang-warmup: GEMM sweep skipped: %s", why)
+        return None
+    # an fp32 LM head runs torch.mm(..., out_dtype=float32): another kernel, not swept
+    shapes = [s for s in model_shapes(runner.model, lm_head=values.get("enable_fp32_lm_head")
+                                      is not True) if s.key not in _done]
+    device = next((p.device for p in runner.model.parameters() if p.is_cuda),
+                  torch.device("cuda", torch.cuda.current_device()))
+    result = sweep(shapes, max_rows_of(server_args), budget, device=device,
                    synchronize=torch.cuda.synchronize)
+    _done.update(s.key for s in shapes)
+    _spent_s += result.seconds
     torch.cuda.empty_cache()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:       # the KV cache is sized from free memory after the load
+        clear()
     logger.info("sglang-warmup: %s", result.summary())
     record(result)
     return result

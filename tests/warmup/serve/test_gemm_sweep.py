@@ -84,6 +84,7 @@ def test_the_sweep_runs_every_shape_at_every_row_count_through_the_layers_own_me
         run = s.run
 
         def spy(x, run=run, label=s.label):
+            assert x.is_contiguous()                # the layout the server's activations have
             out = run(x)
             seen.setdefault(label, []).append(tuple(out.shape))
             return out
@@ -95,17 +96,19 @@ def test_the_sweep_runs_every_shape_at_every_row_count_through_the_layers_own_me
     assert result.calls == len(rows) * len(shapes)
     for s in shapes:
         assert seen[s.label] == [(m, s.out_features) for m in rows]
-        assert s.buffer is None                                 # freed
     assert "5 shapes" in result.summary() and "complete" in result.summary()
 
 
-def test_the_budget_stops_the_sweep_after_the_smallest_row_counts():
+def test_the_budget_stops_the_sweep_at_the_call_that_spends_it():
+    """The clock is read after every call: here a call takes one second."""
     shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
-    ticks = iter(range(1000))
-    result = gemm_sweep.sweep(shapes, 8192, budget_s=9.5, device="cpu",
-                              clock=lambda: float(next(ticks)))
-    assert result.stopped_by_budget and result.rows_reached == 10
-    assert result.calls == 10 * len(shapes)
+    calls = [0]
+    for s in shapes:
+        s.run = lambda x, run=s.run: (calls.__setitem__(0, calls[0] + 1), run(x))[1]
+    result = gemm_sweep.sweep(shapes, 8192, budget_s=12.5, device="cpu",
+                              clock=lambda: float(calls[0]))
+    # rows 1 and 2 ran every shape (10 calls); rows 3 stopped after its third call
+    assert result.calls == 13 and result.rows_reached == 2 and result.stopped_by_budget
     assert "stopped by its time budget" in result.summary()
     assert gemm_sweep.sweep(shapes, 8192, budget_s=0, device="cpu").calls == 0
 
@@ -113,9 +116,25 @@ def test_the_budget_stops_the_sweep_after_the_smallest_row_counts():
 def test_a_shape_too_large_for_the_buffer_limit_stops_at_fewer_rows(monkeypatch):
     monkeypatch.setattr(gemm_sweep, "MAX_BUFFER_BYTES", (48 + 32) * 2 * 20)
     shapes = [s for s in gemm_sweep.model_shapes(_model(), device_type="cpu")
-              if s.label.startswith("layers.0.qkv_proj")]
+              if s.label.startswith(("layers.0.qkv_proj", "layers.0.o_proj"))]
     result = gemm_sweep.sweep(shapes, 64, budget_s=60.0, device="cpu")
-    assert shapes[0].max_rows == 20 and result.calls == 20 and result.rows_reached == 64
+    # qkv (48 x 32) fits 20 rows, o_proj (32 x 32) 25; they share one input buffer
+    assert [s.max_rows for s in shapes] == [20, 25]
+    assert result.calls == 45 and result.rows_reached == 64
+
+
+def test_max_rows_is_the_prefill_chunk_as_sglang_resolved_it(tiny_model_dir):
+    """SGLang 0.5.22 keeps what was typed in the attributes (no --chunked-prefill-size: None)
+    and the resolved value in ``resolved_dict``."""
+    from sglang.srt.server_args import prepare_server_args
+
+    sa = prepare_server_args(["--model-path", str(tiny_model_dir), "--device", "cuda",
+                              "--skip-tokenizer-init"])
+    sa.resolve_once()
+    resolved = sa.resolved_dict()
+    assert resolved["chunked_prefill_size"] > 0
+    assert gemm_sweep.max_rows_of(sa) == min(resolved["chunked_prefill_size"],
+                                             resolved["max_prefill_tokens"])
 
 
 def test_max_rows_is_the_largest_prefill_chunk():
@@ -146,8 +165,7 @@ def _runner_module():
 def test_the_wrapped_load_model_sweeps_after_loading_and_never_raises(monkeypatch, caplog):
     mod = _runner_module()
     gemm_sweep._wrap(mod)
-    gemm_sweep._wrap(mod)                                # once only
-    assert mod.ModelRunner.load_model.__wrapped__.__name__ == "load_model"
+    gemm_sweep._wrap(mod)                                # once only: one sweep per load below
     swept = []
     monkeypatch.setattr(gemm_sweep, "after_load", lambda runner: swept.append(runner.model))
     runner = mod.ModelRunner()
@@ -166,19 +184,114 @@ def test_the_wrapped_load_model_sweeps_after_loading_and_never_raises(monkeypatc
 def test_without_a_gpu_or_with_a_zero_budget_nothing_runs(monkeypatch):
     runner = _runner_module().ModelRunner()
     runner.load_model()
-    assert gemm_sweep.after_load(runner) is None         # the CPU machine: no CUDA
+    ran = []
+    monkeypatch.setattr(gemm_sweep, "sweep", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gemm_sweep.after_load(runner) is None
     monkeypatch.setenv("WARMUP_GEMM_SWEEP_S", "0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert gemm_sweep.after_load(runner) is None
+    assert ran == []
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """after_load's CUDA calls as no-ops on the CPU machine, the process state reset, and the
+    sweep itself recorded: (shape labels, max rows, budget) per call."""
+    monkeypatch.setattr(gemm_sweep, "_done", set())
+    monkeypatch.setattr(gemm_sweep, "_spent_s", 0.0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None, raising=False)
+    monkeypatch.setattr(gemm_sweep, "model_shapes",
+                        lambda model, device_type="cuda", lm_head=True: _real_shapes(
+                            model, "cpu", lm_head=lm_head))
+    calls = []
+
+    def sweep(shapes, max_rows, budget, **kwargs):
+        calls.append(([s.label for s in shapes], max_rows, budget))
+        return gemm_sweep.SweepResult(shapes=[s.label for s in shapes], seconds=1.5)
+
+    monkeypatch.setattr(gemm_sweep, "sweep", sweep)
+    return calls
+
+
+_real_shapes = gemm_sweep.model_shapes
+
+
+def _runner(**server_args):
+    runner = _runner_module().ModelRunner()
+    runner.load_model()
+    runner.server_args = type("ServerArgs", (), server_args)()
+    return runner
+
+
+def test_a_draft_runner_sweeps_only_new_shapes_within_what_the_target_left(fake_cuda):
+    target = _runner(chunked_prefill_size=8192)
+    gemm_sweep.after_load(target)
+    draft = _runner(chunked_prefill_size=8192)
+    draft.model.extra = _Linear(target.model.layers[0].o_proj.quant_method, 16, 32)
+    gemm_sweep.after_load(draft)
+    assert fake_cuda[0] == (["layers.0.qkv_proj (48, 32)", "layers.0.o_proj (32, 32)",
+                             "layers.0.gate (8, 32)", "layers.0.biased (32, 32)",
+                             "lm_head (100, 32)"], 8192, 4.0)
+    assert fake_cuda[1] == (["extra (16, 32)"], 8192, 2.5)
+
+
+def test_deterministic_inference_and_an_fp32_lm_head_are_not_swept(fake_cuda, caplog):
+    with caplog.at_level(logging.INFO, logger="sglang_warmup.gemm_sweep"):
+        assert gemm_sweep.after_load(_runner(enable_deterministic_inference=True)) is None
+    assert fake_cuda == []
+    assert "GEMM sweep skipped: deterministic inference" in caplog.text
+    gemm_sweep.after_load(_runner(enable_fp32_lm_head=True))
+    assert "lm_head (100, 32)" not in fake_cuda[0][0] and len(fake_cuda[0][0]) == 4
+
+
+def test_the_bias_is_what_the_layers_forward_would_pass():
+    """A row-parallel layer adds its bias on rank 0 only; ``skip_bias_add`` hands it to the
+    caller; a GEMM with a bias is another kernel, so each is its own shape."""
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    class RowParallelLinear(_Linear):
+        pass
+
+    lin = UnquantizedLinearMethod()
+    model = torch.nn.Module()
+    model.rank0 = RowParallelLinear(lin, 32, 32, bias=True)
+    model.rank0.tp_rank = 0
+    model.rank1 = RowParallelLinear(lin, 24, 32, bias=True)
+    model.rank1.tp_rank = 1
+    model.skipped = _Linear(lin, 16, 32, bias=True)
+    model.skipped.skip_bias_add = True
+    shapes = {s.label.split()[0]: s for s in gemm_sweep.model_shapes(model, device_type="cpu")}
+    assert [shapes[n].key[3] for n in ("rank0", "rank1", "skipped")] == [True, False, False]
+    assert tuple(shapes["rank1"].run(torch.zeros(3, 32, dtype=torch.bfloat16)).shape) == (3, 24)
+
+
+def test_lm_heads_at_any_depth_and_never_a_quantized_one():
+    from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
+
+    model = torch.nn.Module()
+    model.language_model = torch.nn.Module()             # a multimodal model's text half
+    model.language_model.lm_head = _Linear(UnquantizedEmbeddingMethod(), 100, 32)
+    model.vision_lm_head = _Linear(_FP8Method(), 50, 32)  # not named lm_head: not one
+    model.draft = torch.nn.Module()
+    model.draft.lm_head = _Linear(_FP8Method(), 60, 32)   # quantized: not cuBLAS's
+    labels = [s.label for s in gemm_sweep.model_shapes(model, device_type="cpu")]
+    assert labels == ["language_model.lm_head (100, 32)"]
+    assert gemm_sweep.model_shapes(model, device_type="cpu", lm_head=False) == []
 
 
 @pytest.mark.parametrize("site", [
     ROOT / ".venv/lib/python3.11/site-packages", ROOT / ".deps/sglang-0.5.23"],
     ids=["0.5.22", "0.5.23"])
 def test_sglangs_model_runner_loads_the_model_before_it_sizes_memory_and_captures(site):
-    """What the wrap relies on, read from SGLang's real source: the runner's construction
-    (``__init__`` -> ``initialize``) calls ``self.load_model()``, and nothing that sizes the KV
-    cache or captures CUDA graphs comes before it."""
+    """What the wrap relies on, read from SGLang's real source: constructing the runner
+    (``__init__`` -> ``initialize``) calls ``self.load_model()`` once; no method of the runner
+    calls ``load_model`` again (weight updates do not); and every call that sizes the KV pool
+    or captures graphs sits after it in ``initialize``, or in another method (the scheduler
+    calls ``alloc_memory_pool`` once the runner exists)."""
     path = site / "sglang/srt/model_executor/model_runner.py"
     if not path.exists():
         pytest.skip(f"{path} not installed")
@@ -187,15 +300,20 @@ def test_sglangs_model_runner_loads_the_model_before_it_sizes_memory_and_capture
     methods = {n.name: n for n in runner.body if isinstance(n, ast.FunctionDef)}
     assert "load_model" in methods
 
-    def calls(method):
-        return [n.func.attr for n in ast.walk(methods[method])
-                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    def calls(method: str) -> list[tuple[int, str]]:
+        return sorted((n.lineno, n.func.attr) for n in ast.walk(methods[method])
+                      if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute))
 
-    assert "initialize" in calls("__init__")
+    assert "initialize" in [name for _, name in calls("__init__")]
     init = calls("initialize")
-    before = init[:init.index("load_model")]
-    assert before and not [c for c in before if "memory" in c and "saver" not in c or
-                           "graph" in c], before
+    loads = [line for line, name in init if name == "load_model"]
+    assert len(loads) == 1
+    sizing = [(line, name) for line, name in init
+              if ("memory_pool" in name or "graph" in name) and "saver" not in name]
+    assert all(line > loads[0] for line, _ in sizing), sizing
+    callers = [m for m in methods if m != "initialize" and "load_model" in
+               [name for _, name in calls(m)]]
+    assert callers == [], callers
 
 
 def test_the_plugin_arms_the_sweep_through_the_post_import_hook(monkeypatch):
