@@ -279,6 +279,8 @@ def after_load(runner: Any) -> SweepResult | None:
     # an fp32 LM head runs torch.mm(..., out_dtype=float32): another kernel, not swept
     shapes = [s for s in model_shapes(runner.model, lm_head=values.get("enable_fp32_lm_head")
                                       is not True) if s.key not in _done]
+    if not shapes:                  # a quantized model, or a draft of the target's shapes
+        return None
     device = next((p.device for p in runner.model.parameters() if p.is_cuda),
                   torch.device("cuda", torch.cuda.current_device()))
     result = sweep(shapes, max_rows_of(server_args), budget, device=device,

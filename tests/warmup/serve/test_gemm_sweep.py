@@ -237,6 +237,8 @@ def test_a_draft_runner_sweeps_only_new_shapes_within_what_the_target_left(fake_
                              "layers.0.gate (8, 32)", "layers.0.biased (32, 32)",
                              "lm_head (100, 32)"], 8192, 4.0)
     assert fake_cuda[1] == (["extra (16, 32)"], 8192, 2.5)
+    assert gemm_sweep.after_load(_runner()) is None     # nothing new: no sweep, no record
+    assert len(fake_cuda) == 2
 
 
 def test_deterministic_inference_and_an_fp32_lm_head_are_not_swept(fake_cuda, caplog):
