@@ -43,5 +43,6 @@ fi
 # runs in those waits: on 2 cores 102 s against 113 s with one per core (4 workers: 105 s).
 # WARMUP_TEST_WORKERS=N sets the number; 0 runs in this process (for a debugger).  The
 # operator's self-check (`doctor --json`) runs as a test: tests/warmup/observe/test_doctor.py.
-workers=${WARMUP_TEST_WORKERS:-$(( $(nproc) + 1 ))}
+# (nproc counts the CPUs this process may use; without the OpenMP variables, which it obeys.)
+workers=${WARMUP_TEST_WORKERS:-$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) + 1 ))}
 "$PYBIN/python" -m pytest -n "$workers" --dist worksteal "$@"

@@ -88,11 +88,17 @@ class SweepResult:
     max_rows: int = 0
     seconds: float = 0.0
     stopped_by_budget: bool = False
+    #: the fewest rows a shape could take within MAX_BUFFER_BYTES, and which shape (a large LM
+    #: head: row counts above it still load their kernels while serving)
+    capped_rows: int = 0
+    capped_shape: str = ""
 
     def summary(self) -> str:
         how = "stopped by its time budget" if self.stopped_by_budget else "complete"
+        cap = (f"; {self.capped_shape} to {self.capped_rows} rows (buffer limit)"
+               if self.capped_shape and self.capped_rows < self.rows_reached else "")
         return (f"GEMM sweep: {len(self.shapes)} shapes, {self.calls} calls, rows 1-"
-                f"{self.rows_reached} of {self.max_rows}, {self.seconds:.2f} s ({how})")
+                f"{self.rows_reached} of {self.max_rows}{cap}, {self.seconds:.2f} s ({how})")
 
 
 def _is_unquantized(module: Any) -> bool:
@@ -141,7 +147,8 @@ def model_shapes(model: Any, device_type: str = "cuda", *, lm_head: bool = True)
     import torch
 
     shapes: dict[tuple, Shape] = {}
-    for name, module in model.named_modules():
+    # every name of a shared module: a tied LM head is also ``model.embed_tokens``
+    for name, module in model.named_modules(remove_duplicate=False):
         w = _floating_weight(module)
         if w is None or w.device.type != device_type:
             continue
@@ -192,6 +199,9 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
         s.max_rows = max(1, min(max_rows, MAX_BUFFER_BYTES // ((s.in_features + s.out_features)
                                                                * size)))
         elements[s.dtype] = max(elements.get(s.dtype, 0), s.max_rows * s.in_features)
+    smallest = min(shapes, key=lambda s: s.max_rows)
+    if smallest.max_rows < max_rows:
+        result.capped_rows, result.capped_shape = smallest.max_rows, smallest.label
     buffers: dict[Any, Any] = {}
     try:
         with torch.inference_mode():
@@ -304,7 +314,8 @@ def record(result: SweepResult) -> None:
 
     events.note(compile_log.GEMM_SWEEP, "cublas", shapes=len(result.shapes), calls=result.calls,
                 rows_reached=result.rows_reached, max_rows=result.max_rows,
-                duration_s=round(result.seconds, 3), stopped_by_budget=result.stopped_by_budget)
+                duration_s=round(result.seconds, 3), stopped_by_budget=result.stopped_by_budget,
+                capped_rows=result.capped_rows or None, capped_shape=result.capped_shape or None)
 
 
 def _wrap(module: Any) -> None:

@@ -24,7 +24,7 @@ VERSION = 1
 SWEEP_WINDOW_S = 120.0
 #: what the report keeps of each ``gemm_sweep`` compile-log record
 _SWEEP_FIELDS = ("pid", "shapes", "calls", "rows_reached", "max_rows", "duration_s",
-                 "stopped_by_budget")
+                 "stopped_by_budget", "capped_rows", "capped_shape")
 
 
 @dataclass(frozen=True)
@@ -207,17 +207,31 @@ def _this_lifetime(records: list[Mapping[str, Any]]) -> tuple[Mapping[str, Any],
 
 
 def sweep_line(sweeps: Iterable[Any]) -> str:
-    """One line for the schedulers' GEMM sweeps (the longest one's numbers); also for a saved
+    """One line for the GEMM sweeps: scheduler processes (a draft runner's sweep is its
+    process's second record: merged), and the longest process's numbers.  Also for a saved
     report, so anything that is not a number reads as 0."""
     def num(v: Any) -> float:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
-    found = [s for s in sweeps if isinstance(s, Mapping)]
-    if not found:
+    procs: dict[Any, dict[str, Any]] = {}
+    for i, s in enumerate(x for x in sweeps if isinstance(x, Mapping)):
+        pid = s.get("pid") if isinstance(s.get("pid"), int) else f"record {i}"
+        p = procs.setdefault(pid, {"shapes": 0.0, "duration_s": 0.0, "rows_reached": 0.0,
+                                   "max_rows": 0.0, "cut": False, "capped": []})
+        p["shapes"] += num(s.get("shapes"))
+        p["duration_s"] += num(s.get("duration_s"))
+        p["rows_reached"] = max(p["rows_reached"], num(s.get("rows_reached")))
+        p["max_rows"] = max(p["max_rows"], num(s.get("max_rows")))
+        p["cut"] = p["cut"] or s.get("stopped_by_budget") is True
+        if num(s.get("capped_rows")) and isinstance(s.get("capped_shape"), str):
+            p["capped"].append((num(s.get("capped_rows")), s["capped_shape"]))
+    if not procs:
         return "GEMM sweep before the warm-up: none recorded"
-    worst = max(found, key=lambda s: num(s.get("duration_s")))
-    cut = sum(1 for s in found if s.get("stopped_by_budget") is True)
-    return (f"GEMM sweep before the warm-up: {len(found)} scheduler(s), "
-            f"{num(worst.get('shapes')):.0f} shapes, rows 1-{num(worst.get('rows_reached')):.0f} "
-            f"of {num(worst.get('max_rows')):.0f}, {num(worst.get('duration_s')):.1f} s"
+    worst = max(procs.values(), key=lambda p: p["duration_s"])
+    cut = sum(1 for p in procs.values() if p["cut"])
+    capped = min(worst["capped"]) if worst["capped"] else None
+    return (f"GEMM sweep before the warm-up: {len(procs)} scheduler(s), {worst['shapes']:.0f} "
+            f"shapes, rows 1-{worst['rows_reached']:.0f} of {worst['max_rows']:.0f}"
+            + (f" ({capped[1].split()[0]} to {capped[0]:.0f})" if capped else "")
+            + f", {worst['duration_s']:.1f} s"
             + (f"; {cut} stopped by WARMUP_GEMM_SWEEP_S" if cut else ""))

@@ -388,3 +388,31 @@ def test_the_report_keeps_the_sweeps_of_the_latest_start_only():
     assert render(report).splitlines()[-1] == (
         "GEMM sweep before the warm-up: 2 scheduler(s), 4 shapes, rows 1-8192 of 8192, 4.0 s; "
         "1 stopped by WARMUP_GEMM_SWEEP_S")
+
+
+def test_a_tied_lm_head_is_swept_under_its_own_name():
+    """SGLang's Llama and Qwen2 set ``self.lm_head = self.model.embed_tokens`` when the model
+    ties them: one module under two names."""
+    from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
+
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.embed_tokens = _Linear(UnquantizedEmbeddingMethod(), 100, 32)
+    model.lm_head = model.model.embed_tokens
+    assert [s.label for s in gemm_sweep.model_shapes(model, device_type="cpu")] == [
+        "lm_head (100, 32)"]
+
+
+def test_a_shape_capped_by_the_buffer_limit_is_named_in_the_summary_and_the_report(monkeypatch):
+    from warmup.serve.report import sweep_line
+
+    monkeypatch.setattr(gemm_sweep, "MAX_BUFFER_BYTES", (100 + 32) * 2 * 40)
+    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    result = gemm_sweep.sweep(shapes, 80, budget_s=60.0, device="cpu")
+    assert (result.capped_rows, result.capped_shape) == (40, "lm_head (100, 32)")
+    assert "rows 1-80 of 80; lm_head (100, 32) to 40 rows (buffer limit)" in result.summary()
+    record = {"pid": 9, "shapes": 5, "rows_reached": 80, "max_rows": 80, "duration_s": 0.2,
+              "capped_rows": 40, "capped_shape": "lm_head (100, 32)"}
+    draft = {"pid": 9, "shapes": 1, "rows_reached": 80, "max_rows": 80, "duration_s": 0.1}
+    assert sweep_line([record, draft]) == ("GEMM sweep before the warm-up: 1 scheduler(s), "
+                                           "6 shapes, rows 1-80 of 80 (lm_head to 40), 0.3 s")
