@@ -206,32 +206,40 @@ def _this_lifetime(records: list[Mapping[str, Any]]) -> tuple[Mapping[str, Any],
                  if t >= latest - SWEEP_WINDOW_S)  # type: ignore[operator]
 
 
-def sweep_line(sweeps: Iterable[Any]) -> str:
-    """One line for the GEMM sweeps: scheduler processes (a draft runner's sweep is its
-    process's second record: merged), and the longest process's numbers.  Also for a saved
-    report, so anything that is not a number reads as 0."""
-    def num(v: Any) -> float:
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
+
+def sweep_processes(sweeps: Iterable[Any]) -> list[dict[str, Any]]:
+    """The GEMM sweeps per scheduler process (a draft runner's sweep is its process's second
+    record: merged), longest first.  Also for a saved report, so anything that is not a number
+    reads as 0."""
     procs: dict[Any, dict[str, Any]] = {}
     for i, s in enumerate(x for x in sweeps if isinstance(x, Mapping)):
         pid = s.get("pid") if isinstance(s.get("pid"), int) else f"record {i}"
         p = procs.setdefault(pid, {"shapes": 0.0, "duration_s": 0.0, "rows_reached": 0.0,
-                                   "max_rows": 0.0, "cut": False, "capped": []})
-        p["shapes"] += num(s.get("shapes"))
-        p["duration_s"] += num(s.get("duration_s"))
-        p["rows_reached"] = max(p["rows_reached"], num(s.get("rows_reached")))
-        p["max_rows"] = max(p["max_rows"], num(s.get("max_rows")))
+                                   "max_rows": 0.0, "cut": False, "capped": None})
+        p["shapes"] += _num(s.get("shapes"))
+        p["duration_s"] += _num(s.get("duration_s"))
+        p["rows_reached"] = max(p["rows_reached"], _num(s.get("rows_reached")))
+        p["max_rows"] = max(p["max_rows"], _num(s.get("max_rows")))
         p["cut"] = p["cut"] or s.get("stopped_by_budget") is True
-        if num(s.get("capped_rows")) and isinstance(s.get("capped_shape"), str):
-            p["capped"].append((num(s.get("capped_rows")), s["capped_shape"]))
+        if _num(s.get("capped_rows")) and isinstance(s.get("capped_shape"), str):
+            capped = (_num(s.get("capped_rows")), s["capped_shape"].split()[0] or "?")
+            p["capped"] = min(p["capped"], capped) if p["capped"] else capped
+    return sorted(procs.values(), key=lambda p: -p["duration_s"])
+
+
+def sweep_line(sweeps: Iterable[Any]) -> str:
+    """One line for the GEMM sweeps: scheduler processes, and the longest one's numbers."""
+    procs = sweep_processes(sweeps)
     if not procs:
         return "GEMM sweep before the warm-up: none recorded"
-    worst = max(procs.values(), key=lambda p: p["duration_s"])
-    cut = sum(1 for p in procs.values() if p["cut"])
-    capped = min(worst["capped"]) if worst["capped"] else None
+    worst = procs[0]
+    cut = sum(1 for p in procs if p["cut"])
+    capped = worst["capped"]
     return (f"GEMM sweep before the warm-up: {len(procs)} scheduler(s), {worst['shapes']:.0f} "
             f"shapes, rows 1-{worst['rows_reached']:.0f} of {worst['max_rows']:.0f}"
-            + (f" ({capped[1].split()[0]} to {capped[0]:.0f})" if capped else "")
+            + (f" ({capped[1]} to {capped[0]:.0f})" if capped else "")
             + f", {worst['duration_s']:.1f} s"
             + (f"; {cut} stopped by WARMUP_GEMM_SWEEP_S" if cut else ""))

@@ -12,6 +12,7 @@ import html
 import time
 from typing import Any, Iterable, Sequence
 
+from warmup.serve.report import sweep_processes
 from warmup.view.documents import AUDIT, COVERAGE, RUN, Document
 
 #: series colours (colour-blind safe: Okabe-Ito)
@@ -169,6 +170,8 @@ def _run(doc: Document) -> str:
     classes = [c for c in d.get("classes") or [] if isinstance(c, dict)]
     by_phase = d.get("compiles_by_phase") if isinstance(d.get("compiles_by_phase"), dict) else {}
     cov = d.get("coverage") if isinstance(d.get("coverage"), dict) else None
+    sweeps = sweep_processes(d.get("gemm_sweeps") if isinstance(d.get("gemm_sweeps"), list)
+                             else [])
     ok = bool(d.get("ok", True))
     body = [cards([
         ("ok" if ok else "FAILED", "warm-up", "ok" if ok else "bad"),
@@ -178,7 +181,8 @@ def _run(doc: Document) -> str:
     ] + ([(num(by_phase["serving"]), "compiled while serving",  # written after ready only
            "bad" if by_phase["serving"] else "ok")] if "serving" in by_phase else []) + [
         (str(len(classes)), "classes", ""),
-    ] + ([("closed" if cov.get("closed") else "NOT closed", "second replay",
+    ] + ([(f"{num(sweeps[0]['duration_s'], 1)} s", "GEMM sweep before it", "")]
+         if sweeps else []) + ([("closed" if cov.get("closed") else "NOT closed", "second replay",
            "ok" if cov.get("closed") else "bad")] if cov else []))]
     body.append(section("Time per class", bars(
         [(str(c.get("shape_class")), [_f(c, "total_ms")]) for c in classes],
