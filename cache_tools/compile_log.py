@@ -38,7 +38,8 @@ VERSION = 1
 #: (``generation``, ``duration_s``, ``collected``; ``time`` is when it ended); ``gemm_sweep``:
 #: a scheduler's GEMM sweep after loading the model (``shapes``, ``calls``, ``rows_reached``,
 #: ``max_rows``, ``duration_s``, ``stopped_by_budget``, ``capped_rows`` and ``capped_shape``
-#: (the shape the buffer limit stopped earliest, or null); compiler ``cublas``).
+#: (the shape the buffer limit stopped earliest, or null), ``failed`` (shapes whose GEMM raised,
+#: ``label: error``, left out); compiler ``cublas``).
 MISS, HIT, LOAD, JIT_BUILD, GC = "miss", "hit", "load", "jit_build", "gc"
 GEMM_SWEEP = "gemm_sweep"
 EVENTS = (MISS, HIT, LOAD, JIT_BUILD, GC, GEMM_SWEEP)

@@ -92,13 +92,18 @@ class SweepResult:
     #: head: row counts above it still load their kernels while serving)
     capped_rows: int = 0
     capped_shape: str = ""
+    #: shapes left out after their GEMM raised (``label: error``)
+    failed: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         how = "stopped by its time budget" if self.stopped_by_budget else "complete"
         cap = (f"; {self.capped_shape} to {self.capped_rows} rows (buffer limit)"
                if self.capped_shape and self.capped_rows < self.rows_reached else "")
+        failed = f"; {len(self.failed)} failed and left out: {self.failed[0]}" if self.failed \
+            else ""
         return (f"GEMM sweep: {len(self.shapes)} shapes, {self.calls} calls, rows 1-"
-                f"{self.rows_reached} of {self.max_rows}{cap}, {self.seconds:.2f} s ({how})")
+                f"{self.rows_reached} of {self.max_rows}{cap}, {self.seconds:.2f} s ({how})"
+                f"{failed}")
 
 
 def _is_unquantized(module: Any) -> bool:
@@ -207,11 +212,18 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
         with torch.inference_mode():
             for dtype, n in elements.items():
                 buffers[dtype] = torch.zeros(n, dtype=dtype, device=device)
+            active = list(shapes)
             for rows in row_counts(max_rows):
                 over = False
-                for s in shapes:
+                for s in list(active):
                     if rows <= s.max_rows:
-                        s.run(buffers[s.dtype][:rows * s.in_features].view(rows, s.in_features))
+                        try:
+                            s.run(buffers[s.dtype][:rows * s.in_features].view(rows,
+                                                                               s.in_features))
+                        except Exception as exc:  # noqa: BLE001 - that shape only, not the rest
+                            active.remove(s)
+                            result.failed.append(f"{s.label}: {type(exc).__name__}: {exc}"[:300])
+                            continue
                         result.calls += 1
                         if clock() - started > budget_s:
                             over = True
@@ -301,7 +313,7 @@ def after_load(runner: Any) -> SweepResult | None:
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None:       # the KV cache is sized from free memory after the load
         clear()
-    logger.info("sglang-warmup: %s", result.summary())
+    (logger.warning if result.failed else logger.info)("sglang-warmup: %s", result.summary())
     record(result)
     return result
 
@@ -315,7 +327,8 @@ def record(result: SweepResult) -> None:
     events.note(compile_log.GEMM_SWEEP, "cublas", shapes=len(result.shapes), calls=result.calls,
                 rows_reached=result.rows_reached, max_rows=result.max_rows,
                 duration_s=round(result.seconds, 3), stopped_by_budget=result.stopped_by_budget,
-                capped_rows=result.capped_rows or None, capped_shape=result.capped_shape or None)
+                capped_rows=result.capped_rows or None, capped_shape=result.capped_shape or None,
+                failed=result.failed[:8])
 
 
 def _wrap(module: Any) -> None:

@@ -24,7 +24,7 @@ VERSION = 1
 SWEEP_WINDOW_S = 120.0
 #: what the report keeps of each ``gemm_sweep`` compile-log record
 _SWEEP_FIELDS = ("pid", "shapes", "calls", "rows_reached", "max_rows", "duration_s",
-                 "stopped_by_budget", "capped_rows", "capped_shape")
+                 "stopped_by_budget", "capped_rows", "capped_shape", "failed")
 
 
 @dataclass(frozen=True)
@@ -218,12 +218,14 @@ def sweep_processes(sweeps: Iterable[Any]) -> list[dict[str, Any]]:
     for i, s in enumerate(x for x in sweeps if isinstance(x, Mapping)):
         pid = s.get("pid") if isinstance(s.get("pid"), int) else f"record {i}"
         p = procs.setdefault(pid, {"shapes": 0.0, "duration_s": 0.0, "rows_reached": 0.0,
-                                   "max_rows": 0.0, "cut": False, "capped": None})
+                                   "max_rows": 0.0, "cut": False, "capped": None,
+                                   "failed": 0})
         p["shapes"] += _num(s.get("shapes"))
         p["duration_s"] += _num(s.get("duration_s"))
         p["rows_reached"] = max(p["rows_reached"], _num(s.get("rows_reached")))
         p["max_rows"] = max(p["max_rows"], _num(s.get("max_rows")))
         p["cut"] = p["cut"] or s.get("stopped_by_budget") is True
+        p["failed"] += len(s["failed"]) if isinstance(s.get("failed"), list) else 0
         if _num(s.get("capped_rows")) and isinstance(s.get("capped_shape"), str):
             capped = (_num(s.get("capped_rows")), s["capped_shape"].split()[0] or "?")
             p["capped"] = min(p["capped"], capped) if p["capped"] else capped
@@ -237,9 +239,11 @@ def sweep_line(sweeps: Iterable[Any]) -> str:
         return "GEMM sweep before the warm-up: none recorded"
     worst = procs[0]
     cut = sum(1 for p in procs if p["cut"])
+    failed = sum(p["failed"] for p in procs)
     capped = worst["capped"]
     return (f"GEMM sweep before the warm-up: {len(procs)} scheduler(s), {worst['shapes']:.0f} "
             f"shapes, rows 1-{worst['rows_reached']:.0f} of {worst['max_rows']:.0f}"
             + (f" ({capped[1]} to {capped[0]:.0f})" if capped else "")
             + f", {worst['duration_s']:.1f} s"
-            + (f"; {cut} stopped by WARMUP_GEMM_SWEEP_S" if cut else ""))
+            + (f"; {cut} stopped by WARMUP_GEMM_SWEEP_S" if cut else "")
+            + (f"; {failed} shape(s) failed (the scheduler log names them)" if failed else ""))

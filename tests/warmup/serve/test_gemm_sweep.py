@@ -183,7 +183,7 @@ def test_the_wrapped_load_model_sweeps_after_loading_and_never_raises(monkeypatc
 
 def test_without_a_gpu_or_with_a_zero_budget_nothing_runs(monkeypatch):
     runner = _runner_module().ModelRunner()
-    runner.load_model()
+    runner.load_model()                 # imports SGLang's layers before CUDA is faked below
     ran = []
     monkeypatch.setattr(gemm_sweep, "sweep", lambda *a, **k: ran.append(a))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -197,7 +197,11 @@ def test_without_a_gpu_or_with_a_zero_budget_nothing_runs(monkeypatch):
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """after_load's CUDA calls as no-ops on the CPU machine, the process state reset, and the
-    sweep itself recorded: (shape labels, max rows, budget) per call."""
+    sweep itself recorded: (shape labels, max rows, budget) per call.  SGLang's layers are
+    imported first: imported while CUDA reads as available, SGLang would take its CUDA paths
+    (and need FlashInfer)."""
+    import sglang.srt.layers.quantization.unquant  # noqa: F401
+
     monkeypatch.setattr(gemm_sweep, "_done", set())
     monkeypatch.setattr(gemm_sweep, "_spent_s", 0.0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -416,3 +420,22 @@ def test_a_shape_capped_by_the_buffer_limit_is_named_in_the_summary_and_the_repo
     draft = {"pid": 9, "shapes": 1, "rows_reached": 80, "max_rows": 80, "duration_s": 0.1}
     assert sweep_line([record, draft]) == ("GEMM sweep before the warm-up: 1 scheduler(s), "
                                            "6 shapes, rows 1-80 of 80 (lm_head to 40), 0.3 s")
+    draft["failed"] = ["extra (16, 32): RuntimeError: boom"]
+    assert sweep_line([record, draft]).endswith(
+        "0.3 s; 1 shape(s) failed (the scheduler log names them)")
+
+
+def test_a_shape_whose_gemm_raises_is_left_out_and_the_others_go_on():
+    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+
+    def broken(x):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    shapes[1].run = broken
+    result = gemm_sweep.sweep(shapes, 80, budget_s=60.0, device="cpu")
+    assert result.calls == len(list(row_counts(80))) * 4 and result.rows_reached == 80
+    assert result.failed == ["layers.0.o_proj (32, 32): RuntimeError: CUDA out of memory. "
+                             "Tried to allocate 2.00 GiB"]
+    assert result.summary().endswith("(complete); 1 failed and left out: layers.0.o_proj "
+                                     "(32, 32): RuntimeError: CUDA out of memory. Tried to "
+                                     "allocate 2.00 GiB")
