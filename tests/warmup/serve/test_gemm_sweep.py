@@ -202,6 +202,8 @@ def fake_cuda(monkeypatch):
     (and need FlashInfer)."""
     import sglang.srt.layers.quantization.unquant  # noqa: F401
 
+    import warmup.observe.events  # noqa: F401  (what after_load imports, likewise)
+
     monkeypatch.setattr(gemm_sweep, "_done", set())
     monkeypatch.setattr(gemm_sweep, "_spent_s", 0.0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
