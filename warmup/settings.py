@@ -7,6 +7,7 @@ SGLang's processes load.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from importlib import metadata
@@ -66,7 +67,10 @@ def _str(text: str) -> str:
 
 
 def _float(text: str) -> float:
-    return float(text)
+    value = float(text)
+    if not math.isfinite(value):        # a NaN budget or timeout would never run out
+        raise ValueError("expected a finite number, e.g. 4 or 0.5")
+    return value
 
 
 def _names(text: str) -> tuple[str, ...]:

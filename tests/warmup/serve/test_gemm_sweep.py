@@ -441,3 +441,23 @@ def test_a_shape_whose_gemm_raises_is_left_out_and_the_others_go_on():
     assert result.summary().endswith("(complete); 1 failed and left out: layers.0.o_proj "
                                      "(32, 32): RuntimeError: CUDA out of memory. Tried to "
                                      "allocate 2.00 GiB")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "four"])
+def test_a_budget_that_is_not_a_finite_number_is_refused_with_the_variable(monkeypatch, caplog,
+                                                                           value):
+    """A NaN budget would never run out; the plugin names the variable and arms nothing."""
+    from warmup.observe.importer import finder
+    from warmup.serve import plugin
+
+    monkeypatch.setattr(plugin, "_registered", False)
+    for name, v in (("WARMUP_ENABLE", "1"), ("WARMUP_METRICS", "0"), ("WARMUP_PATCHES", "0"),
+                    ("WARMUP_GEMM_SWEEP_S", value)):
+        monkeypatch.setenv(name, v)
+    monkeypatch.delenv("WARMUP_PLAN", raising=False)
+    monkeypatch.delitem(__import__("sys").modules, gemm_sweep.MODEL_RUNNER, raising=False)
+    with caplog.at_level(logging.WARNING, logger="sglang_warmup.plugin"):
+        plugin.register()
+    assert gemm_sweep.MODEL_RUNNER not in finder().watched
+    assert f"GEMM sweep not activated: environment variable WARMUP_GEMM_SWEEP_S={value!r}: " \
+        in caplog.text
