@@ -174,14 +174,8 @@ def note(event: str, compiler: str, **fields: Any) -> None:
     to this process's compile log (nothing when the recorders are not installed); never
     raises."""
     inst = _installation
-    if inst is None:
-        return
-    try:
-        rec = inst.new_record(event, inst.phase(), compiler)
-        rec.update(fields)
-        inst.write(rec)
-    except Exception as exc:  # a guest never raises into its host
-        inst.failed(event, exc)
+    if inst is not None:
+        inst.note(event, compiler, **fields)
 
 
 class _Installation:
@@ -219,6 +213,16 @@ class _Installation:
         """A compile-log record of ``event`` stamped with the phase ``state``."""
         return compile_log.record(event, phase=state.phase, shape_class=state.shape_class,
                                   request=state.request, compiler=compiler)
+
+    def note(self, event: str, compiler: str, **fields: Any) -> None:
+        """Write one record of ``event`` stamped with the phase of now, holding ``fields``
+        (which may set ``time``); a failure is counted, not raised."""
+        try:
+            rec = self.new_record(event, self.phase(), compiler)
+            rec.update(fields)
+            self.write(rec)
+        except Exception as exc:
+            self.failed(event, exc)
 
     def failed(self, hook: str, exc: BaseException) -> None:
         """Log and count a failure of our own recording; never raises."""

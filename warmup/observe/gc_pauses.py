@@ -118,10 +118,5 @@ class GcPauses:
                 ended, generation, took, collected = self._pending.popleft()
             except IndexError:
                 return
-            try:
-                rec = self.inst.new_record("gc", self.inst.phase(), "python")
-                rec.update(time=ended, generation=generation, duration_s=round(took, 6),
-                           collected=collected)
-                self.inst.write(rec)
-            except Exception as exc:
-                self.inst.failed("gc", exc)
+            self.inst.note("gc", "python", time=ended, generation=generation,
+                           duration_s=round(took, 6), collected=collected)

@@ -206,8 +206,11 @@ def _this_lifetime(records: list[Mapping[str, Any]]) -> tuple[Mapping[str, Any],
                  if t >= latest - SWEEP_WINDOW_S)  # type: ignore[operator]
 
 
-def _num(v: Any) -> float:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+def as_number(value: Any) -> float:
+    """A number read from a saved document: its value, or 0 for anything that is not a number
+    (the views read reports that may be damaged or hostile)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else 0.0
 
 
 def sweep_processes(sweeps: Iterable[Any]) -> list[dict[str, Any]]:
@@ -220,14 +223,14 @@ def sweep_processes(sweeps: Iterable[Any]) -> list[dict[str, Any]]:
         p = procs.setdefault(pid, {"shapes": 0.0, "duration_s": 0.0, "rows_reached": 0.0,
                                    "max_rows": 0.0, "cut": False, "capped": None,
                                    "failed": 0})
-        p["shapes"] += _num(s.get("shapes"))
-        p["duration_s"] += _num(s.get("duration_s"))
-        p["rows_reached"] = max(p["rows_reached"], _num(s.get("rows_reached")))
-        p["max_rows"] = max(p["max_rows"], _num(s.get("max_rows")))
+        p["shapes"] += as_number(s.get("shapes"))
+        p["duration_s"] += as_number(s.get("duration_s"))
+        p["rows_reached"] = max(p["rows_reached"], as_number(s.get("rows_reached")))
+        p["max_rows"] = max(p["max_rows"], as_number(s.get("max_rows")))
         p["cut"] = p["cut"] or s.get("stopped_by_budget") is True
         p["failed"] += len(s["failed"]) if isinstance(s.get("failed"), list) else 0
-        if _num(s.get("capped_rows")) and isinstance(s.get("capped_shape"), str):
-            capped = (_num(s.get("capped_rows")), s["capped_shape"].split()[0] or "?")
+        if as_number(s.get("capped_rows")) and isinstance(s.get("capped_shape"), str):
+            capped = (as_number(s.get("capped_rows")), s["capped_shape"].split()[0] or "?")
             p["capped"] = min(p["capped"], capped) if p["capped"] else capped
     return sorted(procs.values(), key=lambda p: -p["duration_s"])
 

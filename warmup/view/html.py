@@ -12,7 +12,7 @@ import html
 import time
 from typing import Any, Iterable, Sequence
 
-from warmup.serve.report import sweep_processes
+from warmup.serve.report import as_number, sweep_processes
 from warmup.view.documents import AUDIT, COVERAGE, RUN, Document
 
 #: series colours (colour-blind safe: Okabe-Ito)
@@ -161,8 +161,7 @@ def render(doc: Document) -> str:
 
 
 def _f(d: dict, key: str) -> float:
-    v = d.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+    return as_number(d.get(key))
 
 
 def _run(doc: Document) -> str:

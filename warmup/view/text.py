@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cache_tools.render import bar, table
 from warmup.coverage.classes import Coverage
-from warmup.serve.report import sweep_line
+from warmup.serve.report import as_number as _n, sweep_line
 from warmup.view.documents import AUDIT, COVERAGE, RUN, Document
 
 
@@ -13,8 +13,6 @@ def render(doc: Document) -> str:
     return {RUN: _run, AUDIT: _audit, COVERAGE: _coverage}[doc.kind](doc)
 
 
-def _n(value: object) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def _run(doc: Document) -> str:
