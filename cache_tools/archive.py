@@ -30,7 +30,8 @@ from cache_tools import forks, groups, tarfmt
 from cache_tools.errors import ArchiveError, CacheError, IncompatibleError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import MERGE_PREFIX, Location
-from cache_tools.manifest import EntryRecord, FileRecord, Manifest, check_overlaps, paused_gc
+from cache_tools.manifest import (EntryRecord, FileRecord, Manifest, check_overlaps, member_prefix,
+                                  paused_gc)
 from cache_tools.progress import Progress
 from cache_tools.reader import (CHUNK, WHOLE, ZSTD_MAGIC, ArchiveReader, Limits, Member,
                                 zstandard_module, zstd_structure_problem)
@@ -249,14 +250,11 @@ def _encode_forked(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list[_
     nfiles = sum(len(files) for _, files in planned)
     if not forks.worth(nfiles, nbytes) or not forks.usable(jobs):
         return None
-    offsets, weights = [], []
-    offset = writer.offset
-    for e, files in planned:
-        offsets.append(offset)
-        prefix = "/".join(p for p in (e.kind, e.name) if p)
-        offset += tarfmt.entry_span(prefix, ((f.rel, f.size, f.mode) for f in files))
-        weights.append(sum(f.size for f in files) + len(files) * (16 << 10))
-    runs = forks.split(weights, jobs)
+    offsets, offset = tarfmt.layout(writer.offset, ((member_prefix(e.kind, e.name),
+                                                      ((f.rel, f.size, f.mode) for f in files))
+                                                     for e, files in planned))
+    runs = forks.split([forks.weight(sum(f.size for f in files), len(files))
+                        for _, files in planned], jobs)
     fd = writer.fileno()
 
     def task(first: int, end: int) -> forks.Task:
@@ -301,7 +299,7 @@ def _encode(entry: CacheEntry, files: list[_File]) -> tuple[bytes, list[str]] | 
     a file is too large to hold in memory (the caller streams the entry)."""
     if any(f.size > WHOLE for f in files):
         return None
-    prefix = "/".join(p for p in (entry.kind, entry.name) if p)
+    prefix = member_prefix(entry.kind, entry.name)
     parts = [_encode_one(entry, f, f"{prefix}/{f.rel}" if f.rel else prefix) for f in files]
     return b"".join(p[0] for p in parts), [p[1] for p in parts]
 
@@ -320,7 +318,7 @@ def _write_entry(sink: ArchiveWriter | PlacedWriter, entry: CacheEntry, files: l
                  advance: Callable[[int], None]) -> list[str]:
     """An entry holding a file too large to read whole: each member written as it is read."""
     hashes = []
-    prefix = "/".join(p for p in (entry.kind, entry.name) if p)
+    prefix = member_prefix(entry.kind, entry.name)
     for f in files:
         name = f"{prefix}/{f.rel}" if f.rel else prefix
         if f.size <= WHOLE:

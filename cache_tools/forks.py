@@ -103,6 +103,12 @@ def worth(files: int, nbytes: int) -> bool:
     return files >= MIN_FILES or nbytes >= MIN_BYTES
 
 
+def weight(nbytes: int, files: int) -> int:
+    """A worker's share of ``files`` files of ``nbytes`` in all, in bytes: a file costs about
+    what 16 KiB of data does (its system calls and Python work)."""
+    return nbytes + files * (16 << 10)
+
+
 def split(weights: Sequence[int], jobs: int) -> list[tuple[int, int]]:
     """Up to ``jobs`` contiguous runs ``(first, end)`` of items of about equal total weight."""
     total = sum(weights)

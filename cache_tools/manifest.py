@@ -77,7 +77,8 @@ class EntryRecord:
 
     def member(self, f: FileRecord) -> str:
         """The archive member name of file ``f``: ``<kind>/<name>/<path>``."""
-        return "/".join(p for p in (self.kind, self.name, f.path) if p)
+        prefix = member_prefix(self.kind, self.name)
+        return f"{prefix}/{f.path}" if f.path else prefix
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "type": "dir" if self.is_dir else "file",
@@ -96,6 +97,13 @@ def paused_gc() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def member_prefix(kind: str, name: str) -> str:
+    """What the archive names of an entry's files start with: ``<kind>/<name>``, or ``<kind>``
+    for an entry that is the whole directory; a file is ``<prefix>/<path>`` (``<prefix>``
+    itself for a file entry's one file, whose path is '')."""
+    return f"{kind}/{name}" if name else kind
 
 
 def is_triton(entry: EntryRecord) -> bool:

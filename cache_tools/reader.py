@@ -35,7 +35,8 @@ from typing import IO, Callable, Generator, Iterator, Sequence
 
 from cache_tools import groups, tarfmt
 from cache_tools.errors import ArchiveError, CacheError
-from cache_tools.manifest import MANIFEST_NAME, EntryRecord, FileRecord, Manifest, is_triton
+from cache_tools.manifest import (MANIFEST_NAME, EntryRecord, FileRecord, Manifest, is_triton,
+                                  member_prefix)
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 #: members up to this size are read whole (one buffer, hashed at once); larger ones in chunks
@@ -370,7 +371,7 @@ class ArchiveReader:
         for entry in entries:
             triton = is_triton(entry)
             paths = {f.path for f in entry.files} if triton else ()
-            prefix = "/".join(p for p in (entry.kind, entry.name) if p)
+            prefix = member_prefix(entry.kind, entry.name)
             for f in entry.files:
                 name = f"{prefix}/{f.path}" if f.path else prefix
                 self.current = name

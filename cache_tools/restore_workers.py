@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from cache_tools import forks, groups, tarfmt
-from cache_tools.manifest import MANIFEST_NAME, EntryRecord, Manifest
+from cache_tools.manifest import MANIFEST_NAME, EntryRecord, Manifest, member_prefix
 from cache_tools.reader import ArchiveReader, Limits, Member
 from cache_tools.staging import Installer, StagedEntry
 
@@ -73,16 +73,13 @@ def ranges(manifest: Manifest, start: int, jobs: int) -> tuple[list[tuple[int, i
     """Up to ``jobs`` contiguous runs of entries of about equal work, as (first entry, end
     entry, byte offset of the first entry's first header), and the byte offset after the last
     member, for an archive laid out by our writer from ``start`` (the first payload header)."""
-    offsets, weights = [], []
-    offset = start
-    for entry in manifest.entries:
-        offsets.append(offset)
-        prefix = "/".join(p for p in (entry.kind, entry.name) if p)
-        offset += tarfmt.entry_span(prefix, ((f.path, f.size, f.mode) for f in entry.files))
-        # a file costs about what 16 KiB of data does
-        weights.append(entry.size + len(entry.files) * (16 << 10))
+    entries = manifest.entries
+    offsets, end = tarfmt.layout(start, ((member_prefix(e.kind, e.name),
+                                          ((f.path, f.size, f.mode) for f in e.files))
+                                         for e in entries))
+    weights = [forks.weight(e.size, len(e.files)) for e in entries]
     runs = forks.split(weights, jobs) if weights else [(0, 0)]
-    return [(a, b, offsets[a] if a < len(offsets) else start) for a, b in runs], offset
+    return [(a, b, offsets[a] if a < len(offsets) else start) for a, b in runs], end
 
 
 def stage(reader: ArchiveReader, manifest: Manifest, installer: Installer,

@@ -131,6 +131,19 @@ def entry_span(prefix: str, files: Iterable[tuple[str, int, int]]) -> int:
     return total
 
 
+def layout(start: int, entries: Iterable[tuple[str, Iterable[tuple[str, int, int]]]]
+           ) -> tuple[list[int], int]:
+    """Entries' members laid out in a row from byte ``start``, each entry given as its name
+    prefix and its files' ``(path, size, mode)`` (see ``entry_span``): the byte offset of each
+    entry's first header, and the offset after the last member."""
+    offsets = []
+    offset = start
+    for prefix, files in entries:
+        offsets.append(offset)
+        offset += entry_span(prefix, files)
+    return offsets, offset
+
+
 def padding(size: int) -> bytes:
     """Zero bytes from the end of ``size`` bytes of data to the next block boundary."""
     return bytes(-size % BLOCK)

@@ -52,6 +52,17 @@ def test_entry_span_is_the_bytes_of_its_members(size):
         assert tarfmt.entry_span(prefix, files) == expected, name
 
 
+def test_layout_places_each_entry_after_the_members_before_it():
+    entries = [("triton/a", [("x.json", 10, 0o644), ("x.cubin", 700, 0o644)]),
+               ("flashinfer", [("", 3, 0o755)]),
+               ("triton/" + "b" * 120, [("y", 0, 0o644)])]        # a PAX-header name
+    offsets, end = tarfmt.layout(1536, entries)
+    spans = [tarfmt.entry_span(prefix, files) for prefix, files in entries]
+    assert offsets == [1536, 1536 + spans[0], 1536 + spans[0] + spans[1]]
+    assert end == 1536 + sum(spans) and spans[2] > 1024             # PAX header, ustar, no data
+    assert tarfmt.layout(512, []) == ([], 512)
+
+
 def test_end_blocks_are_what_tarfile_writes():
     for n in (0, 1, 3, 19, 20, 21):
         buf = io.BytesIO()
