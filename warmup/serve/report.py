@@ -230,7 +230,7 @@ def sweep_processes(sweeps: Iterable[Any]) -> list[dict[str, Any]]:
         p["cut"] = p["cut"] or s.get("stopped_by_budget") is True
         p["failed"] += len(s["failed"]) if isinstance(s.get("failed"), list) else 0
         if as_number(s.get("capped_rows")) and isinstance(s.get("capped_shape"), str):
-            capped = (as_number(s.get("capped_rows")), s["capped_shape"].split()[0] or "?")
+            capped = (as_number(s.get("capped_rows")), (s["capped_shape"].split() or ["?"])[0])
             p["capped"] = min(p["capped"], capped) if p["capped"] else capped
     return sorted(procs.values(), key=lambda p: -p["duration_s"])
 

@@ -75,7 +75,8 @@ def test_the_html_page_is_self_contained_and_escaped(tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "http://" not in page and "https://" not in page  # nothing fetched at view time
     assert "2.4 s" in page and "GEMM sweep before it" in page       # the sweep's card
-    data["gemm_sweeps"] = [{"pid": "<b>", "duration_s": "<i>"}, "x"]  # hostile: no card text
+    data["gemm_sweeps"] = [{"pid": "<b>", "duration_s": "<i>", "capped_rows": 3,
+                            "capped_shape": " "}, "x"]             # hostile: no card text
     path.write_text(json.dumps(data))
     assert "<b>" not in html.render(documents.load(path))
     for title in ("Time per class", "First hit against repeat (second replay)",
