@@ -108,6 +108,10 @@ GEMM_SWEEP_S = EnvVar("WARMUP_GEMM_SWEEP_S", 4.0, _float,
                       "seconds each scheduler may spend after loading the model running its "
                       "dense GEMM shapes at every row count that picks a new cuBLAS kernel "
                       "(docs/first-hits.md); 0: no sweep")
+KEEP_ALLOCATOR = EnvVar("WARMUP_KEEP_ALLOCATOR", True, _bool,
+                        "the warm-up's final flush leaves PyTorch's caching allocator its blocks, "
+                        "so the first requests after ready do not allocate again what the "
+                        "warm-up did; 0: the flush empties it, as SGLang's does")
 
 # --- phase and metrics --------------------------------------------------------------------
 STATE_DIR = EnvVar("WARMUP_STATE_DIR", "", _str,

@@ -32,6 +32,9 @@ PHASES: tuple[str, ...] = ("init", "warmup", "serving")
 
 PHASE_FILE = "phase.json"
 
+#: The ``shape_class`` of the ``warmup`` phase while the driver's final cache flush is in flight.
+FLUSH = "flush"
+
 
 @dataclass(frozen=True)
 class PhaseState:

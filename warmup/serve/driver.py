@@ -122,7 +122,7 @@ class Driver:
         except DriverError as exc:
             exc.report = final()  # type: ignore[attr-defined]
             raise
-        self._set_phase("warmup", "flush")
+        self._set_phase("warmup", phase_mod.FLUSH)
         if exp.flush:
             try:
                 flush = await self.transport.flush(self.flush_timeout_s)

@@ -18,14 +18,15 @@ _registered = False
 
 
 def register() -> None:
-    """Install compile-event hooks, arm the lazy prefill-graph patches and the GEMM sweep,
-    and register the plan."""
+    """Install compile-event hooks, arm the lazy prefill-graph patches, the GEMM sweep and the
+    allocator's blocks across the warm-up's flush, and register the plan."""
     global _registered
     if _registered or not settings.ENABLE.get():
         return
     _registered = True
     for name, step in (("events", _install_events), ("patches", _activate_patches),
-                       ("GEMM sweep", _arm_gemm_sweep), ("plan", _register_plan)):
+                       ("GEMM sweep", _arm_gemm_sweep), ("allocator", _arm_allocator),
+                       ("plan", _register_plan)):
         try:
             step()
         except Exception as exc:  # a guest never raises into its host
@@ -89,6 +90,14 @@ def _arm_gemm_sweep() -> None:
     from warmup.serve import gemm_sweep
 
     gemm_sweep.arm()
+
+
+def _arm_allocator() -> None:
+    if not settings.KEEP_ALLOCATOR.get():
+        return
+    from warmup.serve import allocator
+
+    allocator.arm()
 
 
 def _register_plan() -> None:

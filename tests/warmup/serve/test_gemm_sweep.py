@@ -330,7 +330,7 @@ def test_the_plugin_arms_the_sweep_through_the_post_import_hook(monkeypatch):
 
     monkeypatch.setattr(plugin, "_registered", False)
     for name, value in (("WARMUP_ENABLE", "1"), ("WARMUP_METRICS", "0"),
-                        ("WARMUP_PATCHES", "0")):
+                        ("WARMUP_PATCHES", "0"), ("WARMUP_KEEP_ALLOCATOR", "0")):
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("WARMUP_PLAN", raising=False)
     monkeypatch.delitem(__import__("sys").modules, gemm_sweep.MODEL_RUNNER, raising=False)
@@ -452,7 +452,7 @@ def test_a_budget_that_is_not_a_finite_number_is_refused_with_the_variable(monke
 
     monkeypatch.setattr(plugin, "_registered", False)
     for name, v in (("WARMUP_ENABLE", "1"), ("WARMUP_METRICS", "0"), ("WARMUP_PATCHES", "0"),
-                    ("WARMUP_GEMM_SWEEP_S", value)):
+                    ("WARMUP_KEEP_ALLOCATOR", "0"), ("WARMUP_GEMM_SWEEP_S", value)):
         monkeypatch.setenv(name, v)
     monkeypatch.delenv("WARMUP_PLAN", raising=False)
     monkeypatch.delitem(__import__("sys").modules, gemm_sweep.MODEL_RUNNER, raising=False)
