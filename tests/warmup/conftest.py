@@ -291,7 +291,9 @@ class FakeTokenizerManager:
         return {"output_ids": [7] * (0 if abort else k),
                 "meta_info": {"id": item.rid, "finish_reason": finish,
                               "prompt_tokens": len(item.input_ids), "completion_tokens": 0 if abort else k,
-                              "cached_tokens": 0}}
+                              "cached_tokens": 0,
+                              # SGLang sets its own latency once a request has finished
+                              **({"e2e_latency": 0.002} if final and not abort else {})}}
 
     def starts(self) -> list[tuple[str, ...]]:
         return [rids for kind, rids in self.events if kind == "start"]

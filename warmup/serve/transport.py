@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import random
 import threading
 import time
@@ -35,6 +36,10 @@ class Outcome:
     output_tokens: int
     finish_reason: str | None
     latency_s: float
+    #: SGLang's own latency of the request (``meta_info.e2e_latency``: from the tokenizer manager
+    #: receiving it to its last output), None where SGLang reports none; ``latency_s`` less this
+    #: is what the HTTP layer and the client added
+    server_s: float | None = None
 
 
 # --- token ids ----------------------------------------------------------------------------------
@@ -267,7 +272,10 @@ def _outcome(out: Any, latency: float) -> Outcome:
     n = meta.get("completion_tokens")
     if n is None:
         n = len(out.get("output_ids") or []) if isinstance(out, dict) else 0
-    return Outcome(output_tokens=int(n), finish_reason=ftype, latency_s=latency)
+    server = meta.get("e2e_latency")
+    server_s = float(server) if isinstance(server, (int, float)) and not isinstance(server, bool) \
+        and math.isfinite(server) else None
+    return Outcome(output_tokens=int(n), finish_reason=ftype, latency_s=latency, server_s=server_s)
 
 
 # --- HTTP ---------------------------------------------------------------------------------------

@@ -111,6 +111,19 @@ def test_in_process_send_returns_one_outcome_per_request(fake_tokenizer_manager)
     assert [o.finish_reason for o in batch] == ["length"] * 3
     assert len(conc) == 2 and all(isinstance(o, Outcome) for o in conc)
     assert tm.loop_calls >= 4  # SGLang's handle loop is started by generate_request itself
+    assert {o.server_s for o in single + batch + conc} == {0.002}  # SGLang's e2e_latency
+
+
+@pytest.mark.parametrize("value", [None, "0.5", float("nan"), float("inf"), True, [1]])
+def test_a_missing_or_malformed_server_latency_is_none(value):
+    from warmup.serve.transport import _outcome
+
+    meta = {"finish_reason": {"type": "stop"}, "completion_tokens": 2}
+    if value is not None:
+        meta["e2e_latency"] = value
+    out = _outcome({"meta_info": meta}, 0.5)
+    assert (out.output_tokens, out.latency_s, out.server_s) == (2, 0.5, None)
+    assert _outcome({"meta_info": dict(meta, e2e_latency=0.25)}, 0.5).server_s == 0.25
 
 
 def test_in_process_abort_is_a_transport_error(fake_tokenizer_manager):
