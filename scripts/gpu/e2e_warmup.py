@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
 """End-to-end warm-up benchmark on a GPU host: cold launches of a real SGLang server serving a
 tiny random-weight MoE, with no warm-up (A), SGLang's own ``--warmups prefill_shapes`` (B), and
-``sglang-warmup serve --plan default`` (C), the same with ``--freeze-gc`` (CG) or without the
-GEMM sweep (CN, ``WARMUP_GEMM_SWEEP_S=0``; A and B run without it too); then the same traffic sample twice against
-each, measuring per-step latency and the kernels compiled after ready.
+``sglang-warmup serve --plan default`` (C), the same with ``--freeze-gc`` (CG), without the
+GEMM sweep (CN, ``WARMUP_GEMM_SWEEP_S=0``; A and B run without it too) or with SGLang's flush
+emptying the caching allocator after the warm-up (CE, ``WARMUP_KEEP_ALLOCATOR=0``); then the same
+traffic sample twice against each, measuring per-step latency (and SGLang's own, ``server_ms``)
+and the kernels compiled after ready.  The flush between the two passes is each server's own
+kind: the phase file names it the warm-up's flush, so C keeps the allocator's blocks there as
+after its warm-up and CE empties them; A and B (no plugin) empty them, so their pass 2 starts
+colder than their pass 1, which follows start-up's allocations.
 
     python3 scripts/gpu/e2e_warmup.py --graphs eager --out OUT_DIR [--launches A,B,C]
 
@@ -189,14 +194,17 @@ async def replay(url: str, steps, salt: str) -> list[dict]:
         t0 = time.perf_counter()
         wall = time.time()
         err = None
+        server = None
         try:
-            await t.send(step)
+            outs = await t.send(step)
+            known = [o.server_s for o in outs if o.server_s is not None]
+            server = round(max(known) * 1000, 1) if known else None
         except Exception as exc:  # report, keep going
             err = str(exc)[:200]
         out.append({"i": i, "label": step.shape_class, "mode": step.mode,
                     "prompts": [r.input_len for r in step.requests],
-                    "ms": round((time.perf_counter() - t0) * 1000, 1), "t": round(wall, 3),
-                    "error": err})
+                    "ms": round((time.perf_counter() - t0) * 1000, 1), "server_ms": server,
+                    "t": round(wall, 3), "error": err})
     return out
 
 
@@ -313,13 +321,15 @@ def main() -> None:
         (state / "prometheus").mkdir()
         if name.endswith(("-A", "-B", "-CN")):
             senv["WARMUP_GEMM_SWEEP_S"] = "0"   # A, B: no sglang-warmup in the forward path
+        if name.endswith("-CE"):
+            senv["WARMUP_KEEP_ALLOCATOR"] = "0"
         port = 31000 + i * 10
         args = common + ["--port", str(port)]
         if name.endswith("-A"):
             argv = [sys.executable, "-m", "sglang.launch_server", *args]
         elif name.endswith("-B"):
             argv = [sys.executable, "-m", "sglang.launch_server", *args, "--warmups", "prefill_shapes"]
-        else:  # C: the plan; CG: the plan, then SGLang's freeze_gc; CN: the plan, no GEMM sweep
+        else:  # C: the plan; CG: + SGLang's freeze_gc; CN: no GEMM sweep; CE: allocator emptied
             argv = [sys.executable, "-m", "warmup", "serve", "--plan", a.plan,
                     "--state-dir", str(state), "--report", str(wd / "report.json"),
                     *(["--freeze-gc"] if name.endswith("-CG") else []), "--", *args]
@@ -350,6 +360,9 @@ def main() -> None:
             r["gemm_sweep"] = [line[line.index("GEMM sweep"):] for line in
                                s.log_path.read_text(errors="replace").splitlines()
                                if "GEMM sweep" in line][:4]
+            r["allocator"] = [line[line.index("the warm-up's flush"):] for line in
+                              s.log_path.read_text(errors="replace").splitlines()
+                              if "the warm-up's flush kept" in line][:4]
             log(f"{s.name} ready in {s.ready_s:.0f} s, artifacts {r['at_ready']}, "
                 f"{r['gemm_sweep'] or 'no GEMM sweep'}")
         max_prompt = 12000
@@ -375,8 +388,12 @@ def main() -> None:
             r["metrics_at_ready"] = serving_misses(metrics_text(s.url))
             r["pass1"] = asyncio.run(replay(s.url, steps, "p1"))
             r["after_pass1"] = count_artifacts(s.workdir / "cache")
+            from warmup.observe import phase
+
+            phase.set_phase("warmup", phase.FLUSH, state_dir=str(s.workdir / "state"))
             urllib.request.urlopen(urllib.request.Request(s.url + "/flush_cache?timeout=30", method="POST"),
                                    timeout=60).read()
+            phase.set_phase("serving", state_dir=str(s.workdir / "state"))
             r["pass2"] = asyncio.run(replay(s.url, steps, "p2"))
             r["after_pass2"] = count_artifacts(s.workdir / "cache")
             r["new_entries"] = sorted(triton_entries(s.workdir / "cache") - set(r["entries_at_ready"]))
@@ -402,6 +419,9 @@ def main() -> None:
             slow = [(p1["label"], p1["ms"], p2["ms"]) for p1, p2 in zip(r["pass1"], r["pass2"])
                     if p1["ms"] > 1.5 * p2["ms"] and p1["ms"] - p2["ms"] > 5]
             r["slow_first"] = slow
+            log(f"{s.name}: first steps, pass 1 / pass 2 ms (SGLang's own): " + "; ".join(
+                f"{p1['label']} {p1['ms']} / {p2['ms']} ({p1['server_ms']} / {p2['server_ms']})"
+                for p1, p2 in list(zip(r["pass1"], r["pass2"]))[:4]))
             t1, t2 = sum(x["ms"] for x in r["pass1"]), sum(x["ms"] for x in r["pass2"])
             r["first_over_second"] = round(t1 / t2, 3) if t2 else None
             r["worst_step_ratio"] = max((round(p1["ms"] / p2["ms"], 2), p1["label"])
