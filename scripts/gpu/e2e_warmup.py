@@ -15,8 +15,9 @@ colder than their pass 1, which follows start-up's allocations.
 ``--graphs eager`` adds ``--disable-prefill-cuda-graph`` (decode graphs kept), the state in which
 DeepSeek-V4 and MLA models serve; ``--graphs default`` keeps SGLang's default graphs.
 
-The launches of one run start together (one GPU, a quarter of its memory each) so that their
-cold starts overlap; the traffic is then sent to one server at a time, the others idle, so the
+The launches of one run start one after another, each once the previous one has allocated its
+KV pool (one GPU, a quarter of its memory each: SGLang sizes its pool from the free memory it
+sees, so two sizings at once leave one of them none), so that their cold starts overlap; the traffic is then sent to one server at a time, the others idle, so the
 measured latencies are not shared.  Startup times are therefore upper bounds (contended).
 
 Needs: the SGLang site-packages built by scripts/gpu/build_carry.sh under .carry/ (unpacked
@@ -154,6 +155,13 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except Exception:
                 pass
+
+    def sized(self) -> bool:
+        """True once SGLang has sized and allocated its KV pool (or the server has died)."""
+        try:
+            return "Memory pool end" in self.log_path.read_text(errors="replace") or not self.alive()
+        except OSError:
+            return not self.alive()
 
     def tail(self, n: int = 30) -> str:
         try:
@@ -337,6 +345,11 @@ def main() -> None:
             senv["SGLANG_LOG_GC"] = "1"  # the scheduler logs every collection with its duration
             if has_flag("gc_warning_threshold_secs"):  # the tokenizer manager warns on long ones
                 argv += ["--gc-warning-threshold-secs", "0.02"]
+        if servers:  # one KV sizing at a time: SGLang sizes its pool from the free memory it
+            # sees, and a neighbour's pool allocated in between leaves it none
+            t_wait = time.time()
+            while not servers[-1].sized() and time.time() - t_wait < 180:
+                time.sleep(0.5)
         servers.append(Server(name, port, argv, senv, wd))
         log(f"started {name}: {' '.join(argv[2:6])} ... port {port}")
     results: dict[str, dict] = {}
