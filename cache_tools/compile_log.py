@@ -39,10 +39,12 @@ VERSION = 1
 #: a scheduler's GEMM sweep after loading the model (``shapes``, ``calls``, ``rows_reached``,
 #: ``max_rows``, ``duration_s``, ``stopped_by_budget``, ``capped_rows`` and ``capped_shape``
 #: (the shape the buffer limit stopped earliest, or null), ``failed`` (shapes whose GEMM raised,
-#: ``label: error``, left out); compiler ``cublas``).
+#: ``label: error``, left out); compiler ``cublas``); ``allocator``: the warm-up's flush kept
+#: the caching allocator's blocks (``kept_bytes``: what it held then, or null without CUDA;
+#: compiler ``torch``).
 MISS, HIT, LOAD, JIT_BUILD, GC = "miss", "hit", "load", "jit_build", "gc"
-GEMM_SWEEP = "gemm_sweep"
-EVENTS = (MISS, HIT, LOAD, JIT_BUILD, GC, GEMM_SWEEP)
+GEMM_SWEEP, ALLOCATOR = "gemm_sweep", "allocator"
+EVENTS = (MISS, HIT, LOAD, JIT_BUILD, GC, GEMM_SWEEP, ALLOCATOR)
 #: Events about one kernel or module (the ones grouped by compile key).
 KERNEL_EVENTS = (MISS, HIT, LOAD, JIT_BUILD)
 #: Events that compile or look up a compiled artifact (the ones coverage and audit count).

@@ -73,10 +73,23 @@ def keeping(original: Callable[..., Any]) -> Callable[..., Any]:
             logger.info("sglang-warmup: the warm-up's flush kept the caching allocator's blocks%s "
                         "(WARMUP_KEEP_ALLOCATOR=0 empties it, as SGLang's flush does)",
                         f" ({held / 2**20:,.0f} MiB)" if held is not None else "")
+            record(held)
         return success
 
     flush_cache.__sglang_warmup__ = True  # type: ignore[attr-defined]
     return flush_cache
+
+
+def record(held: int | None) -> None:
+    """The kept blocks as an ``allocator`` record in this process's compile log (the run
+    report shows it); never raises."""
+    try:
+        from cache_tools import compile_log
+        from warmup.observe import events
+
+        events.note(compile_log.ALLOCATOR, "torch", kept_bytes=held)
+    except Exception as exc:  # bookkeeping never fails SGLang's flush
+        logger.debug("sglang-warmup: allocator record not written: %r", exc)
 
 
 def _wrap(module: ModuleType) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cache_tools import atomic
-from cache_tools.compile_log import GEMM_SWEEP, is_miss, kernel_name
+from cache_tools.compile_log import ALLOCATOR, GEMM_SWEEP, is_miss, kernel_name
 from cache_tools.render import bar, table
 
 #: The run report's JSON format and version (``sglang-warmup report`` reads them).
@@ -72,7 +72,8 @@ class RunReport:
     ``skipped``: items the expansion left out; ``failures``: one line per failed step or flush;
     ``compiles_by_phase``: compile misses per phase over the records counted;
     ``gemm_sweeps``: each scheduler's GEMM sweep after loading the model (its ``gemm_sweep``
-    record's fields and ``pid``).
+    record's fields and ``pid``); ``allocator_kept``: each scheduler whose caching allocator
+    kept its blocks across this run's flush (``pid``, ``kept_bytes``).
     """
 
     plan: str
@@ -91,6 +92,7 @@ class RunReport:
     compiles_total: int = 0
     compiles_by_phase: Mapping[str, int] = field(default_factory=dict)
     gemm_sweeps: tuple[Mapping[str, Any], ...] = ()
+    allocator_kept: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def requests(self) -> int:
@@ -112,10 +114,14 @@ class RunReport:
                                    "kernels": []} for c in self.classes}
         by_phase: dict[str, int] = {}
         total = 0
-        sweeps = []
+        sweeps, kept = [], []
         for r in records:
             if r.get("event") == GEMM_SWEEP:
                 sweeps.append(r)
+                continue
+            if r.get("event") == ALLOCATOR:     # this run's flush, not an earlier start's
+                if as_number(r.get("time")) >= self.started_at:
+                    kept.append({"pid": r.get("pid"), "kept_bytes": r.get("kept_bytes")})
                 continue
             t = tallies.get(r.get("shape_class") or "")
             if not is_miss(r):
@@ -137,7 +143,7 @@ class RunReport:
                                 kernels=tuple(tallies[c.shape_class]["kernels"]))
                         for c in self.classes)
         return replace(self, classes=classes, compiles_total=total, compiles_by_phase=by_phase,
-                       gemm_sweeps=_this_lifetime(sweeps))
+                       gemm_sweeps=_this_lifetime(sweeps), allocator_kept=tuple(kept))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON: the format and its version, every field (tuples as lists), plus ``requests``
@@ -186,6 +192,8 @@ def render(report: RunReport) -> str:
                                                      report.compiles_by_phase.items()))
     if report.gemm_sweeps:
         out.append(sweep_line(report.gemm_sweeps))
+    if report.allocator_kept:
+        out.append(allocator_line(report.allocator_kept))
     if report.skipped:
         out.append(f"{len(report.skipped)} item(s) skipped by the expansion "
                    "(`sglang-warmup plan show` lists them)")
@@ -250,3 +258,13 @@ def sweep_line(sweeps: Iterable[Any]) -> str:
             + f", {worst['duration_s']:.1f} s"
             + (f"; {cut} stopped by WARMUP_GEMM_SWEEP_S" if cut else "")
             + (f"; {failed} shape(s) failed (the scheduler log names them)" if failed else ""))
+
+
+def allocator_line(kept: Iterable[Any]) -> str:
+    """One line for the schedulers whose caching allocator kept its blocks across the
+    warm-up's flush.  Also for a saved report: anything that is not a number reads as 0."""
+    held = [as_number(k.get("kept_bytes")) for k in kept if isinstance(k, Mapping)]
+    most = max(held, default=0.0)
+    return (f"the warm-up's flush kept the caching allocator's blocks in {len(held)} "
+            f"scheduler(s)" + (f", at most {most / 2**20:,.0f} MiB in one" if most else "")
+            + " (WARMUP_KEEP_ALLOCATOR=0 empties them)")

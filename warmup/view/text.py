@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cache_tools.render import bar, table
 from warmup.coverage.classes import Coverage
-from warmup.serve.report import as_number as _n, sweep_line
+from warmup.serve.report import allocator_line, as_number as _n, sweep_line
 from warmup.view.documents import AUDIT, COVERAGE, RUN, Document
 
 
@@ -34,6 +34,8 @@ def _run(doc: Document) -> str:
         out.append("compiles by phase: " + ", ".join(f"{k}={v}" for k, v in by_phase.items()))
     if isinstance(d.get("gemm_sweeps"), list) and d["gemm_sweeps"]:
         out.append(sweep_line(d["gemm_sweeps"]))
+    if isinstance(d.get("allocator_kept"), list) and d["allocator_kept"]:
+        out.append(allocator_line(d["allocator_kept"]))
     skipped = [s for s in d.get("skipped") or [] if isinstance(s, dict) and not s.get("item")]
     for s in skipped:
         out.append(f"skipped class {s.get('class')}: {s.get('reason')}")

@@ -74,6 +74,42 @@ def test_the_warmup_flush_resets_the_pools_and_keeps_the_allocator(site, caplog)
 
 
 @SITES
+def test_the_kept_blocks_reach_the_run_report_of_this_run_only(site, tmp_path):
+    """The scheduler's record goes to the compile log the driver reads after its flush; a
+    record of an earlier start in the same state directory is not this run's."""
+    from prometheus_client import CollectorRegistry
+
+    from cache_tools import compile_log
+    from warmup.observe import events
+    from warmup.serve.report import RunReport, render
+
+    module, _ = _scheduler_module(site)
+    allocator._wrap(module)
+    started = 1_000_000.0
+    try:
+        events.install(registry=CollectorRegistry(), state_dir=tmp_path)
+        events.note(compile_log.ALLOCATOR, "torch", kept_bytes=9 << 30, time=started - 3600)
+        phase.set_phase("warmup", phase.FLUSH, state_dir=str(tmp_path))
+        with mock.patch.object(allocator, "reserved_bytes", return_value=3390 << 20):
+            assert module.Scheduler.flush_cache(_scheduler(module)) is True
+        phase.set_phase("serving", state_dir=str(tmp_path))
+        assert module.Scheduler.flush_cache(_scheduler(module)) is True    # an operator's
+    finally:
+        events.uninstall()
+        phase.reset()
+    records = compile_log.read_dir(tmp_path)
+    assert [(r["event"], r["phase"], r["shape_class"], r["kept_bytes"]) for r in records] == [
+        ("allocator", "init", None, 9 << 30), ("allocator", "warmup", phase.FLUSH, 3390 << 20)]
+    report = RunReport("p", "0" * 64, "d", "in-process", started).with_compiles(records)
+    assert report.allocator_kept == ({"pid": records[1]["pid"], "kept_bytes": 3390 << 20},)
+    assert report.compiles_total == 0                                       # not a compile
+    assert render(report).splitlines()[-1] == (
+        "the warm-up's flush kept the caching allocator's blocks in 1 scheduler(s), at most "
+        "3,390 MiB in one (WARMUP_KEEP_ALLOCATOR=0 empties them)")
+    assert report.to_dict()["allocator_kept"][0]["kept_bytes"] == 3390 << 20
+
+
+@SITES
 @pytest.mark.parametrize("state", [("init", None), ("warmup", "extends"),
                                    ("warmup", "sglang_startup"), ("serving", None)])
 def test_every_other_flush_empties_the_allocator_as_sglang_does(site, state):

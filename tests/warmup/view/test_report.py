@@ -38,7 +38,8 @@ def run_report(tmp_path: Path) -> Path:
                     compiles_total=39, compiles_by_phase={"init": 26, "warmup": 13},
                     gemm_sweeps=({"pid": 7, "shapes": 4, "calls": 7343, "rows_reached": 8192,
                                   "max_rows": 8192, "duration_s": 2.43,
-                                  "stopped_by_budget": False},))
+                                  "stopped_by_budget": False},),
+                    allocator_kept=({"pid": 7, "kept_bytes": 3390 << 20},))
     cov = compute((), (), classes=[c.shape_class for c in classes], plan="default",
                   latency={"extend_int_classes": ClassLatency(40.0, 38.0, 1.1),
                            "input_logprobs": ClassLatency(30.0, 12.0, 2.6),
@@ -61,6 +62,8 @@ def test_a_run_report_renders_for_the_terminal(tmp_path, capsys):
     assert "compiles by phase: init=26, warmup=13" in lines
     assert ("GEMM sweep before the warm-up: 1 scheduler(s), 4 shapes, rows 1-8192 of 8192, "
             "2.4 s") in lines
+    assert ("the warm-up's flush kept the caching allocator's blocks in 1 scheduler(s), at most "
+            "3,390 MiB in one (WARMUP_KEEP_ALLOCATOR=0 empties them)") in lines
     assert ("skipped class past_context_bucket: the prefill CUDA graph is disabled") in lines
     assert "plan default NOT closed: first hit over 1.1x its repeat in input_logprobs" in lines
 
@@ -75,10 +78,13 @@ def test_the_html_page_is_self_contained_and_escaped(tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "http://" not in page and "https://" not in page  # nothing fetched at view time
     assert "2.4 s" in page and "GEMM sweep before it" in page       # the sweep's card
+    assert "3,390 MiB" in page and "kept by the allocator" in page   # the allocator's card
     data["gemm_sweeps"] = [{"pid": "<b>", "duration_s": "<i>", "capped_rows": 3,
                             "capped_shape": " "}, "x"]             # hostile: no card text
+    data["allocator_kept"] = [{"pid": "<b>", "kept_bytes": "<i>"}, None, {"kept_bytes": True}]
     path.write_text(json.dumps(data))
-    assert "<b>" not in html.render(documents.load(path))
+    hostile = html.render(documents.load(path))
+    assert "<b>" not in hostile and "<i>" not in hostile and "kept by the allocator" not in hostile
     for title in ("Time per class", "First hit against repeat (second replay)",
                   "Compiles and disk hits per class", "Compiles by phase",
                   "Timeline of the warm-up", "Skipped by the expansion"):
