@@ -98,10 +98,11 @@ def test_the_kept_blocks_reach_the_run_report_of_this_run_only(site, tmp_path):
         events.uninstall()
         phase.reset()
     records = compile_log.read_dir(tmp_path)
-    assert [(r["event"], r["phase"], r["shape_class"], r["kept_bytes"]) for r in records] == [
+    kept = [r for r in records if r["event"] == compile_log.ALLOCATOR]   # (a long GC may add one)
+    assert [(r["event"], r["phase"], r["shape_class"], r["kept_bytes"]) for r in kept] == [
         ("allocator", "init", None, 9 << 30), ("allocator", "warmup", phase.FLUSH, 3390 << 20)]
     report = RunReport("p", "0" * 64, "d", "in-process", started).with_compiles(records)
-    assert report.allocator_kept == ({"pid": records[1]["pid"], "kept_bytes": 3390 << 20},)
+    assert report.allocator_kept == ({"pid": kept[1]["pid"], "kept_bytes": 3390 << 20},)
     assert report.compiles_total == 0                                       # not a compile
     assert render(report).splitlines()[-1] == (
         "the warm-up's flush kept the caching allocator's blocks in 1 scheduler(s), at most "
@@ -227,25 +228,3 @@ def test_the_driver_names_its_flush_in_the_phase_a_scheduler_reads(fake_tokenize
     report = asyncio.run(Driver(InProcessTransport(tm)).run(exp))
     assert report.ok and seen == [True]
     assert not allocator.is_warmup_flush()  # the phase moved on
-
-
-def test_the_plugin_arms_the_wrap_unless_told_not_to(monkeypatch):
-    import sys
-
-    from warmup.observe.importer import finder
-    from warmup.serve import plugin
-
-    for name, value in (("WARMUP_ENABLE", "1"), ("WARMUP_PATCHES", "0"),
-                        ("WARMUP_GEMM_SWEEP_S", "0")):
-        monkeypatch.setenv(name, value)
-    monkeypatch.delitem(sys.modules, allocator.SCHEDULER, raising=False)
-    monkeypatch.setattr(plugin, "_registered", False)
-    try:
-        plugin.register()
-        assert allocator.SCHEDULER in finder().watched
-    finally:
-        finder().unwatch(allocator.SCHEDULER, allocator._wrap)
-    monkeypatch.setattr(plugin, "_registered", False)
-    monkeypatch.setenv("WARMUP_KEEP_ALLOCATOR", "0")
-    plugin.register()
-    assert allocator.SCHEDULER not in finder().watched

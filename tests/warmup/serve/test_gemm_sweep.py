@@ -324,27 +324,6 @@ def test_sglangs_model_runner_loads_the_model_before_it_sizes_memory_and_capture
     assert callers == [], callers
 
 
-def test_the_plugin_arms_the_sweep_through_the_post_import_hook(monkeypatch):
-    from warmup.observe.importer import finder
-    from warmup.serve import plugin
-
-    monkeypatch.setattr(plugin, "_registered", False)
-    for name, value in (("WARMUP_ENABLE", "1"), ("WARMUP_METRICS", "0"),
-                        ("WARMUP_PATCHES", "0"), ("WARMUP_KEEP_ALLOCATOR", "0")):
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("WARMUP_PLAN", raising=False)
-    monkeypatch.delitem(__import__("sys").modules, gemm_sweep.MODEL_RUNNER, raising=False)
-    try:
-        plugin.register()
-        assert gemm_sweep.MODEL_RUNNER in finder().watched
-    finally:
-        finder().unwatch(gemm_sweep.MODEL_RUNNER, gemm_sweep._wrap)
-    monkeypatch.setattr(plugin, "_registered", False)
-    monkeypatch.setenv("WARMUP_GEMM_SWEEP_S", "0")
-    plugin.register()
-    assert gemm_sweep.MODEL_RUNNER not in finder().watched
-
-
 def test_the_sweep_is_a_compile_log_record_that_the_run_report_shows(tmp_path, monkeypatch):
     """``record`` writes through the real compile-event installation into the state directory;
     the driver's ``with_compiles`` over that log puts the sweep in the report and its text."""
