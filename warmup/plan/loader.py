@@ -24,6 +24,7 @@ from warmup.plan.facts import FACT_NAMES
 from warmup.plan.model import (DEFAULT_MAX_REQUESTS, MAX_REQUESTS_CEILING, OVER_LIMIT,
                                REQUEST_BOOL_FEATURES, SAMPLING_KEYS, SAMPLING_VARIANTS, Located,
                                Phase, Plan, Shape, Size, SizeRange, FEATURES, KINDS)
+from warmup.observe.phase import DRIVER_CLASSES
 from warmup.plan.spec import (DEFAULTS, IDENT, LIMITS, PHASE, REQUEST, SHAPE_COMMON, SHAPE_KIND,
                               TOP, Field)
 
@@ -403,6 +404,9 @@ def _build_shape(ctx: _Ctx, node: yaml.Node, path: str, names: frozenset[str],
     spec = {**SHAPE_COMMON, **SHAPE_KIND[kind]}
     m = _mapping(ctx, node, path, spec, extra_hint=f" for kind '{kind}'")
     cls = _ident(ctx, m["class"][1], f"{path}.class")
+    if cls in DRIVER_CLASSES:
+        raise ctx.fail(m["class"][1], f"{path}.class", f"'{cls}' is reserved: the phase file "
+                       "names the driver's own steps so", hint="rename the class")
     kw: dict[str, Any] = {}
     for key, (kn, vn) in m.items():
         if key in ("class", "kind"):

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from warmup.plan import expr as E
+from warmup.observe.phase import DRIVER_CLASSES
 from warmup.plan.spec import (DEFAULTS, IDENT, LIMITS, PHASE, REQUEST, SHAPE_COMMON, SHAPE_KIND,
                               TOP, Field)
 from warmup.plan.model import FEATURES, KINDS, MAX_REQUESTS_CEILING, OVER_LIMIT, SAMPLING_KEYS, \
@@ -52,6 +53,8 @@ def json_schema() -> dict[str, Any]:
         all_shape_keys.update(kind_spec)
     shape = obj(all_shape_keys)
     shape["required"] = [k for k, f in SHAPE_COMMON.items() if f.required]
+    shape["properties"]["class"] = dict(shape["properties"]["class"],
+                                        **{"not": {"enum": list(DRIVER_CLASSES)}})
     shape["allOf"] = [
         {"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
          "then": {"required": [k for k, f in spec.items() if f.required],

@@ -7,15 +7,25 @@ sampling buffers of every size the plan sent.  The first real requests after rea
 ``cudaMalloc`` for them again, a first-hit cost with no compile behind it, which is what the
 warm-up was for.
 
-So the warm-up's own flush (the driver sets the phase to ``warmup`` / :data:`phase.FLUSH` before
-it asks for the flush, in every process through the state directory) runs with
-``empty_cache=False``: the radix cache and the KV pools are reset as before, the allocator keeps
-its blocks.  Any other flush (an operator's ``/flush_cache`` while serving, a weight update's) is
-SGLang's, unchanged.  Keeping the blocks costs no memory that serving could not take back: the
-KV pool was sized at start-up, and when a ``cudaMalloc`` fails the caching allocator frees its
-unused cached blocks and retries before it reports out of memory.
+So the warm-up's own flush runs with ``empty_cache=False``: the radix cache and the KV pools are
+reset as before, the allocator keeps its blocks.  What makes a flush the warm-up's:
 
-Armed by the plugin in every scheduler (``WARMUP_KEEP_ALLOCATOR``, on by default); a
+* it is a flush *request* (``/flush_cache``): the plugin wraps the ``flush_cache`` callable that
+  SGLang's ``SchedulerFlushWrapper`` receives when a scheduler is built, and nothing else; a
+  scheduler's other callers of ``flush_cache`` (``release_memory_occupation``, weight updates,
+  RPC) call the scheduler's method directly and are never touched;
+* the phase file says ``warmup`` / :data:`phase.FLUSH` (the driver sets it, in every process
+  through the state directory, before it asks for the flush), set no longer ago than the flush
+  could have waited for an idle scheduler (:func:`fresh_for_s`): a driver that died mid-flush
+  leaves a stale phase, which then counts for nothing.
+
+Any other flush is SGLang's, unchanged.  Without a state directory the scheduler processes cannot
+see the driver's phase, so nothing is wrapped (logged once).  Kept blocks are memory SGLang
+leaves outside its KV pool for activations, which serving grows anyway; when a ``cudaMalloc``
+fails, the caching allocator frees its unused unsplit cached blocks and retries, which usually
+gives them back (docs/serve.md says where it does not).
+
+Armed by the plugin in every scheduler (``WARMUP_KEEP_ALLOCATOR``, on by default).  A
 ``flush_cache`` without the ``empty_cache`` argument (an SGLang older than the ones we know) is
 left alone, with a log line.  It never raises into SGLang.
 """
@@ -26,95 +36,136 @@ import functools
 import inspect
 import logging
 import sys
+import time
 from types import ModuleType
 from typing import Any, Callable
 
+from warmup import settings
+
 logger = logging.getLogger("sglang_warmup.allocator")
 
-SCHEDULER = "sglang.srt.managers.scheduler"
+#: SGLang's module of the class that answers flush requests in a scheduler.
+FLUSH_WRAPPER = "sglang.srt.managers.scheduler_components.flush_wrapper"
+#: Slack on top of the flush timeout (the driver's request and the scheduler's loop).
+SLACK_S = 60.0
 
 
-def is_warmup_flush() -> bool:
-    """True while the driver's final flush is in flight: the phase names it."""
+def fresh_for_s() -> float:
+    """How long after the driver named its flush in the phase that flush may still arrive: it
+    waits at most ``WARMUP_FLUSH_TIMEOUT_S`` for an idle scheduler."""
+    return max(settings.FLUSH_TIMEOUT_S.get(), 0.0) + SLACK_S
+
+
+def is_warmup_flush(now: float | None = None) -> bool:
+    """True while the driver's final flush is in flight: the phase names it, recently."""
     from warmup.observe import phase
 
     state = phase.current()
-    return state.phase == "warmup" and state.shape_class == phase.FLUSH
+    now = time.time() if now is None else now
+    return (state.phase == "warmup" and state.shape_class == phase.FLUSH
+            and -SLACK_S <= now - state.since <= fresh_for_s())   # (clocks of two hosts)
 
 
-def reserved_bytes() -> int | None:
-    """Bytes the caching allocator holds on the current device, None without CUDA."""
+def cached_free_bytes() -> int | None:
+    """Bytes the caching allocator holds on the current device and no tensor uses (reserved
+    minus allocated: what emptying it would at most hand back); None without CUDA."""
     try:
         import torch
 
         if not torch.cuda.is_available():
             return None
-        return int(torch.cuda.memory_reserved())
+        return int(torch.cuda.memory_reserved()) - int(torch.cuda.memory_allocated())
     except Exception:
         return None
 
 
-def keeping(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``Scheduler.flush_cache`` that keeps the allocator's blocks on the warm-up's flush."""
+def keeping(flush_cache: Callable[..., Any]) -> Callable[[], Any]:
+    """The callable a flush request calls: ``flush_cache()``, or on the warm-up's flush
+    ``flush_cache(empty_cache=False)``."""
 
-    @functools.wraps(original)
-    def flush_cache(self, *args, **kwargs):
-        if args or "empty_cache" in kwargs:  # a caller that chose: SGLang's own call
-            return original(self, *args, **kwargs)
+    @functools.wraps(flush_cache)
+    def flush() -> Any:
         try:
             ours = is_warmup_flush()
         except Exception:
             ours = False
         if not ours:
-            return original(self, *args, **kwargs)
-        success = original(self, empty_cache=False)
+            return flush_cache()
+        success = flush_cache(empty_cache=False)
         if success:
-            held = reserved_bytes()
+            kept = cached_free_bytes()
             logger.info("sglang-warmup: the warm-up's flush kept the caching allocator's blocks%s "
-                        "(WARMUP_KEEP_ALLOCATOR=0 empties it, as SGLang's flush does)",
-                        f" ({held / 2**20:,.0f} MiB)" if held is not None else "")
-            record(held)
+                        "(WARMUP_KEEP_ALLOCATOR=0 empties them, as SGLang's flush does)",
+                        f" ({kept / 2**20:,.0f} MiB cached and unused)" if kept is not None
+                        else "")
+            record(kept)
         return success
 
-    flush_cache.__sglang_warmup__ = True  # type: ignore[attr-defined]
-    return flush_cache
+    flush.__sglang_warmup__ = True  # type: ignore[attr-defined]
+    return flush
 
 
-def record(held: int | None) -> None:
+def record(kept: int | None) -> None:
     """The kept blocks as an ``allocator`` record in this process's compile log (the run
     report shows it); never raises."""
     try:
         from cache_tools import compile_log
         from warmup.observe import events
 
-        events.note(compile_log.ALLOCATOR, "torch", kept_bytes=held)
+        events.note(compile_log.ALLOCATOR, "torch", kept_bytes=kept)
     except Exception as exc:  # bookkeeping never fails SGLang's flush
         logger.debug("sglang-warmup: allocator record not written: %r", exc)
 
 
+def _takes_the_choice(flush_cache: Any) -> bool:
+    try:
+        return "empty_cache" in inspect.signature(flush_cache).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _wrap(module: ModuleType) -> None:
-    cls = getattr(module, "Scheduler", None)
-    original = getattr(cls, "flush_cache", None)
-    if original is None or getattr(original, "__sglang_warmup__", False):
+    cls = getattr(module, "SchedulerFlushWrapper", None)
+    init = getattr(cls, "__init__", None)
+    if init is None or getattr(init, "__sglang_warmup__", False):
         return
     try:
-        takes = "empty_cache" in inspect.signature(original).parameters
+        takes = "flush_cache" in inspect.signature(init).parameters
     except (TypeError, ValueError):
         takes = False
     if not takes:
-        logger.warning("sglang-warmup: this SGLang's Scheduler.flush_cache takes no empty_cache; "
+        logger.warning("sglang-warmup: this SGLang's SchedulerFlushWrapper takes no flush_cache; "
                        "the warm-up's flush empties the caching allocator, as SGLang's does")
         return
-    cls.flush_cache = keeping(original)
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        flush_cache = kwargs.get("flush_cache")
+        if flush_cache is not None and _takes_the_choice(flush_cache):
+            kwargs["flush_cache"] = keeping(flush_cache)
+        elif flush_cache is not None:
+            logger.warning("sglang-warmup: this SGLang's flush_cache takes no empty_cache; the "
+                           "warm-up's flush empties the caching allocator, as SGLang's does")
+        init(self, *args, **kwargs)
+
+    __init__.__sglang_warmup__ = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__
 
 
 def arm() -> None:
-    """Wrap ``Scheduler.flush_cache`` now or when SGLang imports it (before any scheduler binds
-    it: SGLang hands ``self.flush_cache`` to its flush handler when a scheduler is built)."""
-    module = sys.modules.get(SCHEDULER)
+    """Wrap ``SchedulerFlushWrapper`` now or when SGLang imports it (before any scheduler is
+    built: each scheduler hands it ``self.flush_cache`` then)."""
+    from warmup.observe import phase
+
+    if phase.resolve_state_dir() is None:
+        logger.info("sglang-warmup: no state directory (WARMUP_STATE_DIR), so the schedulers "
+                    "cannot see the warm-up's phase: its flush empties the caching allocator, as "
+                    "SGLang's does")
+        return
+    module = sys.modules.get(FLUSH_WRAPPER)
     if module is not None:
         _wrap(module)
     else:
         from warmup.observe.importer import finder
 
-        finder().watch(SCHEDULER, _wrap)
+        finder().watch(FLUSH_WRAPPER, _wrap)

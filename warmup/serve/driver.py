@@ -27,7 +27,7 @@ logger = logging.getLogger("sglang_warmup.driver")
 
 #: The warm-up class in the phase file between the end of the plan and the server's readiness
 #: (SGLang's own warm-up request runs then, after the ``--warmups`` entries).
-AFTER_PLAN = "sglang_startup"
+AFTER_PLAN = phase_mod.SGLANG_STARTUP
 
 
 @dataclass

@@ -9,6 +9,7 @@ counted over other compile-log records (e.g. those of one pass only).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -192,8 +193,9 @@ def render(report: RunReport) -> str:
                                                      report.compiles_by_phase.items()))
     if report.gemm_sweeps:
         out.append(sweep_line(report.gemm_sweeps))
-    if report.allocator_kept:
-        out.append(allocator_line(report.allocator_kept))
+    kept = allocator_line(report.allocator_kept)
+    if kept:
+        out.append(kept)
     if report.skipped:
         out.append(f"{len(report.skipped)} item(s) skipped by the expansion "
                    "(`sglang-warmup plan show` lists them)")
@@ -215,10 +217,16 @@ def _this_lifetime(records: list[Mapping[str, Any]]) -> tuple[Mapping[str, Any],
 
 
 def as_number(value: Any) -> float:
-    """A number read from a saved document: its value, or 0 for anything that is not a number
-    (the views read reports that may be damaged or hostile)."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        else 0.0
+    """A number read from a saved document: its value, or 0 for anything that is not a finite
+    number (the views read reports that may be damaged or hostile: an integer of 400 digits
+    does not fit a float)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return 0.0
+    try:
+        number = float(value)
+    except OverflowError:
+        return 0.0
+    return number if math.isfinite(number) else 0.0
 
 
 def sweep_processes(sweeps: Iterable[Any]) -> list[dict[str, Any]]:
@@ -260,11 +268,16 @@ def sweep_line(sweeps: Iterable[Any]) -> str:
             + (f"; {failed} shape(s) failed (the scheduler log names them)" if failed else ""))
 
 
-def allocator_line(kept: Iterable[Any]) -> str:
+def allocator_line(kept: Iterable[Any]) -> str | None:
     """One line for the schedulers whose caching allocator kept its blocks across the
-    warm-up's flush.  Also for a saved report: anything that is not a number reads as 0."""
-    held = [as_number(k.get("kept_bytes")) for k in kept if isinstance(k, Mapping)]
-    most = max(held, default=0.0)
-    return (f"the warm-up's flush kept the caching allocator's blocks in {len(held)} "
-            f"scheduler(s)" + (f", at most {most / 2**20:,.0f} MiB in one" if most else "")
+    warm-up's flush (those whose record the report read: another tensor-parallel rank may
+    finish its flush a moment after the first answered), or None when there is none.  Also
+    for a saved report: a size that is not a positive number is not shown."""
+    records = [k for k in kept if isinstance(k, Mapping)]
+    if not records:
+        return None
+    most = max((as_number(k.get("kept_bytes")) for k in records), default=0.0)
+    return (f"the warm-up's flush kept the caching allocator's blocks in {len(records)} "
+            f"scheduler(s)" + (f", at most {most / 2**20:,.0f} MiB cached and unused in one"
+                               if most > 0 else "")
             + " (WARMUP_KEEP_ALLOCATOR=0 empties them)")

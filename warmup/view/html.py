@@ -9,6 +9,7 @@ them.  Every text from the document is escaped.
 from __future__ import annotations
 
 import html
+import math
 import time
 from typing import Any, Iterable, Sequence
 
@@ -50,9 +51,10 @@ def e(value: Any) -> str:
 
 def num(value: Any, digits: int = 0) -> str:
     try:
-        return f"{float(value):,.{digits}f}"
-    except (TypeError, ValueError):
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):     # (an integer of 400 digits)
         return "–"
+    return f"{number:,.{digits}f}" if math.isfinite(number) else "–"
 
 
 # --- drawing ---------------------------------------------------------------------------------

@@ -34,8 +34,10 @@ def _run(doc: Document) -> str:
         out.append("compiles by phase: " + ", ".join(f"{k}={v}" for k, v in by_phase.items()))
     if isinstance(d.get("gemm_sweeps"), list) and d["gemm_sweeps"]:
         out.append(sweep_line(d["gemm_sweeps"]))
-    if isinstance(d.get("allocator_kept"), list) and d["allocator_kept"]:
-        out.append(allocator_line(d["allocator_kept"]))
+    kept = allocator_line(d["allocator_kept"]) if isinstance(d.get("allocator_kept"), list) \
+        else None
+    if kept:
+        out.append(kept)
     skipped = [s for s in d.get("skipped") or [] if isinstance(s, dict) and not s.get("item")]
     for s in skipped:
         out.append(f"skipped class {s.get('class')}: {s.get('reason')}")

@@ -92,6 +92,14 @@ CASES = {
         BASE + "      - class: c\n        kind: extend\n        lengths: [7]\n",
         "p.yaml:9: phases[0].shapes[1].class: duplicate class 'c' (first at line 6)",
         "class names are unique in a plan"),
+    "class named like the driver's flush": (
+        BASE.replace("class: c", "class: flush"),
+        "p.yaml:6: phases[0].shapes[0].class: 'flush' is reserved: the phase file names the "
+        "driver's own steps so", "rename the class"),
+    "class named like SGLang's start-up": (
+        BASE.replace("class: c", "class: sglang_startup"),
+        "p.yaml:6: phases[0].shapes[0].class: 'sglang_startup' is reserved: the phase file "
+        "names the driver's own steps so", "rename the class"),
     "tab": (
         BASE.replace("        lengths", "\tlengths"), "p.yaml:8: <top>: tab character (column 1)",
         "indent YAML with spaces only"),

@@ -1,13 +1,15 @@
-"""warmup.serve.allocator: SGLang's real ``Scheduler.flush_cache`` (compiled from the 0.5.22 and
-0.5.23 sources; the scheduler module itself does not import on the CPU profile) keeps the
-caching allocator's blocks on the warm-up's flush and on no other; the driver names that flush
-in the phase file a scheduler process reads."""
+"""warmup.serve.allocator: SGLang's real flush request path (its ``SchedulerFlushWrapper`` and
+``Scheduler.flush_cache``, from the 0.5.22 and 0.5.23 sources; the scheduler module itself does
+not import on the CPU profile) keeps the caching allocator's blocks on the warm-up's flush and on
+no other flush; the driver names that flush in the phase file a scheduler process reads."""
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import inspect
 import logging
+import time
 import types
 from pathlib import Path
 from unittest import mock
@@ -50,21 +52,51 @@ def _scheduler_module(site: Path) -> tuple[types.ModuleType, list[str]]:
     return module, emptied
 
 
-def _scheduler(module, idle: bool = True):
+def _flush_wrapper_module(site: Path) -> types.ModuleType:
+    """SGLang's ``flush_wrapper`` module of ``site``, executed from its source (its imports are
+    the installed SGLang's: the request and reply types it names exist in both)."""
+    path = site / "sglang/srt/managers/scheduler_components/flush_wrapper.py"
+    if not path.exists():
+        pytest.skip(f"{path} not installed")
+    module = types.ModuleType(allocator.FLUSH_WRAPPER)
+    exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
+    return module
+
+
+def _scheduler(idle: bool = True):
     self = mock.MagicMock(name="scheduler")
     self.is_fully_idle.return_value = idle
     self._engine_paused = False
     return self
 
 
+def _server(site: Path, idle: bool = True):
+    """A scheduler's flush path as SGLang builds it after the plugin armed: SGLang's own
+    ``flush_cache`` bound to a scheduler, handed to SGLang's own ``SchedulerFlushWrapper``."""
+    sched_module, emptied = _scheduler_module(site)
+    fw_module = _flush_wrapper_module(site)
+    allocator._wrap(fw_module)
+    self = _scheduler(idle)
+    flush_cache = types.MethodType(sched_module.Scheduler.flush_cache, self)
+    # The reply channel differs by version (0.5.22: ipc_channels, 0.5.23: send_output).
+    others = {name: mock.MagicMock(name=name) for name in
+              inspect.signature(fw_module.SchedulerFlushWrapper.__init__).parameters
+              if name not in ("self", "flush_cache", "is_fully_idle")}
+    wrapper = fw_module.SchedulerFlushWrapper(flush_cache=flush_cache,
+                                              is_fully_idle=self.is_fully_idle, **others)
+    return wrapper, fw_module, self, flush_cache, emptied
+
+
+def _request(fw_module, timeout_s: float = 0.0):
+    return fw_module.FlushCacheReqInput(timeout_s=timeout_s)
+
+
 @SITES
 def test_the_warmup_flush_resets_the_pools_and_keeps_the_allocator(site, caplog):
-    module, emptied = _scheduler_module(site)
-    allocator._wrap(module)
-    self = _scheduler(module)
+    wrapper, fw, self, _, emptied = _server(site)
     phase.set_phase("warmup", phase.FLUSH)
     with caplog.at_level(logging.INFO, logger="sglang_warmup.allocator"):
-        assert module.Scheduler.flush_cache(self) is True
+        assert wrapper.handle(_request(fw)).success is True
     self.tree_cache.reset.assert_called_once_with()
     self.req_to_token_pool.clear.assert_called_once_with()
     self.token_to_kv_pool_allocator.clear.assert_called_once_with()
@@ -74,7 +106,77 @@ def test_the_warmup_flush_resets_the_pools_and_keeps_the_allocator(site, caplog)
 
 
 @SITES
-def test_the_kept_blocks_reach_the_run_report_of_this_run_only(site, tmp_path):
+def test_a_flush_that_waited_for_an_idle_scheduler_keeps_them_too(site):
+    wrapper, fw, self, _, emptied = _server(site, idle=False)
+    phase.set_phase("warmup", phase.FLUSH)
+    assert wrapper.handle(_request(fw, timeout_s=30.0)) is None      # deferred until idle
+    self.is_fully_idle.return_value = True
+    wrapper.check_pending()
+    self.tree_cache.reset.assert_called_once_with()
+    assert emptied == []
+
+
+@SITES
+@pytest.mark.parametrize("state", [("init", None), ("warmup", "extends"),
+                                   ("warmup", "sglang_startup"), ("serving", None)])
+def test_every_other_flush_request_empties_the_allocator_as_sglang_does(site, state):
+    wrapper, fw, _, _, emptied = _server(site)
+    phase.set_phase(*state)
+    assert wrapper.handle(_request(fw)).success is True
+    assert emptied == ["platform"]
+
+
+@SITES
+def test_a_stale_flush_phase_counts_for_nothing(site, monkeypatch):
+    """A driver that died during its flush leaves the phase behind: a flush asked for long
+    after is SGLang's."""
+    wrapper, fw, _, _, emptied = _server(site)
+    set_at = phase.set_phase("warmup", phase.FLUSH).since
+    monkeypatch.setattr(allocator.time, "time", lambda: set_at + allocator.fresh_for_s() + 1)
+    assert wrapper.handle(_request(fw)).success is True
+    assert emptied == ["platform"]
+
+
+@SITES
+def test_the_schedulers_other_callers_are_never_touched(site):
+    """``release_memory_occupation``, weight updates and RPC call the scheduler's own method,
+    not the flush wrapper's: they empty the allocator even while the warm-up flushes."""
+    _, _, _, flush_cache, emptied = _server(site)
+    phase.set_phase("warmup", phase.FLUSH)
+    assert flush_cache() is True
+    flush_cache(empty_cache=False)
+    assert emptied == ["platform"]
+
+
+@SITES
+def test_a_busy_scheduler_flushes_nothing_and_says_nothing(site, caplog):
+    wrapper, fw, self, _, emptied = _server(site, idle=False)
+    phase.set_phase("warmup", phase.FLUSH)
+    with caplog.at_level(logging.INFO, logger="sglang_warmup.allocator"):
+        assert wrapper.handle(_request(fw)).success is False
+    self.tree_cache.reset.assert_not_called()
+    assert emptied == [] and "kept" not in caplog.text
+
+
+@SITES
+def test_sglang_hands_the_flush_wrapper_the_bound_method_and_calls_it_without_arguments(site):
+    """What the wrap relies on, read from the source: the scheduler builds its flush wrapper
+    with ``flush_cache=self.flush_cache`` (after the plugin armed), and the wrapper calls it
+    without arguments, so the default ``empty_cache=True`` applies unless we choose."""
+    tree = _source(site, "sglang/srt/managers/scheduler.py")
+    built = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and getattr(n.func, "id", getattr(n.func, "attr", None)) == "SchedulerFlushWrapper"]
+    assert built and all(any(k.arg == "flush_cache" and isinstance(k.value, ast.Attribute)
+                             and k.value.attr == "flush_cache" for k in c.keywords)
+                         for c in built)
+    handler = _source(site, "sglang/srt/managers/scheduler_components/flush_wrapper.py")
+    calls = [n for n in ast.walk(handler) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr == "_flush_cache"]
+    assert calls and all(not c.args and not c.keywords for c in calls)
+
+
+@SITES
+def test_the_kept_blocks_reach_the_run_report_of_this_run_only(site, warmup_isolated):
     """The scheduler's record goes to the compile log the driver reads after its flush; a
     record of an earlier start in the same state directory is not this run's."""
     from prometheus_client import CollectorRegistry
@@ -83,21 +185,21 @@ def test_the_kept_blocks_reach_the_run_report_of_this_run_only(site, tmp_path):
     from warmup.observe import events
     from warmup.serve.report import RunReport, render
 
-    module, _ = _scheduler_module(site)
-    allocator._wrap(module)
-    started = 1_000_000.0
+    wrapper, fw, _, _, _ = _server(site)
+    started = time.time() - 1
     try:
-        events.install(registry=CollectorRegistry(), state_dir=tmp_path)
+        events.install(registry=CollectorRegistry(), state_dir=warmup_isolated)
         events.note(compile_log.ALLOCATOR, "torch", kept_bytes=9 << 30, time=started - 3600)
-        phase.set_phase("warmup", phase.FLUSH, state_dir=str(tmp_path))
-        with mock.patch.object(allocator, "reserved_bytes", return_value=3390 << 20):
-            assert module.Scheduler.flush_cache(_scheduler(module)) is True
-        phase.set_phase("serving", state_dir=str(tmp_path))
-        assert module.Scheduler.flush_cache(_scheduler(module)) is True    # an operator's
+        phase.set_phase("warmup", phase.FLUSH)
+        phase.reset()               # the scheduler reads the file, as another process does
+        with mock.patch.object(allocator, "cached_free_bytes", return_value=3390 << 20):
+            assert wrapper.handle(_request(fw)).success is True
+        phase.set_phase("serving")
+        assert wrapper.handle(_request(fw)).success is True                # an operator's
     finally:
         events.uninstall()
         phase.reset()
-    records = compile_log.read_dir(tmp_path)
+    records = compile_log.read_dir(warmup_isolated)
     kept = [r for r in records if r["event"] == compile_log.ALLOCATOR]   # (a long GC may add one)
     assert [(r["event"], r["phase"], r["shape_class"], r["kept_bytes"]) for r in kept] == [
         ("allocator", "init", None, 9 << 30), ("allocator", "warmup", phase.FLUSH, 3390 << 20)]
@@ -106,93 +208,53 @@ def test_the_kept_blocks_reach_the_run_report_of_this_run_only(site, tmp_path):
     assert report.compiles_total == 0                                       # not a compile
     assert render(report).splitlines()[-1] == (
         "the warm-up's flush kept the caching allocator's blocks in 1 scheduler(s), at most "
-        "3,390 MiB in one (WARMUP_KEEP_ALLOCATOR=0 empties them)")
+        "3,390 MiB cached and unused in one (WARMUP_KEEP_ALLOCATOR=0 empties them)")
     assert report.to_dict()["allocator_kept"][0]["kept_bytes"] == 3390 << 20
 
 
-@SITES
-@pytest.mark.parametrize("state", [("init", None), ("warmup", "extends"),
-                                   ("warmup", "sglang_startup"), ("serving", None)])
-def test_every_other_flush_empties_the_allocator_as_sglang_does(site, state):
-    module, emptied = _scheduler_module(site)
-    allocator._wrap(module)
-    phase.set_phase(*state)
-    assert module.Scheduler.flush_cache(_scheduler(module)) is True
-    assert emptied == ["platform"]
-
-
-@SITES
-def test_a_caller_that_chooses_keeps_its_choice_during_the_flush(site):
-    module, emptied = _scheduler_module(site)
-    allocator._wrap(module)
-    phase.set_phase("warmup", phase.FLUSH)
-    module.Scheduler.flush_cache(_scheduler(module), empty_cache=True)
-    module.Scheduler.flush_cache(_scheduler(module), True)
-    assert emptied == ["platform", "platform"]
-
-
-@SITES
-def test_a_busy_scheduler_flushes_nothing_and_says_nothing(site, caplog):
-    module, emptied = _scheduler_module(site)
-    allocator._wrap(module)
-    phase.set_phase("warmup", phase.FLUSH)
-    self = _scheduler(module, idle=False)
-    with caplog.at_level(logging.INFO, logger="sglang_warmup.allocator"):
-        assert module.Scheduler.flush_cache(self) is False
-    self.tree_cache.reset.assert_not_called()
-    assert emptied == [] and "kept" not in caplog.text
-
-
-@SITES
-def test_sglangs_flush_handler_calls_the_method_the_scheduler_bound_at_construction(site):
-    """What the wrap relies on, read from the source: the scheduler hands ``self.flush_cache``
-    to its flush handler when it is built (after the plugin wrapped the class), and the handler
-    calls it without arguments, so the default ``empty_cache=True`` applies unless we choose."""
-    tree = _source(site, "sglang/srt/managers/scheduler.py")
-    bound = [k for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords
-             if k.arg == "flush_cache" and isinstance(k.value, ast.Attribute)
-             and k.value.attr == "flush_cache"]
-    assert bound
-    handler = _source(site, "sglang/srt/managers/scheduler_components/flush_wrapper.py")
-    calls = [n for n in ast.walk(handler) if isinstance(n, ast.Call)
-             and isinstance(n.func, ast.Attribute) and n.func.attr == "_flush_cache"]
-    assert calls and all(not c.args and not c.keywords for c in calls)
-
-
-def test_a_flush_cache_without_the_choice_is_left_alone(caplog):
+def test_an_sglang_without_the_choice_is_left_alone(caplog):
     def flush_cache(self):
         return True
 
-    module = types.ModuleType("old_scheduler")
-    module.Scheduler = type("Scheduler", (), {"flush_cache": flush_cache})
+    module = types.ModuleType("old_flush_wrapper")
+    module.SchedulerFlushWrapper = type("SchedulerFlushWrapper", (), {
+        "__init__": lambda self, *, flush_cache: setattr(self, "f", flush_cache)})
+    allocator._wrap(module)
+    old = module.SchedulerFlushWrapper(flush_cache=types.MethodType(flush_cache, object()))
+    assert old.f.__name__ == "flush_cache" and not hasattr(old.f, "__sglang_warmup__")
+    other = types.ModuleType("other_flush_wrapper")
+    init = lambda self, flush: None  # noqa: E731  (no flush_cache argument at all)
+    other.SchedulerFlushWrapper = type("SchedulerFlushWrapper", (), {"__init__": init})
     with caplog.at_level(logging.WARNING, logger="sglang_warmup.allocator"):
-        allocator._wrap(module)
-    assert module.Scheduler.flush_cache is flush_cache
-    assert "takes no empty_cache" in caplog.text
+        allocator._wrap(other)
+    assert other.SchedulerFlushWrapper.__init__ is init
+    assert "takes no empty_cache" in caplog.text and "takes no flush_cache" in caplog.text
 
 
 def test_wrapping_twice_wraps_once():
     calls = []
 
-    def flush_cache(self, empty_cache: bool = True):
+    def flush_cache(empty_cache: bool = True):
         calls.append(empty_cache)
         return True
 
-    module = types.ModuleType("scheduler")
-    module.Scheduler = type("Scheduler", (), {"flush_cache": flush_cache})
+    module = types.ModuleType("flush_wrapper")
+    module.SchedulerFlushWrapper = type("SchedulerFlushWrapper", (), {
+        "__init__": lambda self, *, flush_cache: setattr(self, "f", flush_cache)})
     allocator._wrap(module)
-    first = module.Scheduler.flush_cache
+    first = module.SchedulerFlushWrapper.__init__
     allocator._wrap(module)
-    assert module.Scheduler.flush_cache is first and first.__wrapped__ is flush_cache
+    assert module.SchedulerFlushWrapper.__init__ is first
     phase.set_phase("warmup", phase.FLUSH)
-    module.Scheduler().flush_cache()
+    module.SchedulerFlushWrapper(flush_cache=flush_cache).f()
     assert calls == [False]
 
 
-def test_an_unreadable_phase_flushes_as_sglang_does(monkeypatch):
+def test_a_phase_read_that_raises_flushes_as_sglang_does(monkeypatch):
+    """``phase.current`` is written never to raise; should it, SGLang's flush runs."""
     calls = []
 
-    def flush_cache(self, empty_cache: bool = True):
+    def flush_cache(empty_cache: bool = True):
         calls.append(empty_cache)
         return True
 
@@ -200,8 +262,18 @@ def test_an_unreadable_phase_flushes_as_sglang_does(monkeypatch):
         raise OSError("state directory gone")
 
     monkeypatch.setattr(phase, "current", broken)
-    wrapped = allocator.keeping(flush_cache)
-    assert wrapped(object()) is True and calls == [True]
+    assert allocator.keeping(flush_cache)() is True and calls == [True]
+
+
+def test_without_a_state_directory_nothing_is_wrapped(monkeypatch, caplog):
+    from warmup.observe.importer import finder
+
+    monkeypatch.delenv("WARMUP_STATE_DIR")
+    monkeypatch.delitem(__import__("sys").modules, allocator.FLUSH_WRAPPER, raising=False)
+    with caplog.at_level(logging.INFO, logger="sglang_warmup.allocator"):
+        allocator.arm()
+    assert allocator.FLUSH_WRAPPER not in finder().watched
+    assert "no state directory" in caplog.text
 
 
 def test_the_driver_names_its_flush_in_the_phase_a_scheduler_reads(fake_tokenizer_manager,

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.usefixtures("warmup_isolated")
 
 
 STEPS = {"GEMM sweep": (gemm_sweep.MODEL_RUNNER, gemm_sweep._wrap, ("WARMUP_GEMM_SWEEP_S", "0")),
-         "allocator": (allocator.SCHEDULER, allocator._wrap, ("WARMUP_KEEP_ALLOCATOR", "0"))}
+         "allocator": (allocator.FLUSH_WRAPPER, allocator._wrap, ("WARMUP_KEEP_ALLOCATOR", "0"))}
 
 
 @pytest.mark.parametrize("step", sorted(STEPS))

@@ -63,7 +63,7 @@ def test_a_run_report_renders_for_the_terminal(tmp_path, capsys):
     assert ("GEMM sweep before the warm-up: 1 scheduler(s), 4 shapes, rows 1-8192 of 8192, "
             "2.4 s") in lines
     assert ("the warm-up's flush kept the caching allocator's blocks in 1 scheduler(s), at most "
-            "3,390 MiB in one (WARMUP_KEEP_ALLOCATOR=0 empties them)") in lines
+            "3,390 MiB cached and unused in one (WARMUP_KEEP_ALLOCATOR=0 empties them)") in lines
     assert ("skipped class past_context_bucket: the prefill CUDA graph is disabled") in lines
     assert "plan default NOT closed: first hit over 1.1x its repeat in input_logprobs" in lines
 
@@ -85,6 +85,24 @@ def test_the_html_page_is_self_contained_and_escaped(tmp_path):
     path.write_text(json.dumps(data))
     hostile = html.render(documents.load(path))
     assert "<b>" not in hostile and "<i>" not in hostile and "kept by the allocator" not in hostile
+
+
+def test_numbers_too_large_or_not_finite_render_as_nothing(tmp_path, capsys):
+    """An integer of 400 digits does not fit a float, NaN and infinity are not sizes: the
+    views show no number for them instead of failing."""
+    path = run_report(tmp_path)
+    data = json.loads(path.read_text())
+    data["duration_s"] = 10 ** 400
+    data["allocator_kept"] = [{"pid": 1, "kept_bytes": 10 ** 400}, {"kept_bytes": -5}]
+    data["gemm_sweeps"][0]["duration_s"] = 10 ** 400
+    path.write_text(json.dumps(data).replace('"rows_reached": 8192', '"rows_reached": NaN'))
+    code, out, err = cli(capsys, "report", str(path))
+    assert code == 0, err
+    assert ("the warm-up's flush kept the caching allocator's blocks in 2 scheduler(s) "
+            "(WARMUP_KEEP_ALLOCATOR=0 empties them)") in out.splitlines()
+    assert "nan" not in out.lower() and "inf" not in out.lower()
+    page = html.render(documents.load(path))
+    assert "kept by the allocator" not in page and "NaN" not in page
     for title in ("Time per class", "First hit against repeat (second replay)",
                   "Compiles and disk hits per class", "Compiles by phase",
                   "Timeline of the warm-up", "Skipped by the expansion"):
