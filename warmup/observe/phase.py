@@ -37,7 +37,8 @@ FLUSH = "flush"
 #: The ``shape_class`` of the ``warmup`` phase after the plan, while SGLang's own start-up
 #: (its warm-up request) runs.
 SGLANG_STARTUP = "sglang_startup"
-#: The ``shape_class`` values the driver itself sets: no plan class may take one of them.
+#: The ``shape_class`` values the driver itself sets: no plan class may take one of them
+#: (``warmup.plan.spec.RESERVED_CLASSES`` refuses them in plans).
 DRIVER_CLASSES = (FLUSH, SGLANG_STARTUP)
 
 

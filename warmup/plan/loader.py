@@ -24,9 +24,8 @@ from warmup.plan.facts import FACT_NAMES
 from warmup.plan.model import (DEFAULT_MAX_REQUESTS, MAX_REQUESTS_CEILING, OVER_LIMIT,
                                REQUEST_BOOL_FEATURES, SAMPLING_KEYS, SAMPLING_VARIANTS, Located,
                                Phase, Plan, Shape, Size, SizeRange, FEATURES, KINDS)
-from warmup.observe.phase import DRIVER_CLASSES
-from warmup.plan.spec import (DEFAULTS, IDENT, LIMITS, PHASE, REQUEST, SHAPE_COMMON, SHAPE_KIND,
-                              TOP, Field)
+from warmup.plan.spec import (DEFAULTS, IDENT, LIMITS, PHASE, REQUEST, RESERVED_CLASSES,
+                              SHAPE_COMMON, SHAPE_KIND, TOP, Field)
 
 MAX_FILE_BYTES = 256 * 1024
 MAX_NODES = 20_000
@@ -404,7 +403,7 @@ def _build_shape(ctx: _Ctx, node: yaml.Node, path: str, names: frozenset[str],
     spec = {**SHAPE_COMMON, **SHAPE_KIND[kind]}
     m = _mapping(ctx, node, path, spec, extra_hint=f" for kind '{kind}'")
     cls = _ident(ctx, m["class"][1], f"{path}.class")
-    if cls in DRIVER_CLASSES:
+    if cls in RESERVED_CLASSES:
         raise ctx.fail(m["class"][1], f"{path}.class", f"'{cls}' is reserved: the phase file "
                        "names the driver's own steps so", hint="rename the class")
     kw: dict[str, Any] = {}

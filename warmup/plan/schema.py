@@ -8,9 +8,8 @@ import json
 from typing import Any
 
 from warmup.plan import expr as E
-from warmup.observe.phase import DRIVER_CLASSES
-from warmup.plan.spec import (DEFAULTS, IDENT, LIMITS, PHASE, REQUEST, SHAPE_COMMON, SHAPE_KIND,
-                              TOP, Field)
+from warmup.plan.spec import (DEFAULTS, IDENT, LIMITS, PHASE, REQUEST, RESERVED_CLASSES,
+                              SHAPE_COMMON, SHAPE_KIND, TOP, Field)
 from warmup.plan.model import FEATURES, KINDS, MAX_REQUESTS_CEILING, OVER_LIMIT, SAMPLING_KEYS, \
     SAMPLING_VARIANTS
 
@@ -54,7 +53,7 @@ def json_schema() -> dict[str, Any]:
     shape = obj(all_shape_keys)
     shape["required"] = [k for k, f in SHAPE_COMMON.items() if f.required]
     shape["properties"]["class"] = dict(shape["properties"]["class"],
-                                        **{"not": {"enum": list(DRIVER_CLASSES)}})
+                                        **{"not": {"enum": list(RESERVED_CLASSES)}})
     shape["allOf"] = [
         {"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
          "then": {"required": [k for k, f in spec.items() if f.required],

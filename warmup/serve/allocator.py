@@ -20,7 +20,7 @@ reset as before, the allocator keeps its blocks.  What makes a flush the warm-up
   leaves a stale phase, which then counts for nothing.
 
 Any other flush is SGLang's, unchanged.  Without a state directory the scheduler processes cannot
-see the driver's phase, so nothing is wrapped (logged once).  Kept blocks are memory SGLang
+see the driver's phase, so nothing is wrapped (each process of the server logs it once).  Kept blocks are memory SGLang
 leaves outside its KV pool for activations, which serving grows anyway; when a ``cudaMalloc``
 fails, the caching allocator frees its unused unsplit cached blocks and retries, which usually
 gives them back (docs/serve.md says where it does not).
@@ -44,26 +44,40 @@ from warmup import settings
 
 logger = logging.getLogger("sglang_warmup.allocator")
 
-#: SGLang's module of the class that answers flush requests in a scheduler.
+#: SGLang's module of the class that answers flush requests in a scheduler, and the scheduler's
+#: own module (which imports it at the top, in every SGLang that has it).
 FLUSH_WRAPPER = "sglang.srt.managers.scheduler_components.flush_wrapper"
-#: Slack on top of the flush timeout (the driver's request and the scheduler's loop).
+SCHEDULER = "sglang.srt.managers.scheduler"
+#: Slack on top of the flush timeout (the driver's request, the scheduler's loop, the clocks of
+#: two hosts where a sidecar drives the warm-up).
 SLACK_S = 60.0
+#: The shortest wait a flush is allowed, whatever this process's flush timeout: a sidecar's
+#: driver may wait longer (its own ``--flush-timeout``) than the server's setting says.
+MIN_WAIT_S = 600.0
 
 
 def fresh_for_s() -> float:
     """How long after the driver named its flush in the phase that flush may still arrive: it
-    waits at most ``WARMUP_FLUSH_TIMEOUT_S`` for an idle scheduler."""
-    return max(settings.FLUSH_TIMEOUT_S.get(), 0.0) + SLACK_S
+    waits for an idle scheduler at most its flush timeout (``WARMUP_FLUSH_TIMEOUT_S`` here, at
+    least :data:`MIN_WAIT_S`)."""
+    return max(settings.FLUSH_TIMEOUT_S.get(), MIN_WAIT_S) + SLACK_S
 
 
 def is_warmup_flush(now: float | None = None) -> bool:
-    """True while the driver's final flush is in flight: the phase names it, recently."""
+    """True while the driver's final flush is in flight: the phase names it, recently (a phase
+    left by a driver that died during its flush counts for nothing, with a log line)."""
     from warmup.observe import phase
 
     state = phase.current()
-    now = time.time() if now is None else now
-    return (state.phase == "warmup" and state.shape_class == phase.FLUSH
-            and -SLACK_S <= now - state.since <= fresh_for_s())   # (clocks of two hosts)
+    if state.phase != "warmup" or state.shape_class != phase.FLUSH:
+        return False
+    age = (time.time() if now is None else now) - state.since
+    if -SLACK_S <= age <= fresh_for_s():
+        return True
+    logger.warning("sglang-warmup: the phase names the warm-up's flush, but set %.0f s ago: "
+                   "stale (a driver that stopped during its flush?); this flush empties the "
+                   "caching allocator, as SGLang's does", age)
+    return False
 
 
 def cached_free_bytes() -> int | None:
@@ -84,7 +98,9 @@ def keeping(flush_cache: Callable[..., Any]) -> Callable[[], Any]:
     ``flush_cache(empty_cache=False)``."""
 
     @functools.wraps(flush_cache)
-    def flush() -> Any:
+    def flush(*args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:                       # a caller that chose: SGLang's call, unchanged
+            return flush_cache(*args, **kwargs)
         try:
             ours = is_warmup_flush()
         except Exception:
@@ -140,13 +156,17 @@ def _wrap(module: ModuleType) -> None:
 
     @functools.wraps(init)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        flush_cache = kwargs.get("flush_cache")
+        try:
+            bound = inspect.signature(init).bind(self, *args, **kwargs)
+        except TypeError:                        # SGLang's own error, from SGLang's own call
+            return init(self, *args, **kwargs)
+        flush_cache = bound.arguments.get("flush_cache")
         if flush_cache is not None and _takes_the_choice(flush_cache):
-            kwargs["flush_cache"] = keeping(flush_cache)
+            bound.arguments["flush_cache"] = keeping(flush_cache)
         elif flush_cache is not None:
             logger.warning("sglang-warmup: this SGLang's flush_cache takes no empty_cache; the "
                            "warm-up's flush empties the caching allocator, as SGLang's does")
-        init(self, *args, **kwargs)
+        init(*bound.args, **bound.kwargs)
 
     __init__.__sglang_warmup__ = True  # type: ignore[attr-defined]
     cls.__init__ = __init__
@@ -165,6 +185,9 @@ def arm() -> None:
     module = sys.modules.get(FLUSH_WRAPPER)
     if module is not None:
         _wrap(module)
+    elif SCHEDULER in sys.modules:   # the scheduler is loaded and never imported a flush wrapper
+        logger.warning("sglang-warmup: this SGLang has no %s; the warm-up's flush empties the "
+                       "caching allocator, as SGLang's does", FLUSH_WRAPPER)
     else:
         from warmup.observe.importer import finder
 

@@ -167,3 +167,11 @@ def test_shipped_plans_load() -> None:
         plan = loader.load(path)
         assert plan.name and plan.shapes
         assert len({s.name for s in plan.shapes}) == len(plan.shapes)
+
+
+def test_the_reserved_class_names_are_the_drivers_own_steps():
+    """The plan layer may not import the phase module: the two spellings are kept equal here."""
+    from warmup.observe.phase import DRIVER_CLASSES
+    from warmup.plan.spec import RESERVED_CLASSES
+
+    assert set(RESERVED_CLASSES) == set(DRIVER_CLASSES)

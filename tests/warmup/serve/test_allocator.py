@@ -127,25 +127,94 @@ def test_every_other_flush_request_empties_the_allocator_as_sglang_does(site, st
 
 
 @SITES
-def test_a_stale_flush_phase_counts_for_nothing(site, monkeypatch):
-    """A driver that died during its flush leaves the phase behind: a flush asked for long
-    after is SGLang's."""
+@pytest.mark.parametrize("age, kept", [
+    (0.0, True), (allocator.MIN_WAIT_S + allocator.SLACK_S, True),
+    (allocator.MIN_WAIT_S + allocator.SLACK_S + 1, False),       # a driver that died mid-flush
+    (-allocator.SLACK_S, True), (-allocator.SLACK_S - 1, False)])  # another host's clock
+def test_a_stale_flush_phase_counts_for_nothing(site, monkeypatch, caplog, age, kept):
     wrapper, fw, _, _, emptied = _server(site)
     set_at = phase.set_phase("warmup", phase.FLUSH).since
-    monkeypatch.setattr(allocator.time, "time", lambda: set_at + allocator.fresh_for_s() + 1)
-    assert wrapper.handle(_request(fw)).success is True
-    assert emptied == ["platform"]
+    monkeypatch.setattr(allocator, "time", types.SimpleNamespace(time=lambda: set_at + age))
+    with caplog.at_level(logging.WARNING, logger="sglang_warmup.allocator"):
+        assert wrapper.handle(_request(fw)).success is True
+    assert emptied == ([] if kept else ["platform"])
+    assert ("stale" in caplog.text) is not kept
 
 
 @SITES
 def test_the_schedulers_other_callers_are_never_touched(site):
-    """``release_memory_occupation``, weight updates and RPC call the scheduler's own method,
-    not the flush wrapper's: they empty the allocator even while the warm-up flushes."""
+    """The scheduler hands every other component (weight updates, memory release) its own
+    ``self.flush_cache``, and only the flush wrapper's copy is wrapped: the scheduler's own
+    method empties the allocator even while the warm-up flushes."""
+    tree = _source(site, "sglang/srt/managers/scheduler.py")
+    handed = [k.value for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords
+              if k.arg == "flush_cache"]
+    assert len(handed) >= 2 and all(isinstance(v, ast.Attribute) and v.attr == "flush_cache"
+                                    and getattr(v.value, "id", None) == "self" for v in handed)
     _, _, _, flush_cache, emptied = _server(site)
     phase.set_phase("warmup", phase.FLUSH)
     assert flush_cache() is True
-    flush_cache(empty_cache=False)
     assert emptied == ["platform"]
+
+
+@SITES
+def test_the_plugin_is_loaded_before_the_scheduler_builds_its_flush_wrapper(site):
+    """What arming relies on, read from the source: ``run_scheduler_process`` loads the plugins
+    before it builds the ``Scheduler``, and the scheduler module imports the flush wrapper's
+    class at its top (so the class the plugin patches is the one the scheduler builds)."""
+    tree = _source(site, "sglang/srt/managers/scheduler.py")
+    run = next(n for n in tree.body if isinstance(n, ast.FunctionDef)
+               and n.name == "run_scheduler_process")
+    calls = sorted(((n.lineno, getattr(n.func, "id", getattr(n.func, "attr", ""))) for n in
+                    ast.walk(run) if isinstance(n, ast.Call)))
+    names = [name for _, name in calls]
+    assert "load_plugins" in names and "Scheduler" in names
+    assert names.index("load_plugins") < names.index("Scheduler")
+    assert any(isinstance(n, ast.ImportFrom) and n.module == allocator.FLUSH_WRAPPER
+               and any(a.name == "SchedulerFlushWrapper" for a in n.names) for n in tree.body)
+
+
+def test_arming_patches_the_loaded_flush_wrapper_in_place(monkeypatch):
+    """The branch a scheduler takes: SGLang's flush wrapper module is already imported when the
+    plugin arms."""
+    real = pytest.importorskip(allocator.FLUSH_WRAPPER)
+    monkeypatch.setattr(real.SchedulerFlushWrapper, "__init__", real.SchedulerFlushWrapper.__init__)
+    allocator.arm()
+    assert getattr(real.SchedulerFlushWrapper.__init__, "__sglang_warmup__", False)
+
+
+def test_a_caller_that_passes_arguments_is_passed_through():
+    calls = []
+
+    def flush_cache(empty_cache: bool = True):
+        calls.append(empty_cache)
+        return True
+
+    phase.set_phase("warmup", phase.FLUSH)
+    flush = allocator.keeping(flush_cache)
+    assert flush(empty_cache=True) is True and flush(True) is True and flush() is True
+    assert calls == [True, True, False]
+
+
+def test_a_flush_cache_handed_over_by_position_is_wrapped_too():
+    calls = []
+
+    def flush_cache(empty_cache: bool = True):
+        calls.append(empty_cache)
+        return True
+
+    module = types.ModuleType("flush_wrapper")
+
+    def init(self, flush_cache, is_fully_idle=None):
+        self.f = flush_cache
+
+    module.SchedulerFlushWrapper = type("SchedulerFlushWrapper", (), {"__init__": init})
+    allocator._wrap(module)
+    phase.set_phase("warmup", phase.FLUSH)
+    module.SchedulerFlushWrapper(flush_cache).f()
+    with pytest.raises(TypeError):                  # SGLang's own error for a wrong call
+        module.SchedulerFlushWrapper()
+    assert calls == [False]
 
 
 @SITES
