@@ -87,6 +87,17 @@ def _server(site: Path, idle: bool = True):
     return wrapper, fw_module, self, flush_cache, emptied
 
 
+def _recording_flush():
+    """A ``flush_cache(empty_cache=True)`` that records the choice it was called with."""
+    calls: list[bool] = []
+
+    def flush_cache(empty_cache: bool = True):
+        calls.append(empty_cache)
+        return True
+
+    return flush_cache, calls
+
+
 def _request(fw_module, timeout_s: float = 0.0):
     return fw_module.FlushCacheReqInput(timeout_s=timeout_s)
 
@@ -184,11 +195,7 @@ def test_arming_patches_the_loaded_flush_wrapper_in_place(monkeypatch):
 
 
 def test_a_caller_that_passes_arguments_is_passed_through():
-    calls = []
-
-    def flush_cache(empty_cache: bool = True):
-        calls.append(empty_cache)
-        return True
+    flush_cache, calls = _recording_flush()
 
     phase.set_phase("warmup", phase.FLUSH)
     flush = allocator.keeping(flush_cache)
@@ -197,11 +204,7 @@ def test_a_caller_that_passes_arguments_is_passed_through():
 
 
 def test_a_flush_cache_handed_over_by_position_is_wrapped_too():
-    calls = []
-
-    def flush_cache(empty_cache: bool = True):
-        calls.append(empty_cache)
-        return True
+    flush_cache, calls = _recording_flush()
 
     module = types.ModuleType("flush_wrapper")
 
@@ -301,11 +304,7 @@ def test_an_sglang_without_the_choice_is_left_alone(caplog):
 
 
 def test_wrapping_twice_wraps_once():
-    calls = []
-
-    def flush_cache(empty_cache: bool = True):
-        calls.append(empty_cache)
-        return True
+    flush_cache, calls = _recording_flush()
 
     module = types.ModuleType("flush_wrapper")
     module.SchedulerFlushWrapper = type("SchedulerFlushWrapper", (), {
@@ -321,11 +320,7 @@ def test_wrapping_twice_wraps_once():
 
 def test_a_phase_read_that_raises_flushes_as_sglang_does(monkeypatch):
     """``phase.current`` is written never to raise; should it, SGLang's flush runs."""
-    calls = []
-
-    def flush_cache(empty_cache: bool = True):
-        calls.append(empty_cache)
-        return True
+    flush_cache, calls = _recording_flush()
 
     def broken():
         raise OSError("state directory gone")
