@@ -19,6 +19,8 @@ The launches of one run start one after another, each once the previous one has 
 KV pool (one GPU, a quarter of its memory each: SGLang sizes its pool from the free memory it
 sees, so two sizings at once leave one of them none), so that their cold starts overlap; the traffic is then sent to one server at a time, the others idle, so the
 measured latencies are not shared.  Startup times are therefore upper bounds (contended).
+``--solo`` goes further: while one server gets its traffic, every other one is stopped
+(SIGSTOP) and continued after, so that no neighbour's processes run at all.
 
 Needs: the SGLang site-packages built by scripts/gpu/build_carry.sh under .carry/ (unpacked
 here on first use), nvcc on PATH or in /usr/local/cuda/bin.
@@ -145,6 +147,13 @@ class Server:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def pause(self, paused: bool) -> None:
+        """Stop (SIGSTOP) or continue (SIGCONT) every process of the server (``--solo``)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+        except OSError:
+            pass
 
     def stop(self) -> None:
         try:
@@ -286,6 +295,21 @@ def serving_misses(text: str) -> dict[str, float]:
     return out
 
 
+def passes(s: Server, r: dict, steps) -> None:
+    """The traffic twice against ``s``, with the server's own kind of flush in between (the
+    phase file names it the warm-up's: see the module docstring)."""
+    from warmup.observe import phase
+
+    r["pass1"] = asyncio.run(replay(s.url, steps, "p1"))
+    r["after_pass1"] = count_artifacts(s.workdir / "cache")
+    phase.set_phase("warmup", phase.FLUSH, state_dir=str(s.workdir / "state"))
+    urllib.request.urlopen(urllib.request.Request(s.url + "/flush_cache?timeout=30", method="POST"),
+                           timeout=60).read()
+    phase.set_phase("serving", state_dir=str(s.workdir / "state"))
+    r["pass2"] = asyncio.run(replay(s.url, steps, "p2"))
+    r["after_pass2"] = count_artifacts(s.workdir / "cache")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--graphs", default="eager", help="eager, default, or eager,default")
@@ -302,6 +326,9 @@ def main() -> None:
     ap.add_argument("--row-probe", type=int, default=0, metavar="N",
                     help="after the passes, N input-logprob prompts of new lengths, each against "
                          "a repeat of its length (other token ids): the GEMM sweep's effect")
+    ap.add_argument("--solo", action="store_true",
+                    help="while one server gets its traffic, stop (SIGSTOP) every other one, so "
+                         "that no neighbour's processes share the host's CPUs or the GPU")
     ap.add_argument("--gc-log", action="store_true",
                     help="log every Python GC of the scheduler and the tokenizer manager's long ones")
     a = ap.parse_args()
@@ -399,16 +426,15 @@ def main() -> None:
                 r["note"] = "deadline: traffic not sent"
                 continue
             r["metrics_at_ready"] = serving_misses(metrics_text(s.url))
-            r["pass1"] = asyncio.run(replay(s.url, steps, "p1"))
-            r["after_pass1"] = count_artifacts(s.workdir / "cache")
-            from warmup.observe import phase
-
-            phase.set_phase("warmup", phase.FLUSH, state_dir=str(s.workdir / "state"))
-            urllib.request.urlopen(urllib.request.Request(s.url + "/flush_cache?timeout=30", method="POST"),
-                                   timeout=60).read()
-            phase.set_phase("serving", state_dir=str(s.workdir / "state"))
-            r["pass2"] = asyncio.run(replay(s.url, steps, "p2"))
-            r["after_pass2"] = count_artifacts(s.workdir / "cache")
+            others = [o for o in servers if o is not s and o.alive()] if a.solo else []
+            for o in others:
+                o.pause(True)
+            r["solo"] = bool(others)
+            try:
+                passes(s, r, steps)
+            finally:
+                for o in others:
+                    o.pause(False)
             r["new_entries"] = sorted(triton_entries(s.workdir / "cache") - set(r["entries_at_ready"]))
             try:
                 from cache_tools import compile_log
