@@ -40,8 +40,8 @@ VERSION = 1
 #: ``max_rows``, ``duration_s``, ``stopped_by_budget``, ``capped_rows`` and ``capped_shape``
 #: (the shape the buffer limit stopped earliest, or null), ``failed`` (shapes whose GEMM raised,
 #: ``label: error``, left out); compiler ``cublas``); ``allocator``: the warm-up's flush kept
-#: the caching allocator's blocks (``kept_bytes``: what it held then, or null without CUDA;
-#: compiler ``torch``).
+#: the caching allocator's blocks (``kept_bytes``: its cached and unused bytes after the flush,
+#: reserved minus allocated, or null without CUDA; compiler ``torch``).
 MISS, HIT, LOAD, JIT_BUILD, GC = "miss", "hit", "load", "jit_build", "gc"
 GEMM_SWEEP, ALLOCATOR = "gemm_sweep", "allocator"
 EVENTS = (MISS, HIT, LOAD, JIT_BUILD, GC, GEMM_SWEEP, ALLOCATOR)

@@ -172,6 +172,11 @@ class Server:
         except OSError:
             return not self.alive()
 
+    def log_lines(self, marker: str, most: int = 4) -> list[str]:
+        """The first ``most`` lines of the server's log holding ``marker``, from it on."""
+        return [line[line.index(marker):] for line in
+                self.log_path.read_text(errors="replace").splitlines() if marker in line][:most]
+
     def tail(self, n: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
@@ -397,12 +402,8 @@ def main() -> None:
                 from warmup.observe import phase
 
                 phase.set_phase("serving", state_dir=str(s.workdir / "state"))
-            r["gemm_sweep"] = [line[line.index("GEMM sweep"):] for line in
-                               s.log_path.read_text(errors="replace").splitlines()
-                               if "GEMM sweep" in line][:4]
-            r["allocator"] = [line[line.index("the warm-up's flush"):] for line in
-                              s.log_path.read_text(errors="replace").splitlines()
-                              if "the warm-up's flush kept" in line][:4]
+            r["gemm_sweep"] = s.log_lines("GEMM sweep")
+            r["allocator"] = s.log_lines("the warm-up's flush kept")
             log(f"{s.name} ready in {s.ready_s:.0f} s, artifacts {r['at_ready']}, "
                 f"{r['gemm_sweep'] or 'no GEMM sweep'}")
         max_prompt = 12000

@@ -32,14 +32,13 @@ PHASES: tuple[str, ...] = ("init", "warmup", "serving")
 
 PHASE_FILE = "phase.json"
 
-#: The ``shape_class`` of the ``warmup`` phase while the driver's final cache flush is in flight.
+#: The ``shape_class`` values the driver itself sets (no plan class may take one:
+#: ``warmup.plan.spec.RESERVED_CLASSES`` refuses them).  While the driver's final cache flush is
+#: in flight:
 FLUSH = "flush"
 #: The ``shape_class`` of the ``warmup`` phase after the plan, while SGLang's own start-up
 #: (its warm-up request) runs.
 SGLANG_STARTUP = "sglang_startup"
-#: The ``shape_class`` values the driver itself sets: no plan class may take one of them
-#: (``warmup.plan.spec.RESERVED_CLASSES`` refuses them in plans).
-DRIVER_CLASSES = (FLUSH, SGLANG_STARTUP)
 
 
 @dataclass(frozen=True)

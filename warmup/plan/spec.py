@@ -12,8 +12,8 @@ from warmup.plan.model import (DEFAULT_MAX_REQUESTS, FEATURES, KINDS, MAX_REQUES
 #: A name in a plan (class, phase, variant): lower-case letters, digits and _.
 IDENT = re.compile(r"^[a-z][a-z0-9_]{0,63}$")  # use fullmatch: $ also matches before "\n"
 #: Class names the warm-up driver itself writes in the phase file (``warmup.observe.phase``'s
-#: ``DRIVER_CLASSES``, a layer this one may not import; a test keeps the two equal): no plan
-#: class may take one, or the schedulers would take its steps for the driver's.
+#: ``FLUSH`` and ``SGLANG_STARTUP``, a layer this one may not import; a test keeps them equal):
+#: no plan class may take one, or the schedulers would take its steps for the driver's.
 RESERVED_CLASSES = ("flush", "sglang_startup")
 
 

@@ -268,16 +268,21 @@ def sweep_line(sweeps: Iterable[Any]) -> str:
             + (f"; {failed} shape(s) failed (the scheduler log names them)" if failed else ""))
 
 
-def allocator_line(kept: Iterable[Any]) -> str | None:
-    """One line for the schedulers whose caching allocator kept its blocks across the
-    warm-up's flush (those whose record the report read: another tensor-parallel rank may
-    finish its flush a moment after the first answered), or None when there is none.  Also
-    for a saved report: a size that is not a positive number is not shown."""
-    records = [k for k in kept if isinstance(k, Mapping)]
-    if not records:
+def allocator_kept(kept: Any) -> tuple[int, float]:
+    """The schedulers whose caching allocator kept its blocks across the warm-up's flush (those
+    whose record the report read: another tensor-parallel rank may finish its flush a moment
+    after the first answered), and the most bytes one of them kept.  Also for a saved report:
+    anything that is not a list of records counts as none, a size that is not a number as 0."""
+    records = [k for k in kept if isinstance(k, Mapping)] if isinstance(kept, (list, tuple)) \
+        else []
+    return len(records), max((as_number(k.get("kept_bytes")) for k in records), default=0.0)
+
+
+def allocator_line(kept: Any) -> str | None:
+    """One line for :func:`allocator_kept`, or None when no scheduler kept its blocks."""
+    count, most = allocator_kept(kept)
+    if not count:
         return None
-    most = max((as_number(k.get("kept_bytes")) for k in records), default=0.0)
-    return (f"the warm-up's flush kept the caching allocator's blocks in {len(records)} "
-            f"scheduler(s)" + (f", at most {most / 2**20:,.0f} MiB cached and unused in one"
-                               if most > 0 else "")
+    return (f"the warm-up's flush kept the caching allocator's blocks in {count} scheduler(s)"
+            + (f", at most {most / 2**20:,.0f} MiB cached and unused in one" if most > 0 else "")
             + " (WARMUP_KEEP_ALLOCATOR=0 empties them)")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import math
 import random
 import threading
 import time
@@ -23,6 +22,7 @@ from warmup.errors import TransportError
 from warmup.plan.facts import ServerFacts
 from warmup.plan.model import WarmupRequest, WarmupStep
 from warmup.serve.http import HttpClient, error_message
+from warmup.serve.report import as_number
 
 T = TypeVar("T")
 
@@ -272,9 +272,7 @@ def _outcome(out: Any, latency: float) -> Outcome:
     n = meta.get("completion_tokens")
     if n is None:
         n = len(out.get("output_ids") or []) if isinstance(out, dict) else 0
-    server = meta.get("e2e_latency")
-    server_s = float(server) if isinstance(server, (int, float)) and not isinstance(server, bool) \
-        and math.isfinite(server) else None
+    server_s = as_number(meta.get("e2e_latency")) or None    # (0: not a latency either)
     return Outcome(output_tokens=int(n), finish_reason=ftype, latency_s=latency, server_s=server_s)
 
 

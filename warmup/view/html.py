@@ -13,7 +13,7 @@ import math
 import time
 from typing import Any, Iterable, Sequence
 
-from warmup.serve.report import as_number, sweep_processes
+from warmup.serve.report import allocator_kept, as_number, sweep_processes
 from warmup.view.documents import AUDIT, COVERAGE, RUN, Document
 
 #: series colours (colour-blind safe: Okabe-Ito)
@@ -173,8 +173,7 @@ def _run(doc: Document) -> str:
     cov = d.get("coverage") if isinstance(d.get("coverage"), dict) else None
     sweeps = sweep_processes(d.get("gemm_sweeps") if isinstance(d.get("gemm_sweeps"), list)
                              else [])
-    kept = [as_number(k.get("kept_bytes")) for k in d.get("allocator_kept") or []
-            if isinstance(k, dict)] if isinstance(d.get("allocator_kept"), list) else []
+    kept = allocator_kept(d.get("allocator_kept"))[1]
     ok = bool(d.get("ok", True))
     body = [cards([
         ("ok" if ok else "FAILED", "warm-up", "ok" if ok else "bad"),
@@ -185,8 +184,8 @@ def _run(doc: Document) -> str:
            "bad" if by_phase["serving"] else "ok")] if "serving" in by_phase else []) + [
         (str(len(classes)), "classes", ""),
     ] + ([(f"{num(sweeps[0]['duration_s'], 1)} s", "GEMM sweep before it", "")]
-         if sweeps else []) + ([(f"{num(max(kept) / 2**20)} MiB", "kept by the allocator", "")]
-         if kept and max(kept) > 0 else []) + ([("closed" if cov.get("closed") else "NOT closed", "second replay",
+         if sweeps else []) + ([(f"{num(kept / 2**20)} MiB", "kept by the allocator", "")]
+         if kept > 0 else []) + ([("closed" if cov.get("closed") else "NOT closed", "second replay",
            "ok" if cov.get("closed") else "bad")] if cov else []))]
     body.append(section("Time per class", bars(
         [(str(c.get("shape_class")), [_f(c, "total_ms")]) for c in classes],

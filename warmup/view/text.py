@@ -34,8 +34,7 @@ def _run(doc: Document) -> str:
         out.append("compiles by phase: " + ", ".join(f"{k}={v}" for k, v in by_phase.items()))
     if isinstance(d.get("gemm_sweeps"), list) and d["gemm_sweeps"]:
         out.append(sweep_line(d["gemm_sweeps"]))
-    kept = allocator_line(d["allocator_kept"]) if isinstance(d.get("allocator_kept"), list) \
-        else None
+    kept = allocator_line(d.get("allocator_kept"))
     if kept:
         out.append(kept)
     skipped = [s for s in d.get("skipped") or [] if isinstance(s, dict) and not s.get("item")]
