@@ -112,6 +112,11 @@ KEEP_ALLOCATOR = EnvVar("WARMUP_KEEP_ALLOCATOR", True, _bool,
                         "the warm-up's final flush leaves PyTorch's caching allocator its blocks, "
                         "so the first requests after ready do not allocate again what the "
                         "warm-up did; 0: the flush empties it, as SGLang's does")
+STREAM_OVER_HTTP = EnvVar("WARMUP_STREAM_OVER_HTTP", True, _bool,
+                          "the plan's streamed requests go through SGLang's own HTTP app "
+                          "(in-process, no socket), so that the first streamed request after "
+                          "ready does not pay the event-stream path's first use; 0: through the "
+                          "tokenizer manager, as the other requests")
 
 # --- phase and metrics --------------------------------------------------------------------
 STATE_DIR = EnvVar("WARMUP_STATE_DIR", "", _str,

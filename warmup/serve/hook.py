@@ -235,7 +235,8 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
     for warning in exp.warnings:
         logger.warning("sglang-warmup: %s", warning)
     transport = InProcessTransport(tokenizer_manager, timeout_s=settings.REQUEST_TIMEOUT_S.get(),
-                                   seed=settings.SEED.get(), vocab_size=facts.vocab_size)
+                                   seed=settings.SEED.get(), vocab_size=facts.vocab_size,
+                                   http=_http_app(tokenizer_manager))
     metrics = None
     if settings.METRICS.get():
         try:
@@ -263,6 +264,21 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
         await _freeze_gc(transport)
     serving_when_up(tokenizer_manager, driver.mark_serving)
     logger.info("sglang-warmup: %s finished in %.1f s", entry, time.perf_counter() - t0)
+
+
+def _http_app(tokenizer_manager: Any) -> Any:
+    """SGLang's HTTP app for the plan's streamed requests (:mod:`warmup.serve.asgi`), or None:
+    turned off, or not in this process (they go to the tokenizer manager then)."""
+    if not settings.STREAM_OVER_HTTP.get():
+        return None
+    from warmup.serve import asgi
+
+    app = asgi.of_server(tokenizer_manager)
+    if app is None:
+        logger.info("sglang-warmup: SGLang's HTTP app does not serve this tokenizer manager in "
+                    "this process: the plan's streamed requests go to the tokenizer manager, and "
+                    "the first streamed request after ready warms the HTTP event stream")
+    return app
 
 
 def sglang_freezes_after_warmup() -> bool:

@@ -84,6 +84,24 @@ def error_message(error: Any) -> str:
     return snippet(error if isinstance(error, str) else json.dumps(error, default=str), 500)
 
 
+def sse_chunk(raw: bytes) -> dict[str, Any] | None:
+    """One line of SGLang's streamed ``/generate`` (server-sent events): the output dict of a
+    ``data:`` line, None for any other line and for ``data: [DONE]``.  An error SGLang reports
+    inside the stream (after its 200), or a chunk that is not JSON, raises."""
+    line = raw.decode(errors="replace").strip()
+    if not line.startswith("data:") or line == "data: [DONE]":
+        return None
+    try:
+        chunk = json.loads(line[5:])
+    except (ValueError, RecursionError):
+        raise TransportError("/generate (stream) answered a chunk that is not JSON",
+                             hint="is the server SGLang?") from None
+    if isinstance(chunk, dict) and "error" in chunk:
+        raise TransportError(f"/generate (stream) answered an error: "
+                             f"{error_message(chunk['error'])}", hint="see the server log")
+    return chunk if isinstance(chunk, dict) else {}
+
+
 # --- probes and waiting for health --------------------------------------------------------------
 @dataclass(frozen=True)
 class Probe:
@@ -313,23 +331,14 @@ class HttpClient:
                         raise TransportError(f"POST /generate (stream) answered a line longer "
                                              f"than {MAX_STREAM_LINE_BYTES:,} bytes",
                                              hint="is --url an SGLang server?")
-                    line = raw.decode(errors="replace").strip()
-                    if not line.startswith("data:") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[5:])
-                    if isinstance(chunk, dict) and "error" in chunk:
-                        raise TransportError(f"/generate (stream) answered an error: "
-                                             f"{error_message(chunk['error'])}",
-                                             hint="see the server log")
-                    last = chunk if isinstance(chunk, dict) else {}
-                    on_chunk(last)
+                    chunk = sse_chunk(raw)
+                    if chunk is not None:
+                        last = chunk
+                        on_chunk(last)
         except urllib.error.HTTPError as exc:
             body = read_body(exc, "POST /generate")
             raise TransportError(f"/generate answered HTTP {exc.code}: {snippet(body)}",
                                  hint=self.hint(exc.code)) from None
-        except ValueError:
-            raise TransportError("/generate (stream) answered a chunk that is not JSON",
-                                 hint="is --url an SGLang server?") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
             raise self._unreachable("POST", "/generate", exc) from None
         return last

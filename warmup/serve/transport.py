@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from warmup.errors import TransportError
 from warmup.plan.facts import ServerFacts
 from warmup.plan.model import WarmupRequest, WarmupStep
+from warmup.serve.asgi import AsgiApp
 from warmup.serve.http import HttpClient, error_message
 from warmup.serve.report import as_number
 
@@ -126,12 +127,15 @@ class InProcessTransport:
     Single and concurrent requests are separate ``GenerateReqInput`` objects (concurrent ones
     issued from one event-loop tick with ``asyncio.gather``); a batch is one
     ``GenerateReqInput`` whose ``input_ids`` is a list of lists, which SGLang sends as one
-    batched extend.  Aborts are detected from ``meta_info.finish_reason``.
+    batched extend.  Aborts are detected from ``meta_info.finish_reason``.  With ``http`` (SGLang's
+    own app, :mod:`warmup.serve.asgi`), a streamed single or concurrent request goes through it
+    instead, so that the HTTP event-stream path is warm too.
     """
 
     def __init__(self, tokenizer_manager: Any, *, timeout_s: float = 600.0, seed: str = "0",
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, http: AsgiApp | None = None) -> None:
         self.tm = tokenizer_manager
+        self.http = http
         self.timeout_s = timeout_s
         vocab = vocab_size or getattr(getattr(tokenizer_manager, "model_config", None), "vocab_size", 32000)
         self.tokens = TokenMaker(int(vocab), seed)
@@ -168,9 +172,9 @@ class InProcessTransport:
             return [_outcome(o, time.perf_counter() - t0) for o in outs]
         if step.mode == "mixed":
             return await self._send_mixed(step, t0)
-        objs = [self._request(generate_fields(r, self.tokens.ids(step, i, r), self.tokens))
-                for i, r in enumerate(step.requests)]
-        tasks = [asyncio.ensure_future(self._one(o, t0)) for o in objs]
+        bodies = [generate_fields(r, self.tokens.ids(step, i, r), self.tokens)
+                  for i, r in enumerate(step.requests)]
+        tasks = [asyncio.ensure_future(self._one(b, t0)) for b in bodies]
         try:
             return list(await asyncio.gather(*tasks))
         finally:
@@ -179,9 +183,12 @@ class InProcessTransport:
             for t in tasks:
                 t.cancel()
 
-    async def _one(self, obj: Any, t0: float) -> Outcome:
-        outs = await self._drain(obj)
-        return _outcome(outs[0], time.perf_counter() - t0)
+    async def _one(self, fields: dict[str, Any], t0: float) -> Outcome:
+        if fields.get("stream") and self.http is not None:
+            out = await self.http.stream("/generate", fields)
+        else:
+            out = (await self._drain(self._request(fields)))[0]
+        return _outcome(out, time.perf_counter() - t0)
 
     async def _send_mixed(self, step: WarmupStep, t0: float) -> list[Outcome]:
         # Start the decoders streaming; once each has produced a token it is in the running
@@ -200,9 +207,8 @@ class InProcessTransport:
         tasks = [asyncio.create_task(decoder(i, r)) for i, r in enumerate(step.background)]
         try:
             await _decoders_started(started, tasks)
-            prompt = [await self._one(self._request(
-                generate_fields(r, self.tokens.ids(step, 0, r), self.tokens)), t0)
-                for r in step.requests]
+            prompt = [await self._one(generate_fields(r, self.tokens.ids(step, 0, r), self.tokens), t0)
+                      for r in step.requests]
             await asyncio.gather(*tasks)
         finally:
             for t in tasks:

@@ -1,0 +1,233 @@
+"""warmup.serve.asgi: the plan's streamed requests through an HTTP app in-process.
+
+SGLang's own ``http_server`` needs FastAPI, which the CPU profile lacks; the app here is a real
+Starlette app (the framework under FastAPI, with the same ``StreamingResponse``) whose
+``/generate`` does what SGLang's does for ``stream: true``: a real ``GenerateReqInput`` from the
+JSON body, the tokenizer manager's ``generate_request``, one ``data:`` line per output and
+``data: [DONE]``.  The tokenizer manager is the suite's stand-in (tests/warmup/conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+import types
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from warmup import settings
+from warmup.errors import TransportError
+from warmup.plan.model import WarmupRequest, WarmupStep
+from warmup.serve import asgi, hook
+from warmup.serve.transport import InProcessTransport
+
+pytestmark = pytest.mark.usefixtures("warmup_isolated")
+
+VOCAB = 20000
+
+
+def sglang_like_app(tm: Any, *, api_key: str | None = None, seen: list | None = None) -> Starlette:
+    """A Starlette app with SGLang's streamed ``/generate`` (http_server.generate_request) and,
+    with ``api_key``, a middleware that refuses requests without ``Bearer <key>``."""
+    async def generate(request: Request):
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        body = await request.json()
+        if seen is not None:
+            seen.append(body)
+        obj = GenerateReqInput(**body)
+
+        async def stream_results():
+            try:
+                async for out in tm.generate_request(obj, request):
+                    yield b"data: " + json.dumps(out).encode() + b"\n\n"
+            except ValueError as e:
+                yield b"data: " + json.dumps({"error": {"message": str(e)}}).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(stream_results(), media_type="text/event-stream")
+
+    class ApiKey(BaseHTTPMiddleware):
+        async def dispatch(self, request, call_next):
+            if request.headers.get("authorization") != f"Bearer {api_key}":
+                return JSONResponse({"error": "Unauthorized"}, status_code=401)
+            return await call_next(request)
+
+    return Starlette(routes=[Route("/generate", generate, methods=["POST"])],
+                     middleware=[Middleware(ApiKey)] if api_key else [])
+
+
+def req(n: int, *, stream: bool = True, mnt: int = 4) -> WarmupRequest:
+    return WarmupRequest(input_len=n, max_new_tokens=mnt, sampling_name="greedy",
+                         sampling_params=(("temperature", 0.0),), features=(("stream", True),) if stream else ())
+
+
+def step(mode: str, requests) -> WarmupStep:
+    return WarmupStep(index=0, phase="p", shape_class="streaming", kind="extend", mode=mode,
+                      requests=tuple(requests), note="n")
+
+
+def standin_http_server(monkeypatch, app: Any, tm: Any) -> None:
+    """``sglang.srt.entrypoints.http_server`` as SGLang's server process holds it: ``app`` and
+    ``_global_state.tokenizer_manager``."""
+    module = types.ModuleType(asgi.HTTP_SERVER_MODULE)
+    module.app = app
+    module._global_state = types.SimpleNamespace(tokenizer_manager=tm)
+    monkeypatch.setitem(sys.modules, asgi.HTTP_SERVER_MODULE, module)
+
+
+def test_streamed_requests_go_through_the_app_and_the_others_do_not(fake_tokenizer_manager):
+    tm = fake_tokenizer_manager()
+    seen: list = []
+    t = InProcessTransport(tm, vocab_size=VOCAB,
+                           http=asgi.AsgiApp(sglang_like_app(tm, seen=seen)))
+    outs = asyncio.run(t.send(step("concurrent", [req(37), req(38, mnt=2)])))
+    assert [(o.output_tokens, o.finish_reason) for o in outs] == [(4, "length"), (2, "length")]
+    assert all(o.server_s is not None for o in outs)          # SGLang's meta_info came through
+    assert [len(b["input_ids"]) for b in seen] == [37, 38] and all(b["stream"] for b in seen)
+    assert [len(o.input_ids) for o in tm.objs] == [37, 38] and all(o.stream for o in tm.objs)
+    asyncio.run(t.send(step("single", [req(39, stream=False)])))
+    assert len(seen) == 2 and len(tm.objs) == 3                # not streamed: straight to the TM
+
+
+def test_an_api_key_is_sent_as_sglang_checks_it(monkeypatch, fake_tokenizer_manager, sglang_server_args):
+    tm = fake_tokenizer_manager()
+    tm.server_args = types.SimpleNamespace(**vars(sglang_server_args))
+    tm.server_args.api_key = "s3cret"
+    app = sglang_like_app(tm, api_key="s3cret")
+    assert asgi.of_server(tm) is None                          # no HTTP server module here
+    standin_http_server(monkeypatch, app, tm)
+    http = asgi.of_server(tm)
+    assert http is not None and (b"authorization", b"Bearer s3cret") in http.headers
+    t = InProcessTransport(tm, vocab_size=VOCAB, http=http)
+    assert asyncio.run(t.send(step("single", [req(21)])))[0].output_tokens == 4
+    # without the key: SGLang's middleware answers 401, in one line
+    t = InProcessTransport(tm, vocab_size=VOCAB, http=asgi.AsgiApp(app))
+    with pytest.raises(TransportError) as err:
+        asyncio.run(t.send(step("single", [req(21)])))
+    assert err.value.message == ('POST /generate (in-process HTTP) answered HTTP 401: '
+                                 '{"error":"Unauthorized"}')
+
+
+def test_the_app_of_another_tokenizer_manager_is_not_used(monkeypatch, fake_tokenizer_manager):
+    tm, other = fake_tokenizer_manager(), fake_tokenizer_manager()
+    standin_http_server(monkeypatch, sglang_like_app(other), other)
+    assert asgi.of_server(tm) is None                          # e.g. a tokenizer worker's
+    assert asgi.of_server(other) is not None
+
+
+def test_the_hook_uses_the_app_unless_turned_off(monkeypatch, fake_tokenizer_manager):
+    tm = fake_tokenizer_manager()
+    standin_http_server(monkeypatch, sglang_like_app(tm), tm)
+    assert settings.STREAM_OVER_HTTP.get() is True
+    assert isinstance(hook._http_app(tm), asgi.AsgiApp)
+    monkeypatch.setenv("WARMUP_STREAM_OVER_HTTP", "0")
+    assert hook._http_app(tm) is None
+
+
+def app_answering(*messages: dict[str, Any], raises: Exception | None = None):
+    async def app(scope, receive, send):
+        assert (await receive())["type"] == "http.request"
+        for m in messages:
+            await send(m)
+        if raises is not None:
+            raise raises
+    return app
+
+
+def start(status: int = 200) -> dict[str, Any]:
+    return {"type": "http.response.start", "status": status, "headers": []}
+
+
+def body(data: bytes, more: bool = True) -> dict[str, Any]:
+    return {"type": "http.response.body", "body": data, "more_body": more}
+
+
+@pytest.mark.parametrize("app, message", [
+    (app_answering(start(), body(b'data: {"error": {"message": "The input (9 tokens) is longer '
+                                 b'than the model\'s context length"}}\n\n'), body(b"", False)),
+     "/generate (stream) answered an error: The input (9 tokens) is longer than the model's "
+     "context length"),
+    (app_answering(start(), body(b"data: {not json\n\n", False)),
+     "/generate (stream) answered a chunk that is not JSON"),
+    (app_answering(start(), body(b"data: [DONE]\n\n", False)),
+     "POST /generate (in-process HTTP) answered no output"),
+    (app_answering(start(500), body(b"Internal Server Error\x1b[2J", False)),
+     "POST /generate (in-process HTTP) answered HTTP 500: Internal Server Error\\x1b[2J"),
+    (app_answering(), "POST /generate (in-process HTTP) answered nothing"),
+    (app_answering(raises=RuntimeError("boom\nsecond line")),
+     "POST /generate (in-process HTTP) raised RuntimeError: boom second line"),
+    (app_answering(start(), body(b'data: {"meta_info": {}}\n\n'), raises=KeyError("late")),
+     "POST /generate (in-process HTTP) raised KeyError: 'late'"),
+])
+def test_failures_are_one_line(app, message):
+    with pytest.raises(TransportError) as err:
+        asyncio.run(asgi.AsgiApp(app).stream("/generate", {"input_ids": [1]}))
+    assert err.value.message == message and "\n" not in str(err.value)
+
+
+def test_chunks_split_anywhere_and_a_last_line_without_its_end():
+    out = {"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "length"}}}
+    data = b"data: " + json.dumps({"output_ids": [5]}).encode() + b"\n\ndata: " + json.dumps(out).encode()
+    pieces = [body(data[i:i + 7]) for i in range(0, len(data), 7)]
+    app = app_answering(start(), *pieces, body(b"", False))
+    assert asyncio.run(asgi.AsgiApp(app).stream("/generate", {})) == out
+
+
+def test_a_line_longer_than_the_limit_is_refused_without_holding_more(monkeypatch):
+    monkeypatch.setattr(asgi, "MAX_STREAM_LINE_BYTES", 64)
+    app = app_answering(start(), *[body(b"x" * 50)] * 100, body(b"", False))
+
+    async def run():
+        with pytest.raises(TransportError) as err:
+            await asgi.AsgiApp(app).stream("/generate", {})
+        return err.value.message
+    assert asyncio.run(run()) == "POST /generate (in-process HTTP) answered a line longer than 64 bytes"
+
+
+def test_a_timeout_cancels_the_request_inside_the_app(fake_tokenizer_manager):
+    tm = fake_tokenizer_manager()
+    tm.faults[33] = "hang"
+    t = InProcessTransport(tm, timeout_s=0.3, vocab_size=VOCAB,
+                           http=asgi.AsgiApp(sglang_like_app(tm)))
+    with pytest.raises(asyncio.TimeoutError):
+        asyncio.run(t.send(step("single", [req(33)])))
+    assert tm.in_flight == 0                                   # the TM saw the cancellation
+
+
+def test_the_first_stream_pays_the_event_stream_path_before_ready():
+    """What the module is for: in a fresh interpreter, a streamed response through Starlette
+    imports anyio's asyncio backend (its task group) the first time; after one in-process
+    stream through the app, a client's first stream finds it loaded."""
+    code = textwrap.dedent("""
+        import asyncio, sys
+        from starlette.applications import Starlette
+        from starlette.responses import StreamingResponse
+        from starlette.routing import Route
+        from warmup.serve.asgi import AsgiApp
+
+        async def generate(request):
+            await request.json()
+            async def chunks():
+                yield b'data: {"output_ids": [1], "meta_info": {}}\\n\\n'
+                yield b"data: [DONE]\\n\\n"
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+
+        app = Starlette(routes=[Route("/generate", generate, methods=["POST"])])
+        backend = "anyio._backends._asyncio"
+        before = backend in sys.modules
+        out = asyncio.run(AsgiApp(app).stream("/generate", {"stream": True}))
+        print(before, backend in sys.modules, out["output_ids"])
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "[1]"]
