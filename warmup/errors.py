@@ -29,6 +29,11 @@ class TransportError(WarmupError):
     """A request could not reach SGLang, or SGLang refused or aborted it."""
 
 
+class HttpAppError(TransportError):
+    """SGLang's HTTP app, called in-process, did not start an answer to a request (no 200): the
+    app cannot carry it, which says nothing about the request; the caller sends it another way."""
+
+
 class DriverError(WarmupError):
     """The warm-up failed in strict mode (a request or the final flush failed)."""
 

@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from warmup.errors import TransportError
+from warmup.errors import HttpAppError, TransportError
 from warmup.serve.http import MAX_STREAM_LINE_BYTES, SNIPPET_CHARS, snippet, sse_chunk
 
 #: SGLang's HTTP server: its module-level FastAPI ``app`` and ``_global_state``.
@@ -43,8 +43,9 @@ class AsgiApp:
 
     async def stream(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """``POST body`` to ``path`` as a streaming client: the last SSE chunk's output dict.
-        A status other than 200, an error inside the stream, an app that raises or answers no
-        output raise :class:`TransportError`."""
+        An app that answers nothing, or a status other than 200, raises :class:`HttpAppError`
+        (the app could not carry the request); after a 200, an error inside the stream, an app
+        that raises or a stream without output raise :class:`TransportError`."""
         what = f"POST {path} (in-process HTTP)"
         payload = json.dumps(body).encode()
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -65,12 +66,11 @@ class AsgiApp:
 
         try:
             await self.app(scope, receive, answer.send)
-        except TransportError:
-            raise
         except Exception as exc:  # the app's own failure, after or instead of an answer
             if answer.error is None:
-                raise TransportError(f"{what} raised {type(exc).__name__}: "
-                                     f"{snippet(str(exc))}", hint="see the server log") from None
+                kind = TransportError if answer.status == 200 else HttpAppError
+                raise kind(f"{what} raised {type(exc).__name__}: {snippet(str(exc))}",
+                           hint="see the server log") from None
         finally:
             answer.done.set()
         return answer.result()
@@ -123,10 +123,10 @@ class _Answer:
         if self.error is not None:
             raise self.error
         if self.status is None:
-            raise TransportError(f"{self.what} answered nothing", hint="see the server log")
+            raise HttpAppError(f"{self.what} answered nothing", hint="see the server log")
         if self.status != 200:
-            raise TransportError(f"{self.what} answered HTTP {self.status}: "
-                                 f"{snippet(bytes(self.pending))}", hint="see the server log")
+            raise HttpAppError(f"{self.what} answered HTTP {self.status}: "
+                               f"{snippet(bytes(self.pending))}", hint="see the server log")
         if self.last is None:
             raise TransportError(f"{self.what} answered no output", hint="see the server log")
         return self.last

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TypeVar
 
-from warmup.errors import TransportError
+from warmup.errors import HttpAppError, TransportError
 from warmup.plan.facts import ServerFacts
 from warmup.plan.model import WarmupRequest, WarmupStep
 from warmup.serve.asgi import AsgiApp
@@ -129,7 +129,9 @@ class InProcessTransport:
     ``GenerateReqInput`` whose ``input_ids`` is a list of lists, which SGLang sends as one
     batched extend.  Aborts are detected from ``meta_info.finish_reason``.  With ``http`` (SGLang's
     own app, :mod:`warmup.serve.asgi`), a streamed single or concurrent request goes through it
-    instead, so that the HTTP event-stream path is warm too.
+    instead, so that the HTTP event-stream path is warm too; where the app does not start an
+    answer (:class:`~warmup.errors.HttpAppError`), that request and every later one go to the
+    tokenizer manager, with one warning.
     """
 
     def __init__(self, tokenizer_manager: Any, *, timeout_s: float = 600.0, seed: str = "0",
@@ -184,9 +186,16 @@ class InProcessTransport:
                 t.cancel()
 
     async def _one(self, fields: dict[str, Any], t0: float) -> Outcome:
+        out = None
         if fields.get("stream") and self.http is not None:
-            out = await self.http.stream("/generate", fields)
-        else:
+            try:
+                out = await self.http.stream("/generate", fields)
+            except HttpAppError as exc:         # the app, not the request: never again this run
+                if self.http is not None:
+                    logger.warning("sglang-warmup: %s; the plan's streamed requests go to the "
+                                   "tokenizer manager instead", exc.message)
+                self.http = None
+        if out is None:
             out = (await self._drain(self._request(fields)))[0]
         return _outcome(out, time.perf_counter() - t0)
 

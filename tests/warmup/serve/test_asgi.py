@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from warmup import settings
-from warmup.errors import TransportError
+from warmup.errors import HttpAppError, TransportError
 from warmup.plan.model import WarmupRequest, WarmupStep
 from warmup.serve import asgi, hook
 from warmup.serve.transport import InProcessTransport
@@ -111,11 +111,45 @@ def test_an_api_key_is_sent_as_sglang_checks_it(monkeypatch, fake_tokenizer_mana
     t = InProcessTransport(tm, vocab_size=VOCAB, http=http)
     assert asyncio.run(t.send(step("single", [req(21)])))[0].output_tokens == 4
     # without the key: SGLang's middleware answers 401, in one line
-    t = InProcessTransport(tm, vocab_size=VOCAB, http=asgi.AsgiApp(app))
-    with pytest.raises(TransportError) as err:
-        asyncio.run(t.send(step("single", [req(21)])))
+    with pytest.raises(HttpAppError) as err:
+        asyncio.run(asgi.AsgiApp(app).stream("/generate", {"input_ids": [5], "stream": True}))
     assert err.value.message == ('POST /generate (in-process HTTP) answered HTTP 401: '
                                  '{"error":"Unauthorized"}')
+
+
+def test_an_app_that_cannot_carry_a_request_is_left_for_the_tokenizer_manager(
+        fake_tokenizer_manager, caplog):
+    """An app that answers no 200 (another SGLang's routes, an auth it did not expect) costs
+    the warm-up nothing: that request and the later ones go to the tokenizer manager."""
+    tm = fake_tokenizer_manager()
+    calls = []
+
+    async def refusing(scope, receive, send):
+        calls.append(scope["path"])
+        await asyncio.sleep(0)                                 # both requests in flight
+        await send(start(404))
+        await send(body(b"Not Found", False))
+    t = InProcessTransport(tm, vocab_size=VOCAB, http=asgi.AsgiApp(refusing))
+    with caplog.at_level("WARNING", logger="sglang_warmup.transport"):
+        outs = asyncio.run(t.send(step("concurrent", [req(37), req(38)])))
+        outs += asyncio.run(t.send(step("single", [req(39)])))
+    assert [o.output_tokens for o in outs] == [4, 4, 4] and len(tm.objs) == 3
+    assert calls == ["/generate", "/generate"] and t.http is None    # the two sent at once
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == ["sglang-warmup: POST /generate (in-process HTTP) answered HTTP 404: Not "
+                        "Found; the plan's streamed requests go to the tokenizer manager instead"]
+
+
+def test_an_error_inside_the_stream_fails_the_request(fake_tokenizer_manager):
+    """After a 200 the answer is the request's: SGLang's error is a failure, not a fallback."""
+    tm = fake_tokenizer_manager()
+    tm.faults[41] = "error"
+    t = InProcessTransport(tm, vocab_size=VOCAB, http=asgi.AsgiApp(sglang_like_app(tm)))
+    with pytest.raises(TransportError) as err:
+        asyncio.run(t.send(step("single", [req(41)])))
+    assert not isinstance(err.value, HttpAppError) and t.http is not None
+    assert err.value.message.startswith("/generate (stream) answered an error: ")
+    assert len(tm.objs) == 1                                   # sent once
 
 
 def test_the_app_of_another_tokenizer_manager_is_not_used(monkeypatch, fake_tokenizer_manager):
@@ -173,6 +207,9 @@ def test_failures_are_one_line(app, message):
     with pytest.raises(TransportError) as err:
         asyncio.run(asgi.AsgiApp(app).stream("/generate", {"input_ids": [1]}))
     assert err.value.message == message and "\n" not in str(err.value)
+    # no answer started: the app's failure (the request goes another way); after a 200: the request's
+    started = any(m in message for m in ("no output", "not JSON", "an error:", "'late'"))
+    assert isinstance(err.value, HttpAppError) is not started
 
 
 def test_chunks_split_anywhere_and_a_last_line_without_its_end():
