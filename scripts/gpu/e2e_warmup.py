@@ -404,6 +404,7 @@ def main() -> None:
                 phase.set_phase("serving", state_dir=str(s.workdir / "state"))
             r["gemm_sweep"] = s.log_lines("GEMM sweep")
             r["allocator"] = s.log_lines("the warm-up's flush kept")
+            r["http_app"] = s.log_lines("in-process HTTP") + s.log_lines("HTTP app")  # empty: used
             log(f"{s.name} ready in {s.ready_s:.0f} s, artifacts {r['at_ready']}, "
                 f"{r['gemm_sweep'] or 'no GEMM sweep'}")
         max_prompt = 12000
