@@ -47,7 +47,11 @@ class AsgiApp:
         (the app could not carry the request); after a 200, an error inside the stream, an app
         that raises or a stream without output raise :class:`TransportError`."""
         what = f"POST {path} (in-process HTTP)"
-        payload = json.dumps(body).encode()
+        try:
+            payload = json.dumps(body, allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:    # not a JSON body: the app cannot carry it
+            raise HttpAppError(f"{what}: the request is not JSON ({snippet(str(exc))})",
+                               hint="report this with the plan") from None
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
                  "http_version": "1.1", "method": "POST", "scheme": "http", "path": path,
                  "raw_path": path.encode(), "query_string": b"", "root_path": "",

@@ -212,6 +212,22 @@ def test_failures_are_one_line(app, message):
     assert isinstance(err.value, HttpAppError) is not started
 
 
+@pytest.mark.parametrize("body_, detail", [
+    ({"input_ids": {1, 2}}, "Object of type set is not JSON serializable"),
+    ({"sampling_params": {"temperature": float("nan")}},
+     "Out of range float values are not JSON compliant"),
+])
+def test_a_body_json_cannot_carry_is_the_apps_failure_not_a_crash(body_, detail):
+    sent = []
+
+    async def app(scope, receive, send):
+        sent.append(scope)
+    with pytest.raises(HttpAppError) as err:
+        asyncio.run(asgi.AsgiApp(app).stream("/generate", body_))
+    assert err.value.message.startswith(f"POST /generate (in-process HTTP): the request is not "
+                                        f"JSON ({detail}") and not sent
+
+
 def test_chunks_split_anywhere_and_a_last_line_without_its_end():
     out = {"output_ids": [5, 6], "meta_info": {"finish_reason": {"type": "length"}}}
     data = b"data: " + json.dumps({"output_ids": [5]}).encode() + b"\n\ndata: " + json.dumps(out).encode()
