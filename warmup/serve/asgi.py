@@ -11,8 +11,11 @@ on the GPU rig, outside SGLang's own latency).
 So a streamed plan request goes through SGLang's app itself: the same route, middleware
 (API key included), request validation, SSE encoding and ``StreamingResponse``, with no socket.
 The scope is the one uvicorn builds (ASGI 3.0, spec 2.3), so Starlette takes the path it takes
-for a real client.  The app is SGLang's only when its HTTP server module is loaded and serves
-the very tokenizer manager the warm-up was given (the single-tokenizer server); anywhere else
+for a real client, and the answer is the client's once its last byte is sent, as over a socket:
+what the app does after it (SGLang's ``/generate`` runs a background task, two seconds' sleep
+and then an abort that finds the request finished) goes on without the warm-up waiting for it.
+The app is SGLang's only when its HTTP server module is loaded and serves the very tokenizer
+manager the warm-up was given (``_global_state.tokenizer_manager``); anywhere else
 :func:`of_server` returns None and the request goes to the tokenizer manager as before.
 """
 
@@ -20,12 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from warmup.errors import HttpAppError, TransportError
 from warmup.serve.http import MAX_STREAM_LINE_BYTES, SNIPPET_CHARS, snippet, sse_chunk
+
+logger = logging.getLogger("sglang_warmup.asgi")
 
 #: SGLang's HTTP server: its module-level FastAPI ``app`` and ``_global_state``.
 HTTP_SERVER_MODULE = "sglang.srt.entrypoints.http_server"
@@ -68,16 +74,43 @@ class AsgiApp:
             await answer.done.wait()            # the client stays until the answer ends
             return {"type": "http.disconnect"}
 
+        app = asyncio.ensure_future(self.app(scope, receive, answer.send))
+        ended = asyncio.ensure_future(answer.done.wait())
         try:
-            await self.app(scope, receive, answer.send)
-        except Exception as exc:  # the app's own failure, after or instead of an answer
-            if answer.error is None:
-                kind = TransportError if answer.status == 200 else HttpAppError
-                raise kind(f"{what} raised {type(exc).__name__}: {snippet(str(exc))}",
-                           hint="see the server log") from None
+            await asyncio.wait((app, ended), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:                   # cancelled (the request's timeout): all of it
+            app.cancel()
+            raise
         finally:
+            ended.cancel()
+        if not app.done():                      # answered; the app's background work goes on
+            _after_answer(app, what)
+        elif not app.cancelled() and (exc := app.exception()) is not None and answer.error is None:
             answer.done.set()
+            kind = TransportError if answer.status == 200 else HttpAppError
+            raise kind(f"{what} raised {type(exc).__name__}: {snippet(str(exc))}",
+                       hint="see the server log")
+        answer.done.set()
         return answer.result()
+
+
+#: The apps still running after their answer ended (SGLang's ``/generate`` then runs a
+#: background task: ``TokenizerManager.create_abort_task``, two seconds' sleep, then an abort
+#: that finds the request finished).  A real client has its answer by then; so has ours.  Held
+#: here because the event loop keeps only weak references to tasks.
+_running: set[asyncio.Future] = set()
+
+
+def _after_answer(app: asyncio.Future, what: str) -> None:
+    """Let ``app`` finish on its own; a failure then is logged, never raised."""
+    def settled(task: asyncio.Future) -> None:
+        _running.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            logger.warning("sglang-warmup: %s failed after its answer: %s: %s", what,
+                           type(exc).__name__, snippet(str(exc)))
+
+    _running.add(app)
+    app.add_done_callback(settled)
 
 
 class _Answer:

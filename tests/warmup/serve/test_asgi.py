@@ -13,11 +13,13 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 import types
 from typing import Any
 
 import pytest
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
@@ -35,12 +37,17 @@ pytestmark = pytest.mark.usefixtures("warmup_isolated")
 VOCAB = 20000
 
 
-def sglang_like_app(tm: Any, *, api_key: str | None = None, seen: list | None = None) -> Starlette:
-    """A Starlette app with SGLang's streamed ``/generate`` (http_server.generate_request) and,
-    with ``api_key``, a middleware that refuses requests without ``Bearer <key>``."""
-    async def generate(request: Request):
-        from sglang.srt.managers.io_struct import GenerateReqInput
+def sglang_like_app(tm: Any, *, api_key: str | None = None, seen: list | None = None,
+                    after_answer: list | None = None) -> Starlette:
+    """A Starlette app with SGLang's streamed ``/generate`` (http_server.generate_request: its
+    background task sleeps 2 s after the answer, then records the request's id in
+    ``after_answer``) and, with ``api_key``, a middleware that refuses requests without
+    ``Bearer <key>``."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
 
+    after_answer = after_answer if after_answer is not None else []
+
+    async def generate(request: Request):
         body = await request.json()
         if seen is not None:
             seen.append(body)
@@ -54,7 +61,12 @@ def sglang_like_app(tm: Any, *, api_key: str | None = None, seen: list | None = 
                 yield b"data: " + json.dumps({"error": {"message": str(e)}}).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
 
-        return StreamingResponse(stream_results(), media_type="text/event-stream")
+        async def abort_after_answer():  # TokenizerManager.create_abort_task: 2 s, then abort
+            await asyncio.sleep(2)
+            after_answer.append(obj.rid)
+
+        return StreamingResponse(stream_results(), media_type="text/event-stream",
+                                 background=BackgroundTask(abort_after_answer))
 
     class ApiKey(BaseHTTPMiddleware):
         async def dispatch(self, request, call_next):
@@ -88,9 +100,20 @@ def standin_http_server(monkeypatch, app: Any, tm: Any) -> None:
 def test_streamed_requests_go_through_the_app_and_the_others_do_not(fake_tokenizer_manager):
     tm = fake_tokenizer_manager()
     seen: list = []
+    after: list = []
     t = InProcessTransport(tm, vocab_size=VOCAB,
-                           http=asgi.AsgiApp(sglang_like_app(tm, seen=seen)))
-    outs = asyncio.run(t.send(step("concurrent", [req(37), req(38, mnt=2)])))
+                           http=asgi.AsgiApp(sglang_like_app(tm, seen=seen, after_answer=after)))
+
+    async def send_then_wait_for_the_background():
+        t0 = time.perf_counter()
+        outs = await t.send(step("concurrent", [req(37), req(38, mnt=2)]))
+        answered = time.perf_counter() - t0
+        assert len(asgi._running) == 2 and not after    # SGLang's abort task still sleeping
+        await asyncio.gather(*asgi._running)
+        return outs, answered
+    outs, answered = asyncio.run(send_then_wait_for_the_background())
+    assert answered < 1.5 and all(o.latency_s < 1.5 for o in outs)   # not the 2 s after it
+    assert len(after) == 2 and not asgi._running
     assert [(o.output_tokens, o.finish_reason) for o in outs] == [(4, "length"), (2, "length")]
     assert all(o.server_s is not None for o in outs)          # SGLang's meta_info came through
     assert [len(b["input_ids"]) for b in seen] == [37, 38] and all(b["stream"] for b in seen)
@@ -186,30 +209,29 @@ def body(data: bytes, more: bool = True) -> dict[str, Any]:
     return {"type": "http.response.body", "body": data, "more_body": more}
 
 
-@pytest.mark.parametrize("app, message", [
+@pytest.mark.parametrize("app, message, apps_failure", [
     (app_answering(start(), body(b'data: {"error": {"message": "The input (9 tokens) is longer '
                                  b'than the model\'s context length"}}\n\n'), body(b"", False)),
      "/generate (stream) answered an error: The input (9 tokens) is longer than the model's "
-     "context length"),
+     "context length", False),
     (app_answering(start(), body(b"data: {not json\n\n", False)),
-     "/generate (stream) answered a chunk that is not JSON"),
+     "/generate (stream) answered a chunk that is not JSON", False),
     (app_answering(start(), body(b"data: [DONE]\n\n", False)),
-     "POST /generate (in-process HTTP) answered no output"),
+     "POST /generate (in-process HTTP) answered no output", False),
     (app_answering(start(500), body(b"Internal Server Error\x1b[2J", False)),
-     "POST /generate (in-process HTTP) answered HTTP 500: Internal Server Error\\x1b[2J"),
-    (app_answering(), "POST /generate (in-process HTTP) answered nothing"),
+     "POST /generate (in-process HTTP) answered HTTP 500: Internal Server Error\\x1b[2J", True),
+    (app_answering(), "POST /generate (in-process HTTP) answered nothing", True),
     (app_answering(raises=RuntimeError("boom\nsecond line")),
-     "POST /generate (in-process HTTP) raised RuntimeError: boom second line"),
+     "POST /generate (in-process HTTP) raised RuntimeError: boom second line", True),
     (app_answering(start(), body(b'data: {"meta_info": {}}\n\n'), raises=KeyError("late")),
-     "POST /generate (in-process HTTP) raised KeyError: 'late'"),
+     "POST /generate (in-process HTTP) raised KeyError: 'late'", False),
 ])
-def test_failures_are_one_line(app, message):
+def test_failures_are_one_line(app, message, apps_failure):
     with pytest.raises(TransportError) as err:
         asyncio.run(asgi.AsgiApp(app).stream("/generate", {"input_ids": [1]}))
     assert err.value.message == message and "\n" not in str(err.value)
     # no answer started: the app's failure (the request goes another way); after a 200: the request's
-    started = any(m in message for m in ("no output", "not JSON", "an error:", "'late'"))
-    assert isinstance(err.value, HttpAppError) is not started
+    assert isinstance(err.value, HttpAppError) is apps_failure
 
 
 @pytest.mark.parametrize("body_, detail", [
@@ -226,6 +248,27 @@ def test_a_body_json_cannot_carry_is_the_apps_failure_not_a_crash(body_, detail)
         asyncio.run(asgi.AsgiApp(app).stream("/generate", body_))
     assert err.value.message.startswith(f"POST /generate (in-process HTTP): the request is not "
                                         f"JSON ({detail}") and not sent
+
+
+def test_a_failure_after_the_answer_is_logged_not_raised(caplog):
+    out = {"output_ids": [5], "meta_info": {}}
+
+    async def app(scope, receive, send):
+        await receive()
+        await send(start())
+        await send(body(b"data: " + json.dumps(out).encode() + b"\n\n", False))
+        await asyncio.sleep(0.05)                              # SGLang's background task
+        raise RuntimeError("abort failed")
+
+    async def run():
+        got = await asgi.AsgiApp(app).stream("/generate", {})
+        await asyncio.gather(*asgi._running, return_exceptions=True)
+        return got
+    with caplog.at_level("WARNING", logger="sglang_warmup.asgi"):
+        assert asyncio.run(run()) == out
+    assert [r.getMessage() for r in caplog.records] == [
+        "sglang-warmup: POST /generate (in-process HTTP) failed after its answer: RuntimeError: "
+        "abort failed"]
 
 
 def test_chunks_split_anywhere_and_a_last_line_without_its_end():
