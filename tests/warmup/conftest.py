@@ -176,8 +176,13 @@ class FakeTokenizerManager:
         self.gc_frozen_after: int | None = None  # events seen when freeze_gc was called
         self.loop_calls = 0
         self.on_admit: Callable[[SeenItem], None] | None = None  # runs as each item is admitted
+        self.rid_to_state: dict[str, Any] = {}  # requests in flight (none kept: SGLang's abort task reads it)
+        self.aborted: list[str] = []
 
     # -- what SGLang's TokenizerManager offers
+    def abort_request(self, rid: str = "", **_: Any) -> None:
+        self.aborted.append(rid)
+
     def auto_create_handle_loop(self) -> None:
         self.loop_calls += 1
 

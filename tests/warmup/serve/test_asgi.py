@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from _interpreter import python
 from warmup import settings
 from warmup.errors import HttpAppError, TransportError
 from warmup.plan.model import WarmupRequest, WarmupStep
@@ -327,3 +328,87 @@ def test_the_first_stream_pays_the_event_stream_path_before_ready():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "True", "[1]"]
+
+
+REAL_APP_PROBE = """
+import asyncio, importlib.util, json, sys, time
+from warmup.serve import asgi
+from warmup.serve.transport import InProcessTransport
+from warmup.plan.model import WarmupRequest, WarmupStep
+model_dir, conftest_path, api_key = sys.argv[1:4]
+spec = importlib.util.spec_from_file_location("warmup_conftest", conftest_path)
+conftest = importlib.util.module_from_spec(spec)
+sys.modules["warmup_conftest"] = conftest
+spec.loader.exec_module(conftest)
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.arg_groups.model_override_base import model_config_of
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
+import sglang.srt.entrypoints.http_server as http_server
+from sglang.srt.utils.auth import add_api_key_middleware
+
+args = ["--model-path", model_dir, "--device", "cuda", "--skip-tokenizer-init", *conftest.TINY_FLAGS]
+sa = prepare_server_args(args + (["--api-key", api_key] if api_key else []))
+sa.resolve_once()
+tm = conftest.FakeTokenizerManager(sa, model_config_of(sa))
+tm.create_abort_task = TokenizerManager.create_abort_task.__get__(tm)   # SGLang's own
+http_server.set_global_state(http_server._GlobalState(tokenizer_manager=tm, template_manager=None,
+                                                      scheduler_info={}))
+if api_key:                                     # as SGLang's launch adds it
+    add_api_key_middleware(http_server.app, api_key=api_key, admin_api_key=None)
+app = asgi.of_server(tm)
+transport = InProcessTransport(tm, vocab_size=conftest.TINY_VOCAB, http=app)
+def req(n):
+    return WarmupRequest(input_len=n, max_new_tokens=3, sampling_name="greedy",
+                         sampling_params=(("temperature", 0.0),), features=(("stream", True),))
+def step(mode, lengths):
+    return WarmupStep(index=0, phase="p", shape_class="streaming", kind="extend", mode=mode,
+                      requests=tuple(req(n) for n in lengths), note="n")
+backend = "anyio._backends._asyncio"
+report = {"found": app is not None, "backend_before": backend in sys.modules}
+async def main():
+    t0 = time.perf_counter()
+    outs = await transport.send(step("single", [37])) + await transport.send(step("concurrent", [38, 39]))
+    report["answered_s"] = time.perf_counter() - t0
+    report["outs"] = [[o.output_tokens, o.finish_reason, o.server_s is not None] for o in outs]
+    report["running_after"] = len(asgi._running)
+    await asyncio.gather(*asgi._running)
+    report["streamed_to_tm"] = [[len(o.input_ids), o.stream] for o in tm.objs]
+    report["aborted"] = tm.aborted
+    report["used_app"] = transport.http is not None
+    report["bad_key"] = None
+    try:
+        json_only = ((b"content-type", b"application/json"),)      # no API key
+        await asgi.AsgiApp(http_server.app, json_only).stream("/generate", {"input_ids": [5], "stream": True})
+    except Exception as exc:
+        report["bad_key"] = [type(exc).__name__, exc.message]
+asyncio.run(main())
+report["backend_after"] = backend in sys.modules
+print("REPORT " + json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("api_key", ["", "k3y"])
+def test_sglangs_own_app_carries_the_streamed_requests(tiny_model_dir, api_key):
+    """SGLang 0.5.22's real ``http_server.app`` (its ``/generate`` route, its contract check,
+    SSE encoding, ``StreamingResponse`` with ``create_abort_task`` and, with ``--api-key``, the
+    API-key middleware SGLang's launch adds) with the stand-in tokenizer manager behind it, in a
+    fresh interpreter: importing the HTTP server installs uvloop's event loop policy."""
+    from pathlib import Path
+
+    conftest_path = Path(__file__).resolve().parents[1] / "conftest.py"
+    done = subprocess.run([python(), "-c", REAL_APP_PROBE, str(tiny_model_dir), str(conftest_path),
+                           api_key], capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("REPORT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    report = json.loads(lines[-1][len("REPORT "):])
+    assert report["found"] and report["used_app"]
+    assert report["outs"] == [[3, "length", True]] * 3
+    assert report["streamed_to_tm"] == [[37, True], [38, True], [39, True]]
+    assert report["answered_s"] < 1.5 and report["running_after"] == 3   # not SGLang's 2 s after
+    assert report["aborted"] == []            # the abort task found every request finished
+    assert not report["backend_before"] and report["backend_after"]
+    if api_key:
+        assert report["bad_key"][0] == "HttpAppError"
+        assert report["bad_key"][1].startswith("POST /generate (in-process HTTP) answered HTTP 401")
+    else:
+        assert report["bad_key"] is None
