@@ -391,9 +391,8 @@ def test_sglangs_own_app_carries_the_streamed_requests(tiny_model_dir):
     """SGLang 0.5.22's real ``http_server.app`` (its ``/generate`` route, its contract check,
     SSE encoding, ``StreamingResponse`` with ``create_abort_task``, and the API-key middleware
     SGLang's launch adds for ``--api-key``) with the stand-in tokenizer manager behind it, in a
-    fresh interpreter: importing the HTTP server installs uvloop's event loop policy.  With a
-    key, the key is on the way in too; without one the same route serves (the request without
-    the key is the one the middleware refuses)."""
+    fresh interpreter: importing the HTTP server installs uvloop's event loop policy.  The
+    warm-up's requests carry the key; one without it is refused with 401."""
     from pathlib import Path
 
     api_key = "k3y"
