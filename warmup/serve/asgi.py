@@ -115,7 +115,8 @@ def _after_answer(app: asyncio.Future, what: str) -> None:
 
 class _Answer:
     """The response side of one request: the status, the SSE lines as they come (the last
-    chunk kept, nothing else), and the first error, raised once the app has returned."""
+    chunk kept, nothing else), and the first error, raised once the answer has ended or the
+    app has returned."""
 
     def __init__(self, what: str) -> None:
         self.what = what
