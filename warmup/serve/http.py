@@ -84,10 +84,11 @@ def error_message(error: Any) -> str:
     return snippet(error if isinstance(error, str) else json.dumps(error, default=str), 500)
 
 
-def sse_chunk(raw: bytes) -> dict[str, Any] | None:
+def sse_chunk(raw: bytes, not_sglang_hint: str = "is the server SGLang?") -> dict[str, Any] | None:
     """One line of SGLang's streamed ``/generate`` (server-sent events): the output dict of a
     ``data:`` line, None for any other line and for ``data: [DONE]``.  An error SGLang reports
-    inside the stream (after its 200), or a chunk that is not JSON, raises."""
+    inside the stream (after its 200), or a chunk that is not JSON (``not_sglang_hint``: the
+    caller's words for the fix), raises."""
     line = raw.decode(errors="replace").strip()
     if not line.startswith("data:") or line == "data: [DONE]":
         return None
@@ -95,7 +96,7 @@ def sse_chunk(raw: bytes) -> dict[str, Any] | None:
         chunk = json.loads(line[5:])
     except (ValueError, RecursionError):
         raise TransportError("/generate (stream) answered a chunk that is not JSON",
-                             hint="is the server SGLang?") from None
+                             hint=not_sglang_hint) from None
     if isinstance(chunk, dict) and "error" in chunk:
         raise TransportError(f"/generate (stream) answered an error: "
                              f"{error_message(chunk['error'])}", hint="see the server log")
@@ -331,7 +332,7 @@ class HttpClient:
                         raise TransportError(f"POST /generate (stream) answered a line longer "
                                              f"than {MAX_STREAM_LINE_BYTES:,} bytes",
                                              hint="is --url an SGLang server?")
-                    chunk = sse_chunk(raw)
+                    chunk = sse_chunk(raw, "is --url an SGLang server?")
                     if chunk is not None:
                         last = chunk
                         on_chunk(last)

@@ -458,6 +458,15 @@ def test_http_mixed_stream_http_error_carries_the_body(sglang_http):
     assert err.value.message == '/generate answered HTTP 400: {"error": "bad request body"}'
 
 
+def test_http_stream_chunk_that_is_not_json_names_the_url(sglang_http):
+    sglang_http.script["/generate"] = [(200, b"data: {oops\n\ndata: [DONE]\n\n")]
+    t = HttpTransport(sglang_http.url, vocab_size=VOCAB, timeout_s=30)
+    with pytest.raises(TransportError) as err:
+        asyncio.run(t.send(step("mixed", [req(300)], background=[req(32, mnt=4)])))
+    assert (err.value.message, err.value.hint) == ("/generate (stream) answered a chunk that is not JSON",
+                                                   "is --url an SGLang server?")
+
+
 def test_http_400_from_sglang_carries_its_message(sglang_http):
     t = HttpTransport(sglang_http.url, vocab_size=VOCAB)
     bad = step("single", [req(10, sampling={"bogus": 1})])
