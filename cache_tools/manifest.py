@@ -140,6 +140,15 @@ def _compact_encoder() -> Callable[[Any], str]:
 
 #: a FileRecord tuple as canonical JSON: ``[["path",size,"sha256",mode],...]``
 _files_json = _compact_encoder()
+# One file of a directory entry in that JSON, in the common case: a path of one component of
+# at most NAME_MAX // 4 printable ASCII characters other than '"', '\\' and '/', not '.' or
+# '..'; a non-negative integer size; 64 lowercase hex digits; mode 0644 or 0755.  (JSON spells
+# every other character, and a bool, float or negative size, differently.)
+_PLAIN_FILE = (r'\["(?!\.\.?")[\x20\x21\x23-\x2e\x30-\x5b\x5d-\x7f]{1,%d}",(?:0|[1-9][0-9]*),'
+               r'"[0-9a-f]{64}",(?:420|493)\]' % (NAME_MAX // 4))
+_PLAIN_FILES = re.compile(r"\[%s(?:,%s)*\]" % (_PLAIN_FILE, _PLAIN_FILE))
+#: a FileRecord from a list of its four fields, in C (``FileRecord._make`` also counts them)
+_file_record = functools.partial(tuple.__new__, FileRecord)
 
 
 def slow_content_digest(is_dir: bool, files: tuple[FileRecord, ...]) -> str:
@@ -260,22 +269,21 @@ def parse_entry(raw: Any, where: str) -> EntryRecord:
     raw_files = raw.get("files")
     if not isinstance(raw_files, list) or not raw_files:
         raise ArchiveError(f"{where}: files: expected a non-empty list", hint=_HINT)
-    files = []
-    hexdigits = _HEX64.fullmatch
+    # The common case, checked on the list's canonical JSON (which the digest needs anyway)
+    # by one regular expression; anything unusual gets the detailed check, file by file.
     # Any path this short is within every name limit (bytes are at most 4 per character).
-    short = NAME_MAX // 4 if is_dir and len(k) + len(name) < PATH_MAX // 4 - 80 else 0
-    for j, rf in enumerate(raw_files):
-        # The common case in a few cheap tests; anything unusual gets the detailed check.
-        if type(rf) is list and len(rf) == 4:
-            path, size, sha, mode = rf
-            if type(path) is str and type(size) is int and size >= 0 and \
-                    type(sha) is str and hexdigits(sha) and type(mode) is int and \
-                    (mode == 420 or mode == 493) and len(path) <= short and \
-                    "/" not in path and path not in (".", "..") and path and \
-                    "\\" not in path and "\x00" not in path and path.isascii():
-                files.append(FileRecord._make(rf))
-                continue
-        files.append(_parse_file(rf, is_dir, f"{k}/{name}", f"{where}.files[{j}]"))
+    files_json = None
+    if is_dir and len(k) + len(name) < PATH_MAX // 4 - 80:
+        try:
+            files_json = _files_json(raw_files)
+        except (TypeError, ValueError, RecursionError):
+            pass                        # not JSON-shaped: the detailed check says what is wrong
+    if files_json is not None and _PLAIN_FILES.fullmatch(files_json):
+        files = list(map(_file_record, raw_files))     # four fields each: the pattern says so
+    else:
+        files_json = None
+        files = [_parse_file(rf, is_dir, f"{k}/{name}", f"{where}.files[{j}]")
+                 for j, rf in enumerate(raw_files)]
     paths = [f.path for f in files]
     if paths != sorted(set(paths)):
         raise ArchiveError(f"{where}: files are not sorted or not unique", hint=_HINT)
@@ -292,6 +300,8 @@ def parse_entry(raw: Any, where: str) -> EntryRecord:
                 raise ArchiveError(f"{where}.files[{j}]: Triton group file of {f.size} bytes "
                                    f"exceeds the limit of {MAX_GROUP_BYTES} bytes", hint=_HINT)
     record = EntryRecord(k, name, is_dir, tuple(files))
+    if files_json is not None:          # the text the digest hashes: the files as FileRecords
+        record.__dict__["digest"] = _digest(files_json, is_dir)
     if "sha256" in raw and raw["sha256"] != record.digest:
         raise ArchiveError(f"{where}: sha256 does not match its files", hint=_HINT)
     return record

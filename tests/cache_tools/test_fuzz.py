@@ -147,3 +147,72 @@ def test_the_harness_tells_success_from_refusal(valid_archive, fp):
     refused = _run(_mutate(raw, [("flip", 0.999999, 0)]), fp)   # a bit in the end padding
     assert refused[0] == refused[1] and refused[0].startswith(
         "archive holds data after its end-of-archive block (byte ")
+
+
+# A file record of a directory entry: the plain case and its near misses.
+_paths = st.one_of(st.sampled_from(["a", "k.cubin", "__grp__k.json", ".", "..", "...", ".a",
+                                    "a/b", "a\\b", "a\x00b", 'a"b', "a\nb", "é", "a\x7f", " ",
+                                    "x" * 63, "x" * 64, "", "\ud800"]),
+                   st.text(max_size=70))
+_sizes = st.one_of(st.integers(-3, 2 ** 70), st.sampled_from([True, False, 1.0, 0.5, None, "1"]))
+_shas = st.one_of(st.just("ab" * 32), st.sampled_from(["AB" * 32, "ab" * 31, "ab" * 33, 5]),
+                  st.text(alphabet="0123456789abcdefg", min_size=63, max_size=65))
+_modes = st.sampled_from([420, 493, 0o777, 0, True, 420.0, "420", None])
+_plain = st.tuples(st.text(alphabet="abk._-0", min_size=1, max_size=8),
+                   st.integers(0, 2 ** 40), st.just("ab" * 32), st.sampled_from([420, 493]))
+_file = st.one_of(_plain.map(list), _plain.map(list), _plain.map(list),
+                  st.tuples(_paths, _sizes, _shas, _modes).map(list),
+                  st.sampled_from([["a"], ["a", 1, "ab" * 32, 420, 0], {"path": "a"}, None]))
+#: sorted by path where it can be (an unsorted list is refused whichever check runs first)
+_files = st.lists(_file, min_size=1, max_size=3).map(
+    lambda fs: sorted(fs, key=lambda f: str(f[0]) if isinstance(f, list) and f else ""))
+
+
+def _parsed(raw: dict) -> object:
+    from cache_tools.errors import ArchiveError
+    from cache_tools.manifest import parse_entry
+
+    try:
+        record = parse_entry(raw, "entries[0]")
+    except ArchiveError as exc:
+        return exc.message
+    return record, record.digest
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(files=_files,
+       where=st.sampled_from([("triton", "e"), ("inductor", "fxgraph/ab"), ("tilelang", "t")]))
+def test_the_one_pattern_check_of_file_lists_accepts_exactly_what_the_field_checks_do(files,
+                                                                                      where):
+    """parse_entry checks a directory entry's file list with one regular expression over its
+    JSON and falls back to the field-by-field check; with the pattern matching nothing every
+    list takes the field-by-field check: the two give the same record or the same refusal."""
+    import re
+
+    from cache_tools import manifest
+
+    raw = {"kind": where[0], "name": where[1], "type": "dir", "files": files}
+    fast = _parsed(raw)
+    saved = manifest._PLAIN_FILES
+    manifest._PLAIN_FILES = re.compile(r"(?!)")
+    try:
+        slow = _parsed(raw)
+    finally:
+        manifest._PLAIN_FILES = saved
+    assert fast == slow
+
+
+def test_plain_file_lists_take_the_one_pattern_check(monkeypatch):
+    """The common case never reaches the field-by-field check, and its digest is the one the
+    definition gives."""
+    from cache_tools import manifest
+
+    def detailed(*args):
+        raise AssertionError("field-by-field check used")
+
+    monkeypatch.setattr(manifest, "_parse_file", detailed)
+    sha = "0123456789abcdef" * 4
+    files = [["__grp__k.json", 120, sha, 420], ["k.cubin", 0, sha, 493], ["k.json", 7, sha, 420]]
+    record, digest = _parsed({"kind": "triton", "name": "e", "type": "dir", "files": files})
+    assert record.files == tuple(manifest.FileRecord(*f) for f in files)
+    assert digest == manifest.slow_content_digest(True, record.files)
