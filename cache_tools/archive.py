@@ -30,8 +30,8 @@ from cache_tools import forks, groups, tarfmt
 from cache_tools.errors import ArchiveError, CacheError, IncompatibleError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import MERGE_PREFIX, Location
-from cache_tools.manifest import (EntryRecord, FileRecord, Manifest, check_overlaps, member_prefix,
-                                  paused_gc)
+from cache_tools.manifest import (EntryRecord, FileRecord, Manifest, check_overlaps, json_size,
+                                  member_prefix, paused_gc)
 from cache_tools.progress import Progress
 from cache_tools.reader import (CHUNK, WHOLE, ZSTD_MAGIC, ArchiveReader, Limits, Member,
                                 zstandard_module, zstd_structure_problem)
@@ -46,8 +46,6 @@ __all__ = ["ArchiveReader", "ArchiveWriter", "CHUNK", "EntryPlanView", "Limits",
            "PackResult", "PlannedEntry", "RestorePlan", "RestoreResult", "Source",
            "VerifyReport", "ZSTD_MAGIC", "merge", "pack", "plan_entry", "plan_restore",
            "read_entry", "restore_roots", "verify", "write_archive", "zstd_structure_problem"]
-
-_PLACEHOLDER = "0" * 64
 
 
 def _producer() -> str:
@@ -220,9 +218,10 @@ def _vanished(e: CacheEntry) -> CacheWarning:
 def _pack(out: Path, planned: list[tuple[CacheEntry, list[_File]]], fp: Fingerprint,
           zstd: bool, level: int, progress: Progress, jobs: int) -> tuple[Manifest, int]:
     producer = _producer()
-    room = Manifest(fp, tuple(_record(e, files, [_PLACEHOLDER] * len(files))
-                              for e, files in planned), producer).to_json(digests=False)
-    writer = ArchiveWriter(out, len(room), zstd, level, jobs)
+    room = json_size(fp, producer, ((e.kind, e.name, e.is_dir,
+                                     ((f.rel, f.size, f.mode) for f in files))
+                                    for e, files in planned))
+    writer = ArchiveWriter(out, room, zstd, level, jobs)
     try:
         total = sum(f.size for _, files in planned for f in files)
         progress.start("pack", total)

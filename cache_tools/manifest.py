@@ -28,7 +28,6 @@ VERSION = 1
 MANIFEST_NAME = "manifest.json"
 MODES = (0o644, 0o755)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_ZEROS = "0" * 64
 #: JSON string spelling with ensure_ascii=False, as canonical_json writes strings
 _json_str = json.encoder.encode_basestring  # type: ignore[attr-defined]
 _HINT = "the archive is corrupt or was not written by `sglang-warmup cache pack`"
@@ -180,32 +179,24 @@ class Manifest:
             for f in e.files:
                 yield e.member(f), e, f
 
-    def to_json(self, *, digests: bool = True) -> bytes:
+    def to_json(self) -> bytes:
         """The manifest's bytes: ``json.dumps(doc, sort_keys=True, separators=(",", ":"),
         ensure_ascii=False)`` plus a newline, assembled entry by entry so that each entry's
         file list is encoded once, for its digest and its place (tests check the two agree).
-        ``digests=False`` writes 64 zeros for every entry digest: the same length, without
-        hashing (pack sizes the manifest's room this way)."""
+        ``json_size`` gives their length before any file is hashed."""
         kinds: dict[str, dict[str, int]] = {}
         for e in self.entries:
             k = kinds.setdefault(e.kind, {"entries": 0, "bytes": 0})
             k["entries"] += 1
             k["bytes"] += e.size
-        doc = {"format": FORMAT, "version": VERSION, "created_by": self.created_by,
-               "fingerprint": self.fingerprint.to_dict(),
-               "totals": {"entries": len(self.entries), "files": self.nb_files,
-                          "bytes": self.size},
-               "kinds": kinds, "entries": []}
-        before, mark, after = _files_json(doc).partition('"entries":[]')
-        assert mark, "a key sorted before 'entries' spelled the mark"
+        before, after = _frame(self.fingerprint, self.created_by, kinds,
+                               (len(self.entries), self.nb_files, self.size))
         parts = []
         for e in self.entries:
             files = _files_json(e.files)
-            kind_of = "dir" if e.is_dir else "file"
-            parts.append('{"files":%s,"kind":%s,"name":%s,"sha256":"%s","type":"%s"}' % (
-                files, _json_str(e.kind), _json_str(e.name),
-                _digest(files, e.is_dir) if digests else _ZEROS, kind_of))
-        return (before + '"entries":[' + ",".join(parts) + "]" + after + "\n").encode()
+            parts.append(_ENTRY % (files, _json_str(e.kind), _json_str(e.name),
+                                   _digest(files, e.is_dir), "dir" if e.is_dir else "file"))
+        return (before + ",".join(parts) + after).encode()
 
     @classmethod
     def parse(cls, data: bytes, where: str = MANIFEST_NAME) -> "Manifest":
@@ -247,6 +238,52 @@ class Manifest:
         check_overlaps(entries, where)
         created_by = doc.get("created_by", "")
         return cls(fp, tuple(entries), created_by if isinstance(created_by, str) else "")
+
+
+#: one entry of the manifest's JSON: files, kind, name, digest, type (keys sorted)
+_ENTRY = '{"files":%s,"kind":%s,"name":%s,"sha256":"%s","type":"%s"}'
+
+
+def _frame(fingerprint: Fingerprint, created_by: str, kinds: dict[str, dict[str, int]],
+           totals: tuple[int, int, int]) -> tuple[str, str]:
+    """The manifest's JSON before its first entry and after its last one."""
+    doc = {"format": FORMAT, "version": VERSION, "created_by": created_by,
+           "fingerprint": fingerprint.to_dict(),
+           "totals": {"entries": totals[0], "files": totals[1], "bytes": totals[2]},
+           "kinds": kinds, "entries": []}
+    before, mark, after = _files_json(doc).partition('"entries":[]')
+    assert mark, "a key sorted before 'entries' spelled the mark"
+    return before + '"entries":[', "]" + after + "\n"
+
+
+def json_size(fingerprint: Fingerprint, created_by: str,
+              entries: Iterable[tuple[str, str, bool, Iterable[tuple[str, int, int]]]]) -> int:
+    """The length in bytes of ``Manifest(fingerprint, entries, created_by).to_json()`` for
+    entries given as (kind, name, is_dir, their files' (path, size, mode)), whatever the files'
+    sha256s: every hash, and every entry's digest, is 64 hex digits.  Pack leaves this much
+    room for the manifest before it reads a file; counted from names, sizes and modes without
+    building the text (tests check it against ``to_json``)."""
+    kinds: dict[str, dict[str, int]] = {}
+    nb_entries = nb_files = nbytes = 0
+    body = 0
+    for k, name, is_dir, files in entries:
+        count = size = text = 0
+        for path, fsize, mode in files:
+            # ["<path>",<size>,"<64 hex digits>",<mode>]: 71 bytes besides path, size and mode
+            text += len(_json_str(path).encode()) + len(str(fsize)) + len(str(mode)) + 71
+            size += fsize
+            count += 1
+        text += max(count - 1, 0)                          # the commas between files
+        kd = kinds.setdefault(k, {"entries": 0, "bytes": 0})
+        kd["entries"] += 1
+        kd["bytes"] += size
+        body += len((_ENTRY % ("[]", _json_str(k), _json_str(name), "", "dir" if is_dir else
+                               "file")).encode()) + 64 + text
+        nb_entries += 1
+        nb_files += count
+        nbytes += size
+    before, after = _frame(fingerprint, created_by, kinds, (nb_entries, nb_files, nbytes))
+    return len(before.encode()) + body + max(nb_entries - 1, 0) + len(after.encode())
 
 
 def parse_entry(raw: Any, where: str) -> EntryRecord:
