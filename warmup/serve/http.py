@@ -187,11 +187,35 @@ def wait_for_health(probe: Callable[[float], Probe], deadline_s: float, *,
             return result(False, "deadline")
         pause = min(delay, remaining)
         delay = min(delay * 2, max_s)
+        gone = _pause(pause, stop, alive)
+        if gone:
+            return result(False, gone)
+
+
+#: how often a pause between probes asks ``alive`` (a child's exit status: cheap)
+_WATCH_S = 0.1
+
+
+def _pause(seconds: float, stop: threading.Event | None,
+           alive: Callable[[], str | None] | None) -> str | None:
+    """Wait ``seconds`` between probes; "stopped" when ``stop`` is set, or why the thing probed
+    cannot come up once ``alive`` says so (a server that exits is reported at once, not at the
+    next probe up to ``max_s`` later)."""
+    wake = time.monotonic() + seconds
+    while True:
+        left = wake - time.monotonic()
+        if left <= 0:
+            return None
+        step = min(left, _WATCH_S) if alive is not None else left
         if stop is not None:
-            if stop.wait(pause):
-                return result(False, "stopped")
+            if stop.wait(step):
+                return "stopped"
         else:
-            time.sleep(pause)
+            time.sleep(step)
+        if alive is not None:
+            gone = alive()
+            if gone:
+                return gone
 
 
 # --- the client ---------------------------------------------------------------------------------

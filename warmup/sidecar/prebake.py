@@ -253,7 +253,7 @@ class PrebakePlan:
         # every 30 s (which would break the line rewritten in place).
         with progress.ticking("SGLang loading and warming up",
                               detail=lambda: "".join(_tail(self.log_path, 1))):
-            hw = wait_for_health(probe, self.deadline_s, initial_s=1.0, max_s=10.0,
+            hw = wait_for_health(probe, self.deadline_s, initial_s=0.25, max_s=10.0,
                                  probe_timeout_s=30.0, alive=alive, what="SGLang",
                                  log_every_s=float("inf") if progress.tty else 30.0)
         if hw.ok:
@@ -424,13 +424,31 @@ def _killpg(pgid: int, sig: int) -> None:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs.  A zombie does not count: it has exited
+    and holds nothing (memory, GPU, sockets, files), it only waits for its parent, or for init
+    once orphaned, to collect its status; an init that collects late (or never) must not
+    make a stopped server look alive until SIGKILL."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:                     # no procfs: the signal's answer is all there is
+        return True
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:                 # gone meanwhile
+            continue
+        # "pid (comm) state ppid pgrp ...", where comm may hold spaces and parentheses
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 2 and fields[2] == b"%d" % pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def _reap(proc: subprocess.Popen, pgid: int) -> None:

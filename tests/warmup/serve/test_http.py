@@ -134,3 +134,14 @@ def test_wait_for_health_ends_on_stop_and_on_a_dead_process():
     assert wait_for_health(lambda t: Probe(200, "HTTP 200"), 10).ok
 
 
+def test_a_process_that_exits_during_a_pause_is_reported_at_once():
+    """The pause between probes asks ``alive`` every 0.1 s: a server that exits 0.3 s into a
+    10 s pause ends the wait then, not at the next probe."""
+    started = time.monotonic()
+    hw = wait_for_health(lambda t: Probe(None, "connection refused"), 60, initial_s=10.0,
+                         alive=lambda: "exited with code 3" if time.monotonic() - started > 0.3
+                         else None)
+    assert (hw.ended, hw.attempts) == ("exited with code 3", 1)
+    assert 0.3 <= hw.waited_s < 0.6
+
+

@@ -296,6 +296,46 @@ def test_stop_process_group_escalates_to_sigkill():
     assert proc.poll() == -signal.SIGKILL and gone(child)
 
 
+# The group leader starts P in a group of its own (same session) and P starts Z, which joins
+# the leader's group and exits at once: a zombie in the group whose parent lives on outside it
+# and never collects it (as when the reaping init of a container is late, or never reaps).
+_UNREAPED_ZOMBIE = """
+import os, sys, time
+group = os.getpgid(0)
+p = os.fork()
+if p == 0:
+    os.setpgid(0, 0)
+    z = os.fork()
+    if z == 0:
+        os.setpgid(0, group)
+        os._exit(0)
+    print(os.getpid(), z, flush=True)
+    time.sleep(300)
+    os._exit(0)
+time.sleep(300)
+"""
+
+
+def test_a_zombie_left_in_the_group_does_not_keep_it_alive():
+    proc = subprocess.Popen([PY, "-c", _UNREAPED_ZOMBIE], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    parent, zombie = map(int, proc.stdout.readline().split())
+    try:
+        for _ in range(100):
+            with open(f"/proc/{zombie}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z":
+                break
+            time.sleep(0.05)
+        assert fields[0] == b"Z" and int(fields[2]) == proc.pid    # a zombie of the group
+        t0 = time.monotonic()
+        assert prebake.stop_process_group(proc, 5.0) == "SIGTERM"
+        assert time.monotonic() - t0 < 2                            # not the 5 s timeout
+        assert proc.poll() == -signal.SIGTERM
+    finally:
+        os.kill(parent, signal.SIGKILL)
+
+
 def test_stop_process_group_of_an_exited_process():
     proc = subprocess.Popen(["true"], start_new_session=True)
     proc.wait()
