@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sidecar_support"))
 from harness import FAKE_SGLANG, PLAN, REPO, free_port  # noqa: E402
 
 from cache_tools import archive  # noqa: E402
-from warmup.sidecar import prebake  # noqa: E402
+from warmup.sidecar import prebake, process_group  # noqa: E402
 from warmup.errors import SidecarError  # noqa: E402
 
 PY = sys.executable
@@ -284,14 +284,14 @@ def _group(script: str) -> tuple[subprocess.Popen, int]:
 
 def test_stop_process_group_terminates_the_whole_group():
     proc, child = _group("sleep 300 & echo $!; wait")
-    assert prebake.stop_process_group(proc, 5.0) == "SIGTERM"
+    assert process_group.stop_process_group(proc, 5.0) == "SIGTERM"
     assert proc.poll() is not None and gone(child)
 
 
 def test_stop_process_group_escalates_to_sigkill():
     proc, child = _group("trap '' TERM; sh -c \"trap '' TERM; sleep 300\" & echo $!; wait")
     t0 = time.monotonic()
-    assert prebake.stop_process_group(proc, 0.5) == "SIGKILL"
+    assert process_group.stop_process_group(proc, 0.5) == "SIGKILL"
     assert time.monotonic() - t0 < 5
     assert proc.poll() == -signal.SIGKILL and gone(child)
 
@@ -329,7 +329,7 @@ def test_a_zombie_left_in_the_group_does_not_keep_it_alive():
             time.sleep(0.05)
         assert fields[0] == b"Z" and int(fields[2]) == proc.pid    # a zombie of the group
         t0 = time.monotonic()
-        assert prebake.stop_process_group(proc, 5.0) == "SIGTERM"
+        assert process_group.stop_process_group(proc, 5.0) == "SIGTERM"
         assert time.monotonic() - t0 < 2                            # not the 5 s timeout
         assert proc.poll() == -signal.SIGTERM
     finally:
@@ -339,4 +339,4 @@ def test_a_zombie_left_in_the_group_does_not_keep_it_alive():
 def test_stop_process_group_of_an_exited_process():
     proc = subprocess.Popen(["true"], start_new_session=True)
     proc.wait()
-    assert prebake.stop_process_group(proc, 1.0) == "exited"
+    assert process_group.stop_process_group(proc, 1.0) == "exited"
