@@ -241,9 +241,9 @@ def _pack(out: Path, planned: list[tuple[CacheEntry, list[_File]]], fp: Fingerpr
 
 def _encode_forked(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list[_File]]],
                    jobs: int, advance: Callable[[int], None]) -> list[list[str]] | None:
-    """The payload read, hashed and written in place by forked workers, a contiguous run of
-    entries each at the offset the layout gives it (it follows from the names and sizes);
-    their sha256s.  None when the payload is to be written here (a small cache, no fork, a
+    """The payload read, hashed and written in place by forked workers, run of entries after
+    run of entries (``forks.map_runs``), each at the offset the layout gives it (it follows from
+    the names and sizes); their sha256s.  None when the payload is to be written here (a small cache, no fork, a
     worker that failed: that path then says what is wrong)."""
     nbytes = sum(f.size for _, files in planned for f in files)
     nfiles = sum(len(files) for _, files in planned)
@@ -252,24 +252,23 @@ def _encode_forked(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list[_
     offsets, offset = tarfmt.layout(writer.offset, ((member_prefix(e.kind, e.name),
                                                       ((f.rel, f.size, f.mode) for f in files))
                                                      for e, files in planned))
-    runs = forks.split([forks.weight(sum(f.size for f in files), len(files))
-                        for _, files in planned], jobs)
     fd = writer.fileno()
 
-    def task(first: int, end: int) -> forks.Task:
-        def work(progress: Callable[[int], None]) -> bytes:
-            sink = PlacedWriter(fd, offsets[first])
-            hashes = []
-            for i in range(first, end):
-                try:
-                    hashes.append(_encode_entry(sink, *planned[i], progress))
-                except _Vanished:
-                    return marshal.dumps((i, hashes))
-            sink.flush()
-            return marshal.dumps((-1, hashes))
-        return work
+    def work(first: int, end: int, progress: Callable[[int], None]) -> bytes:
+        """One run of entries read, hashed and written in place; (the index of an entry that
+        vanished or -1, the hashes of the entries before it)."""
+        sink = PlacedWriter(fd, offsets[first])
+        hashes = []
+        for i in range(first, end):
+            try:
+                hashes.append(_encode_entry(sink, *planned[i], progress))
+            except _Vanished:
+                return marshal.dumps((i, hashes))
+        sink.flush()
+        return marshal.dumps((-1, hashes))
 
-    results = forks.run([task(a, b) for a, b in runs], advance)
+    results = forks.map_runs([forks.weight(sum(f.size for f in files), len(files))
+                              for _, files in planned], jobs, work, advance)
     if results is None:
         return None
     hashes = []

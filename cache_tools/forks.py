@@ -11,6 +11,7 @@ workers can make an operation faster, never different.
 
 from __future__ import annotations
 
+import marshal
 import math
 import os
 import selectors
@@ -31,6 +32,10 @@ MIN_ENTRIES = 512
 #: a worker reports its progress every this many bytes
 _REPORT_BYTES = 8 << 20
 _FRAME = struct.Struct("<cQ")     # b"P" + bytes done, or b"R" + length of the result after it
+_RUN = struct.Struct("<I")        # the number of a run, in map_runs' pipe
+#: runs per job in map_runs: small enough that the last ones even out the workers' ends, few
+#: enough that a run's own cost (a seek, a new buffer) stays negligible
+RUNS_PER_JOB = 8
 #: the signals that stop an operation; a worker dies of them at once
 _STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
@@ -121,6 +126,44 @@ def split(weights: Sequence[int], jobs: int) -> list[tuple[int, int]]:
             first = i + 1
     runs.append((first, len(weights)))
     return runs
+
+
+def map_runs(weights: Sequence[int], jobs: int,
+             work: Callable[[int, int, Callable[[int], None]], bytes],
+             advance: Callable[[int], None]) -> list[bytes] | None:
+    """The items of ``weights`` in contiguous runs of about equal weight (``RUNS_PER_JOB`` per
+    job), handed out one at a time to ``jobs`` forked workers: each takes the next run when it
+    is done with its last, so a worker slowed down (a busy neighbour, files costlier than their
+    weight) takes fewer.  ``work(first, end, advance)`` does one run; its results, in run
+    order, or None as :func:`run` says.  The runs are numbered into a pipe before the fork; a
+    worker takes one by reading its number (reads of a pipe are atomic)."""
+    runs = split(weights, jobs * RUNS_PER_JOB) if weights else [(0, 0)]
+    r, w = os.pipe()
+    try:
+        os.write(w, b"".join(_RUN.pack(i) for i in range(len(runs))))   # < one pipe buffer
+    finally:
+        os.close(w)
+
+    def task(progress: Callable[[int], None]) -> bytes:
+        done = []
+        while True:
+            token = os.read(r, _RUN.size)
+            if not token:
+                return marshal.dumps(done)
+            (i,) = _RUN.unpack(token)
+            first, end = runs[i]
+            done.append((i, work(first, end, progress)))
+
+    try:
+        results = run([task] * min(jobs, len(runs)), advance)
+    finally:
+        os.close(r)
+    if results is None:
+        return None
+    by_run = dict(pair for blob in results for pair in marshal.loads(blob))
+    if sorted(by_run) != list(range(len(runs))):
+        return None
+    return [by_run[i] for i in range(len(runs))]
 
 
 def run(tasks: Sequence[Task], advance: Callable[[int], None]) -> list[bytes] | None:

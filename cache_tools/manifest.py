@@ -173,6 +173,13 @@ class Manifest:
     def nb_files(self) -> int:
         return sum(len(e.files) for e in self.entries)
 
+    @functools.cached_property
+    def name_chars(self) -> int:
+        """Characters of every member name, each counted as ``len(kind) + len(name) +
+        len(path) + 2`` (the reader bounds the tar framing with it, once per range it reads)."""
+        return sum(len(e.files) * (len(e.kind) + len(e.name) + 2) +
+                   sum(len(f.path) for f in e.files) for e in self.entries)
+
     def members(self) -> Iterator[tuple[str, EntryRecord, FileRecord]]:
         """Every payload member in archive order."""
         for e in self.entries:

@@ -524,14 +524,10 @@ def zstd_structure_problem(f: IO[bytes]) -> str:
 
 def _framing(manifest: Manifest) -> int:
     """An upper bound of the tar framing around the payload: per member a header, a PAX
-    header and its records (about the name's length, at most 4 bytes a character), data
-    padding; then the end blocks."""
-    total = 0
-    for e in manifest.entries:
-        n = len(e.files)
-        total += n * (2560 + 8 * (len(e.kind) + len(e.name) + 2)) + \
-            8 * sum(len(f.path) for f in e.files)
-    return total + 2560 + 2 * len(MANIFEST_NAME) + 64 * 1024
+    header and its records (about the name's length, at most 4 bytes a character, twice),
+    data padding; then the end blocks."""
+    return 2560 * manifest.nb_files + 8 * manifest.name_chars + 2560 + 2 * len(MANIFEST_NAME) + \
+        64 * 1024
 
 
 class _NoError(Exception):

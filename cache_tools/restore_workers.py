@@ -1,12 +1,12 @@
 """Restore workers: a large uncompressed archive of our own checked and staged by forked
-processes, each from its own byte range, at once.
+processes at once, each taking run after run of entries (``forks.map_runs``).
 
 Restoring many small files is Python work per file (the header comparison, the hash, the
-write) that holds the interpreter lock: threads do not help, processes do.  The parent plans
-the ranges from the manifest alone (our writer's layout is a function of it), stages every
+write) that holds the interpreter lock: threads do not help, processes do.  The parent lays
+out the entries from the manifest alone (our writer's layout is a function of it), stages every
 entry to write (``Installer.stage``: the stage directories exist before the fork), forks, and
-collects the workers' progress; each worker reopens the archive, seeks to its range and runs the
-reader's own checks on it (``ArchiveReader.range_members``: header bytes, sizes, sha256, Triton
+collects the workers' progress; for each run it takes, a worker reopens the archive, seeks to
+the run's first header and runs the reader's own checks on it (``ArchiveReader.range_members``: header bytes, sizes, sha256, Triton
 groups), writing the members of its entries where the parent staged them.  The parent then
 checks the archive's tail (``ArchiveReader.check_tail_at``).
 
@@ -23,11 +23,11 @@ offsets to start from), and enough of it (``forks.worth``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping
 
 from cache_tools import forks, groups, tarfmt
-from cache_tools.manifest import MANIFEST_NAME, EntryRecord, Manifest, member_prefix
-from cache_tools.reader import ArchiveReader, Limits, Member
+from cache_tools.manifest import EntryRecord, Manifest, member_prefix
+from cache_tools.reader import ArchiveReader, Member
 from cache_tools.staging import Installer, StagedEntry
 
 
@@ -69,17 +69,12 @@ def stage_members(members: Iterable[Member], stage: Callable[[EntryRecord], Stag
             staged.close()
 
 
-def ranges(manifest: Manifest, start: int, jobs: int) -> tuple[list[tuple[int, int, int]], int]:
-    """Up to ``jobs`` contiguous runs of entries of about equal work, as (first entry, end
-    entry, byte offset of the first entry's first header), and the byte offset after the last
-    member, for an archive laid out by our writer from ``start`` (the first payload header)."""
-    entries = manifest.entries
-    offsets, end = tarfmt.layout(start, ((member_prefix(e.kind, e.name),
-                                          ((f.path, f.size, f.mode) for f in e.files))
-                                         for e in entries))
-    weights = [forks.weight(e.size, len(e.files)) for e in entries]
-    runs = forks.split(weights, jobs) if weights else [(0, 0)]
-    return [(a, b, offsets[a] if a < len(offsets) else start) for a, b in runs], end
+def layout(manifest: Manifest, start: int) -> tuple[list[int], int]:
+    """The byte offset of each entry's first header in an archive laid out by our writer from
+    ``start`` (the first payload header), and the offset after the last member."""
+    return tarfmt.layout(start, ((member_prefix(e.kind, e.name),
+                                  ((f.path, f.size, f.mode) for f in e.files))
+                                 for e in manifest.entries))
 
 
 def stage(reader: ArchiveReader, manifest: Manifest, installer: Installer,
@@ -87,33 +82,27 @@ def stage(reader: ArchiveReader, manifest: Manifest, installer: Installer,
     """Stage the archive with ``jobs`` forked workers; True when everything is staged and the
     whole archive checked, False when the caller must read it sequentially (after discarding
     what was staged).  ``reader`` has just read the manifest."""
-    runs, end = ranges(manifest, reader.payload_offset, jobs)
-    stage_of = {e.key: installer.stage(e) for e in manifest.entries if targets.get(e.key) is not None}
+    entries = manifest.entries
+    offsets, end = layout(manifest, reader.payload_offset)
+    stage_of = {e.key: installer.stage(e) for e in entries if targets.get(e.key) is not None}
     # The workers read the very file the parent opened and checked (a new open file of it, with
     # its own offset), not whatever the path names by then.
     proc_fd = Path(f"/proc/self/fd/{reader.fileno()}")
     source = proc_fd if proc_fd.exists() else reader.path
-    tasks = [_task(source, reader.limits, manifest, offset, manifest.entries[first:last],
-                   stage_of, targets) for first, last, offset in runs]
-    if forks.run(tasks, advance) is None:
-        return False
-    last = manifest.entries[-1] if manifest.entries else None
-    previous = last.member(last.files[-1]) if last is not None else MANIFEST_NAME
-    try:
-        reader.check_tail_at(manifest, end, previous)
-    except Exception:                                       # the sequential read says what
-        return False
-    return True
 
-
-def _task(path: Path, limits: Limits, manifest: Manifest, offset: int,
-          entries: Sequence[EntryRecord], stage_of: Mapping[str, StagedEntry],
-          targets: Mapping[str, Path | None]) -> forks.Task:
-    """One worker's job: its range checked and staged where the parent staged its entries."""
-    def work(advance: Callable[[int], None]) -> bytes:
-        with ArchiveReader(path, limits) as reader:
-            stage_members(reader.range_members(manifest, offset, entries),
+    def work(first: int, last: int, advance: Callable[[int], None]) -> bytes:
+        """One run of entries checked and staged where the parent staged them."""
+        with ArchiveReader(source, reader.limits) as mine:
+            stage_members(mine.range_members(manifest, offsets[first], entries[first:last]),
                           lambda entry: stage_of[entry.key], targets, advance)
         return b""
 
-    return work
+    weights = [forks.weight(e.size, len(e.files)) for e in entries]
+    if not entries or forks.map_runs(weights, jobs, work, advance) is None:
+        return False
+    last = entries[-1]
+    try:
+        reader.check_tail_at(manifest, end, last.member(last.files[-1]))
+    except Exception:                                       # the sequential read says what
+        return False
+    return True

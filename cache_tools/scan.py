@@ -238,23 +238,20 @@ def _read_spot(k: CacheKind, root: Path, spot: _Spot
 
 def _read_forked(k: CacheKind, root: Path, spots: list[_Spot], jobs: int
                  ) -> list[tuple[CacheEntry | None, list[CacheWarning]]] | None:
-    """The spots read by forked workers, a contiguous share each (None: read them here)."""
+    """The spots read by forked workers, run after run (None: read them here)."""
     if len(spots) < forks.MIN_ENTRIES or not forks.usable(jobs):
         return None
-    shares = forks.split([1] * len(spots), jobs)
 
-    def task(first: int, end: int) -> forks.Task:
-        def work(advance: Callable[[int], None]) -> bytes:
-            out = []
-            for spot in spots[first:end]:
-                e, ws = _read_spot(k, root, spot)
-                out.append((None if e is None else (
-                    e.is_dir, e.files, e.size_on_disk, e.last_used, e.last_modified, e.complete,
-                    e.problem, e.stats, e.groups), [(str(w.path), w.message) for w in ws]))
-            return marshal.dumps(out)
-        return work
+    def work(first: int, end: int, advance: Callable[[int], None]) -> bytes:
+        out = []
+        for spot in spots[first:end]:
+            e, ws = _read_spot(k, root, spot)
+            out.append((None if e is None else (
+                e.is_dir, e.files, e.size_on_disk, e.last_used, e.last_modified, e.complete,
+                e.problem, e.stats, e.groups), [(str(w.path), w.message) for w in ws]))
+        return marshal.dumps(out)
 
-    results = forks.run([task(a, b) for a, b in shares], lambda n: None)
+    results = forks.map_runs([1] * len(spots), jobs, work, lambda n: None)
     if results is None:
         return None
     read = []

@@ -89,6 +89,38 @@ def test_results_come_back_in_task_order():
                      lambda n: None) == [b"aaa", b"", b"bc"]
 
 
+def test_runs_cover_every_item_once_and_come_back_in_order():
+    weights = [5, 1, 1, 9, 2, 2, 2, 7, 1, 1, 3] * 7
+    got = forks.map_runs(weights, 3, lambda a, b, advance: bytes(range(a, b)), lambda n: None)
+    assert got is not None and len(got) > 3
+    assert b"".join(got) == bytes(range(len(weights)))          # contiguous, in order, once
+    assert forks.map_runs([], 2, lambda a, b, advance: b"%d-%d" % (a, b),
+                          lambda n: None) == [b"0-0"]
+
+
+def test_a_slow_worker_takes_fewer_runs():
+    """Runs are taken one at a time: while one worker is held up by its first run, the other
+    takes the rest (a static split would have left half of them to the slow one)."""
+    def work(first, end, advance):
+        if first == 0:
+            time.sleep(1.0)
+        return b"%d" % os.getpid()
+
+    got = forks.map_runs([1] * 64, 2, work, lambda n: None)
+    assert got is not None and len(got) == 2 * forks.RUNS_PER_JOB
+    slow = got[0]
+    assert got.count(slow) <= 2 and len(set(got)) == 2, got
+
+
+def test_a_failing_run_fails_the_whole_map():
+    def work(first, end, advance):
+        if first > 0:
+            raise OSError("disk gone")
+        return b""
+
+    assert forks.map_runs([1] * 16, 2, work, lambda n: None) is None
+
+
 def test_a_job_count_is_capped_whatever_is_asked(monkeypatch):
     """``--jobs 100000`` must not fork a hundred thousand workers: at most MAX_JOBS, at least 1;
     None is the usable CPUs (capped the same way)."""

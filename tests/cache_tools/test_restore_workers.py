@@ -98,20 +98,16 @@ def test_large_members_stream_through_the_workers(tmp_path, fp, stages):
                                               r"mismatch \(manifest \w+, content \w+\)"))
 
 
-def test_the_ranges_split_at_entries_and_end_where_the_writer_ended(valid_archive):
+def test_the_layout_gives_every_entrys_first_header_and_the_end_the_writer_wrote(valid_archive):
     with ArchiveReader(valid_archive) as reader:
         manifest = reader.read_manifest()
-        start = reader.payload_offset
-        runs, end = restore_workers.ranges(manifest, start, 2)
-        assert [(a, b) for a, b, _ in runs] in ([(0, 1), (1, 3)], [(0, 2), (2, 3)])
-        assert runs[0][2] == start
-        with tarfile.open(valid_archive) as tar:
-            members = tar.getmembers()
-        first_of = {m.name: m.offset for m in members}
-        second = manifest.entries[runs[1][0]]
-        assert runs[1][2] == first_of[second.member(second.files[0])]
-        last = members[-1]
-        assert end == last.offset_data + last.size + (-last.size % 512)
+        offsets, end = restore_workers.layout(manifest, reader.payload_offset)
+    with tarfile.open(valid_archive) as tar:
+        members = tar.getmembers()
+    first_of = {m.name: m.offset for m in members}
+    assert offsets == [first_of[e.member(e.files[0])] for e in manifest.entries]
+    last = members[-1]
+    assert end == last.offset_data + last.size + (-last.size % 512)
 
 
 def test_workers_are_used_only_where_safe(valid_archive, tmp_path):
