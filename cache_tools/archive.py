@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from cache_tools import fingerprint as fp_mod
-from cache_tools import forks, groups, tarfmt
+from cache_tools import forks, groups, read_workers, tarfmt
 from cache_tools.errors import ArchiveError, CacheError, IncompatibleError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import MERGE_PREFIX, Location
@@ -370,22 +370,37 @@ class VerifyReport:
 
 
 def verify(archive: str | os.PathLike[str], *, limits: Limits | None = None,
-           local: Fingerprint | None = None, progress: Progress | None = None) -> VerifyReport:
+           local: Fingerprint | None = None, progress: Progress | None = None,
+           jobs: int | None = None) -> VerifyReport:
     """Check every member against the manifest with the reader restore uses (the same
-    refusals); an ArchiveError names the first bad member."""
+    refusals); an ArchiveError names the first bad member.  ``jobs``: worker processes for a
+    large uncompressed archive (default: the usable CPUs, at most 8; see ``read_workers``);
+    whatever they find, the archive is then read here, which says what is wrong."""
     progress = progress or Progress.null()
-    with ArchiveReader(archive, limits) as reader, paused_gc():
-        manifest = reader.read_manifest()
-        progress.start("verify", manifest.size)
-        advance = progress.advance
-        for member in reader.members():
-            if member.data is None:
-                member.drain()
-            advance(member.file.size)
-        progress.finish()
-        here = local or fp_mod.current()
-        return VerifyReport(Path(archive), reader.compressed, reader.archive_bytes, manifest,
-                            here, fp_mod.compare(manifest.fingerprint, here))
+    jobs = forks.jobs_for(jobs)
+    with paused_gc():
+        reader = ArchiveReader(archive, limits)
+        try:
+            manifest = reader.read_manifest()
+            progress.start("verify", manifest.size)
+            workers = read_workers.usable(reader, manifest, jobs)
+            if not (workers and read_workers.check(reader, manifest, jobs, progress.advance)):
+                if workers:                         # the workers' fallback: read it all here
+                    digest = reader.manifest_sha256
+                    reader.close()
+                    reader = ArchiveReader(archive, limits)
+                    if reader.read_manifest(manifest, digest) is not manifest:
+                        raise ArchiveError(f"{archive} changed while it was verified",
+                                           hint="verify it again once nothing writes it")
+                    progress.start("verify", manifest.size)
+                read_workers.drain_members(reader.members(), progress.advance)
+            compressed, archive_bytes = reader.compressed, reader.archive_bytes
+        finally:
+            reader.close()
+    progress.finish()
+    here = local or fp_mod.current()
+    return VerifyReport(Path(archive), compressed, archive_bytes, manifest, here,
+                        fp_mod.compare(manifest.fingerprint, here))
 
 
 # --- merge ------------------------------------------------------------------------------------

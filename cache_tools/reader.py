@@ -19,7 +19,7 @@ the last one, so restore stages it and moves nothing into place before the end):
 Our own members are recognized by comparing their header bytes with what the writer produces
 for the listed name, size and mode (one comparison); anything else goes through the careful
 parse in ``tarfmt.TarStream.next_header``.  ``range_members`` runs the same checks on a byte
-range, for the restore workers (``restore_workers``), and accepts only our own layout there.
+range, for the restore workers (``read_workers``), and accepts only our own layout there.
 
 Longer than 500 lines: every check an archive passes lives here, so that verify, restore (in one
 process or in workers) and merge accept and refuse exactly the same archives.

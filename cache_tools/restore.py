@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from cache_tools import fingerprint as fp_mod
-from cache_tools import forks, restore_workers
+from cache_tools import forks, read_workers
 from cache_tools.errors import ArchiveError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import kind, resolve
@@ -92,7 +92,7 @@ class RestorePlan(EntryPlanView):
         """Stage every entry to write while checking the whole archive, then move entries into
         place one rename each.  ``on_entry`` is called after each entry is committed.  ``jobs``:
         worker processes for a large uncompressed archive (default: the usable CPUs, at most
-        8; 1 reads in this process; see ``restore_workers``)."""
+        8; 1 reads in this process; see ``read_workers``)."""
         with os_errors("restore", "check free space and permissions of the destination; "
                                   "no partial entry is visible, rerun to finish"), paused_gc():
             return _execute(self, progress or Progress.null(), on_entry, jobs)
@@ -160,8 +160,8 @@ def _execute(plan: RestorePlan, progress: Progress,
         try:
             manifest = _read_manifest(reader, plan)
             progress.start("restore", manifest.size)
-            tried = restore_workers.usable(reader, manifest, jobs)
-            staged = tried and restore_workers.stage(reader, manifest, installer, targets, jobs,
+            tried = read_workers.usable(reader, manifest, jobs)
+            staged = tried and read_workers.stage(reader, manifest, installer, targets, jobs,
                                                      progress.advance)
             if tried and not staged:                # the workers' fallback: start over
                 installer.cleanup()
@@ -171,7 +171,7 @@ def _execute(plan: RestorePlan, progress: Progress,
                 _read_manifest(reader, plan)
                 progress.start("restore", manifest.size)
             if not staged:
-                restore_workers.stage_members(reader.members(), installer.stage, targets,
+                read_workers.stage_members(reader.members(), installer.stage, targets,
                                               progress.advance)
             bytes_read = reader.archive_bytes
         finally:

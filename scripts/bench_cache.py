@@ -17,7 +17,7 @@ between rounds), and the table prints medians of the per-round ratios ours / bas
 |---|---|---|
 | pack | ``archive.pack`` | ``tar -cf`` |
 | pack zstd | ``archive.pack(zstd=True)`` | ``tar -cf - | zstd -3 -T0`` |
-| verify | ``archive.verify`` | ``tar -xOf ARCHIVE | sha256sum`` (same archive) |
+| verify | ``archive.verify`` (forked workers where usable) | ``tar -xOf ARCHIVE | sha256sum`` (same archive) |
 | restore | ``plan_restore().execute()`` (forked workers where usable) | ``tar -xf ARCHIVE`` (same archive, same file system) |
 | restore j1 | ``plan_restore().execute(jobs=1)`` (one process) | the same |
 | restore zstd | the same on the zstd archive | ``zstd -dc ARCHIVE | tar -xf -`` |
@@ -49,7 +49,7 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cache_tools import archive, fingerprint  # noqa: E402
+from cache_tools import archive, fingerprint, forks  # noqa: E402
 from cache_tools.locations import Location, kind  # noqa: E402
 from cache_tools.scan import scan  # noqa: E402
 
@@ -323,7 +323,8 @@ def main() -> None:
         raise SystemExit(f"--ops: unknown {sorted(unknown)}")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-cache-"))
     work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, object] = {"python": platform.python_version(), "cpus": os.cpu_count(),
+    results: dict[str, object] = {"python": platform.python_version(),
+                                  "cpus": forks.usable_cpus(),   # taskset and cgroup limits count
                                   "rounds": args.rounds, "caches": {}}
     try:
         for name in [c.strip() for c in args.caches.split(",") if c.strip()]:

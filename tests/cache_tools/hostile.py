@@ -518,8 +518,8 @@ def truncations(valid: Path) -> list[int]:
 # --- the check every refusal gets ------------------------------------------------------------
 @contextlib.contextmanager
 def forked_workers() -> Iterator[None]:
-    """Restore workers for archives of any size, also in pytest-xdist's worker processes (which
-    run an I/O thread that the restore's children never touch)."""
+    """Read workers for archives of any size, also in pytest-xdist's worker processes (which
+    run an I/O thread that the workers never touch)."""
     saved = forks.MIN_FILES, forks.MIN_BYTES, forks.single_threaded
     forks.MIN_FILES, forks.MIN_BYTES, forks.single_threaded = 1, 1, lambda: True
     try:
@@ -530,8 +530,8 @@ def forked_workers() -> Iterator[None]:
 
 def rejects(path: Path, dest: Path, fp: Fingerprint, expect: str | re.Pattern,
             limits: Limits | None = None) -> str:
-    """Restore (plan and execute) and verify both refuse ``path`` with ``expect``; ``dest``
-    is unchanged.  Returns the message."""
+    """Restore (plan and execute) and verify both refuse ``path`` with ``expect``, in one
+    process and with forked workers; ``dest`` is unchanged.  Returns the message."""
     before = tree(dest)
     with pytest.raises(ArchiveError) as err:
         archive.plan_restore(path, dest=dest, local=fp, limits=limits).execute(jobs=1)
@@ -546,7 +546,10 @@ def rejects(path: Path, dest: Path, fp: Fingerprint, expect: str | re.Pattern,
     assert forked.value.message == got
     assert tree(dest) == before
     with pytest.raises(ArchiveError) as again:
-        archive.verify(path, local=fp, limits=limits)
+        archive.verify(path, local=fp, limits=limits, jobs=1)
+    assert again.value.message == got
+    with forked_workers(), pytest.raises(ArchiveError) as again:
+        archive.verify(path, local=fp, limits=limits, jobs=2)
     assert again.value.message == got
     assert "\n" not in got
     return got

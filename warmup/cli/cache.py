@@ -103,12 +103,16 @@ def pack_cmd(
 @app.command("verify")
 def verify_cmd(
     path: Path = typer.Argument(..., help="archive to check"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
+                                       help="worker processes for a large uncompressed archive "
+                                            "(1: this process only; default: one per usable "
+                                            "CPU; at most 8)"),
     fmt: Format = options.FORMAT,
     json_alias: bool = options.JSON_ALIAS,
     quiet: bool = options.QUIET,
 ) -> None:
     """Hash every member against the manifest; show the fingerprint against this machine."""
-    report = archive.verify(path, progress=output.progress(quiet))
+    report = archive.verify(path, progress=output.progress(quiet), jobs=jobs)
     if options.output_format(fmt, json_alias) == "json":
         _json(render.verify_json(report))
     else:

@@ -1,6 +1,7 @@
-"""Restore workers (cache_tools.restore_workers): forked processes stage what one process stages,
-or hand the archive back to the sequential reader; never anything else.  The hostile corpus runs
-through them too (hostile.rejects restores with one job and with two)."""
+"""Read workers (cache_tools.read_workers): forked processes check and stage what one process
+checks and stages, or hand the archive back to the sequential reader; never anything else.  The
+hostile corpus runs through them too (hostile.rejects restores and verifies with one job and
+with two)."""
 
 from __future__ import annotations
 
@@ -17,22 +18,22 @@ import pytest
 
 import hostile
 from cache_helpers import tree
-from cache_tools import archive, forks, restore_workers
+from cache_tools import archive, forks, read_workers
 from cache_tools.locations import resolve
 from cache_tools.reader import WHOLE, ArchiveReader
 
 
 @pytest.fixture
 def stages(monkeypatch) -> list[bool]:
-    """What each call of restore_workers.stage returned (True: the workers staged it all)."""
+    """What each call of read_workers.stage returned (True: the workers staged it all)."""
     seen: list[bool] = []
-    real = restore_workers.stage
+    real = read_workers.stage
 
     def spy(*args, **kwargs):
         seen.append(real(*args, **kwargs))
         return seen[-1]
 
-    monkeypatch.setattr(restore_workers, "stage", spy)
+    monkeypatch.setattr(read_workers, "stage", spy)
     return seen
 
 
@@ -69,6 +70,44 @@ def test_a_tar_another_writer_laid_out_is_read_sequentially(valid_archive, fp, t
     assert stages == [False]
 
 
+@pytest.fixture
+def checks(monkeypatch) -> list[bool]:
+    """What each call of read_workers.check returned (True: the workers checked it all)."""
+    seen: list[bool] = []
+    real = read_workers.check
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(read_workers, "check", spy)
+    return seen
+
+
+def test_workers_verify_what_one_process_verifies(valid_archive, fp, tmp_path, checks):
+    one = archive.verify(valid_archive, local=fp, jobs=1)
+    with hostile.forked_workers():
+        for jobs in (2, 3, 8):
+            got = archive.verify(valid_archive, local=fp, jobs=jobs)
+            assert (got.manifest, got.archive_bytes, got.compressed) == \
+                (one.manifest, one.archive_bytes, one.compressed)
+    assert checks == [True, True, True]
+
+
+def test_a_verify_the_workers_give_up_on_is_read_in_one_process(valid_archive, fp, tmp_path,
+                                                                 checks):
+    other = tmp_path / "other.tar"          # another writer's headers: the careful parse
+    with tarfile.open(valid_archive) as src, tarfile.open(other, "w", format=tarfile.PAX_FORMAT) as out:
+        for member in src.getmembers():
+            data = src.extractfile(member).read()
+            member.uname = "someone"
+            out.addfile(member, io.BytesIO(data))
+    with hostile.forked_workers():
+        assert archive.verify(other, local=fp, jobs=2).manifest.nb_files == \
+            archive.verify(valid_archive, local=fp, jobs=1).manifest.nb_files
+    assert checks == [False]
+
+
 def _large_archive(tmp_path: Path, fp) -> Path:
     """Three FlashInfer-like entries, two of them above the reader's whole-member size."""
     src = tmp_path / "root"
@@ -101,7 +140,7 @@ def test_large_members_stream_through_the_workers(tmp_path, fp, stages):
 def test_the_layout_gives_every_entrys_first_header_and_the_end_the_writer_wrote(valid_archive):
     with ArchiveReader(valid_archive) as reader:
         manifest = reader.read_manifest()
-        offsets, end = restore_workers.layout(manifest, reader.payload_offset)
+        offsets, end = read_workers.layout(manifest, reader.payload_offset)
     with tarfile.open(valid_archive) as tar:
         members = tar.getmembers()
     first_of = {m.name: m.offset for m in members}
@@ -114,16 +153,16 @@ def test_workers_are_used_only_where_safe(valid_archive, tmp_path):
     with ArchiveReader(valid_archive) as reader:
         manifest = reader.read_manifest()
         assert manifest.nb_files < forks.MIN_FILES and manifest.size < forks.MIN_BYTES
-        assert not restore_workers.usable(reader, manifest, 8)          # too small
+        assert not read_workers.usable(reader, manifest, 8)          # too small
         with hostile.forked_workers():
-            assert restore_workers.usable(reader, manifest, 2)
-            assert not restore_workers.usable(reader, manifest, 1)      # one job
+            assert read_workers.usable(reader, manifest, 2)
+            assert not read_workers.usable(reader, manifest, 1)      # one job
     import zstandard
 
     zst = tmp_path / "valid.tar.zst"
     zst.write_bytes(zstandard.ZstdCompressor().compress(valid_archive.read_bytes()))
     with ArchiveReader(zst) as reader, hostile.forked_workers():
-        assert not restore_workers.usable(reader, reader.read_manifest(), 2)  # no offsets
+        assert not read_workers.usable(reader, reader.read_manifest(), 2)  # no offsets
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()

@@ -1,19 +1,22 @@
-"""Restore workers: a large uncompressed archive of our own checked and staged by forked
-processes at once, each taking run after run of entries (``forks.map_runs``).
+"""Read workers: a large uncompressed archive of our own read by forked processes at once,
+each taking run after run of entries (``forks.map_runs``): ``check`` runs every check of the
+reader on it (verify), ``stage`` also writes what a restore installs.
 
-Restoring many small files is Python work per file (the header comparison, the hash, the
-write) that holds the interpreter lock: threads do not help, processes do.  The parent lays
-out the entries from the manifest alone (our writer's layout is a function of it), stages every
-entry to write (``Installer.stage``: the stage directories exist before the fork), forks, and
-collects the workers' progress; for each run it takes, a worker reopens the archive, seeks to
-the run's first header and runs the reader's own checks on it (``ArchiveReader.range_members``: header bytes, sizes, sha256, Triton
-groups), writing the members of its entries where the parent staged them.  The parent then
-checks the archive's tail (``ArchiveReader.check_tail_at``).
+Reading many small files is Python work per file (the header comparison, the hash, for a
+restore the write) that holds the interpreter lock: threads do not help, processes do.  The
+parent lays out the entries from the manifest alone (our writer's layout is a function of it),
+for a restore stages every entry to write (``Installer.stage``: the stage directories exist
+before the fork), forks, and collects the workers' progress; for each run it takes, a worker
+reopens the archive, seeks to the run's first header and runs the reader's own checks on it
+(``ArchiveReader.range_members``: header bytes, sizes, sha256, Triton groups), writing the
+members of its entries where the parent staged them.  The parent then checks the archive's
+tail (``ArchiveReader.check_tail_at``).
 
 Anything unexpected (a worker that fails for any reason, a header that is not byte for byte
-ours, a tail that is not clean) makes :func:`stage` return False: the caller discards what was
-staged and reads the archive sequentially, which accepts and refuses exactly what it always did,
-with its own messages.  The workers can make a restore faster, never different.
+ours, a tail that is not clean) makes :func:`check` and :func:`stage` return False: the caller
+discards what was staged and reads the archive sequentially, which accepts and refuses exactly
+what it always did, with its own messages.  The workers can make a verify or a restore faster,
+never different.
 
 They are used only where they are safe and pay: where ``forks.usable`` says so (a platform that
 forks, no other thread in the process), an uncompressed archive (a zstd stream has no byte
@@ -77,28 +80,55 @@ def layout(manifest: Manifest, start: int) -> tuple[list[int], int]:
                                  for e in manifest.entries))
 
 
+def check(reader: ArchiveReader, manifest: Manifest, jobs: int,
+          advance: Callable[[int], None]) -> bool:
+    """Check the whole archive with ``jobs`` forked workers; True when every member and the
+    tail passed, False when the caller must read it sequentially.  ``reader`` has just read
+    the manifest."""
+    return _read_runs(reader, manifest, jobs, advance, drain_members)
+
+
+def drain_members(members: Iterable[Member], advance: Callable[[int], None]) -> None:
+    """Every member through the reader's checks, nothing kept (verify)."""
+    for m in members:
+        if m.data is None:
+            m.drain()
+        advance(m.file.size)
+
+
 def stage(reader: ArchiveReader, manifest: Manifest, installer: Installer,
           targets: Mapping[str, Path | None], jobs: int, advance: Callable[[int], None]) -> bool:
     """Stage the archive with ``jobs`` forked workers; True when everything is staged and the
     whole archive checked, False when the caller must read it sequentially (after discarding
     what was staged).  ``reader`` has just read the manifest."""
+    stage_of = {e.key: installer.stage(e) for e in manifest.entries
+                if targets.get(e.key) is not None}
+    return _read_runs(reader, manifest, jobs, advance,
+                      lambda members, progress: stage_members(
+                          members, lambda entry: stage_of[entry.key], targets, progress))
+
+
+def _read_runs(reader: ArchiveReader, manifest: Manifest, jobs: int,
+               advance: Callable[[int], None],
+               handle: Callable[[Iterable[Member], Callable[[int], None]], None]) -> bool:
+    """Every run of entries read by a worker, its members handed to ``handle``; then the tail
+    checked here.  False on anything unexpected (see the module docstring)."""
     entries = manifest.entries
+    if not entries:
+        return False
     offsets, end = layout(manifest, reader.payload_offset)
-    stage_of = {e.key: installer.stage(e) for e in entries if targets.get(e.key) is not None}
     # The workers read the very file the parent opened and checked (a new open file of it, with
     # its own offset), not whatever the path names by then.
     proc_fd = Path(f"/proc/self/fd/{reader.fileno()}")
     source = proc_fd if proc_fd.exists() else reader.path
 
-    def work(first: int, last: int, advance: Callable[[int], None]) -> bytes:
-        """One run of entries checked and staged where the parent staged them."""
+    def work(first: int, last: int, progress: Callable[[int], None]) -> bytes:
         with ArchiveReader(source, reader.limits) as mine:
-            stage_members(mine.range_members(manifest, offsets[first], entries[first:last]),
-                          lambda entry: stage_of[entry.key], targets, advance)
+            handle(mine.range_members(manifest, offsets[first], entries[first:last]), progress)
         return b""
 
     weights = [forks.weight(e.size, len(e.files)) for e in entries]
-    if not entries or forks.map_runs(weights, jobs, work, advance) is None:
+    if forks.map_runs(weights, jobs, work, advance) is None:
         return False
     last = entries[-1]
     try:
