@@ -114,7 +114,13 @@ def plan_restore(archive: str | os.PathLike[str], *, dest: str | os.PathLike[str
                  local: Fingerprint | None = None) -> RestorePlan:
     """Read the manifest, apply the compatibility rule and compare with the destination.
     Leftovers of killed restores and pulls in the destination are removed first."""
-    limits = limits or Limits()
+    with paused_gc():      # a collection would walk the manifest's records: 50-100 ms
+        return _plan(archive, dest, kinds, force, env, limits or Limits(), local)
+
+
+def _plan(archive: str | os.PathLike[str], dest: str | os.PathLike[str] | None,
+          kinds: Iterable[str] | None, force: bool, env: Mapping[str, str] | None,
+          limits: Limits, local: Fingerprint | None) -> RestorePlan:
     with ArchiveReader(archive, limits) as reader:
         manifest = reader.read_manifest()
         digest = reader.manifest_sha256
