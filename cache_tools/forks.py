@@ -137,10 +137,18 @@ def map_runs(weights: Sequence[int], jobs: int,
     weight) takes fewer.  ``work(first, end, advance)`` does one run; its results, in run
     order, or None as :func:`run` says.  The runs are numbered into a pipe before the fork; a
     worker takes one by reading its number (reads of a pipe are atomic)."""
-    runs = split(weights, jobs * RUNS_PER_JOB) if weights else [(0, 0)]
-    r, w = os.pipe()
+    runs = split(weights, min(jobs, MAX_JOBS) * RUNS_PER_JOB) if weights else [(0, 0)]
+    tokens = b"".join(_RUN.pack(i) for i in range(len(runs)))
+    assert len(tokens) <= 4096, "the run numbers must fit one pipe buffer, written at once"
     try:
-        os.write(w, b"".join(_RUN.pack(i) for i in range(len(runs))))   # < one pipe buffer
+        r, w = os.pipe()
+    except OSError:                                         # no descriptor to spare
+        return None
+    try:
+        os.write(w, tokens)
+    except OSError:
+        os.close(r)
+        return None
     finally:
         os.close(w)
 

@@ -8,9 +8,10 @@ parent lays out the entries from the manifest alone (our writer's layout is a fu
 for a restore stages every entry to write (``Installer.stage``: the stage directories exist
 before the fork), forks, and collects the workers' progress; for each run it takes, a worker
 reopens the archive, seeks to the run's first header and runs the reader's own checks on it
-(``ArchiveReader.range_members``: header bytes, sizes, sha256, Triton groups), writing the
-members of its entries where the parent staged them.  The parent then checks the archive's
-tail (``ArchiveReader.check_tail_at``).
+(``ArchiveReader.range_members``: header bytes, sizes, sha256, Triton groups, paddings up to
+the run's end), writing the members of its entries where the parent staged them.  The parent
+checks the manifest's padding before the fork and the archive's tail after it
+(``ArchiveReader.payload_start``, ``check_tail_at``).
 
 Anything unexpected (a worker that fails for any reason, a header that is not byte for byte
 ours, a tail that is not clean) makes :func:`check` and :func:`stage` return False: the caller
@@ -30,7 +31,7 @@ from typing import Callable, Iterable, Mapping
 
 from cache_tools import forks, groups, tarfmt
 from cache_tools.manifest import EntryRecord, Manifest, member_prefix
-from cache_tools.reader import ArchiveReader, Member
+from cache_tools.reader import ArchiveReader, Member, NotOurs
 from cache_tools.staging import Installer, StagedEntry
 
 
@@ -116,14 +117,16 @@ def _read_runs(reader: ArchiveReader, manifest: Manifest, jobs: int,
     entries = manifest.entries
     if not entries:
         return False
-    offsets, end = layout(manifest, reader.payload_offset)
-    # The workers read the very file the parent opened and checked (a new open file of it, with
-    # its own offset), not whatever the path names by then.
-    proc_fd = Path(f"/proc/self/fd/{reader.fileno()}")
-    source = proc_fd if proc_fd.exists() else reader.path
+    try:
+        start = reader.payload_start()          # the manifest's padding checked here
+    except NotOurs:
+        return False
+    offsets, end = layout(manifest, start)
 
     def work(first: int, last: int, progress: Callable[[int], None]) -> bytes:
-        with ArchiveReader(source, reader.limits) as mine:
+        # the very file the parent opened and checked (a new open file of it, with its own
+        # offset), not whatever the path names by then
+        with reader.reopen() as mine:
             handle(mine.range_members(manifest, offsets[first], entries[first:last]), progress)
         return b""
 

@@ -185,6 +185,15 @@ class ArchiveReader:
     def fileno(self) -> int:
         return self._file.fileno()
 
+    def reopen(self) -> "ArchiveReader":
+        """A new reader of the very file this one has open, from its start (through its
+        ``/proc/self/fd`` entry where there is one: not whatever the path names by now); its
+        messages name the same path."""
+        fd = Path(f"/proc/self/fd/{self.fileno()}")
+        again = ArchiveReader(fd if fd.exists() else self.path, self.limits)
+        again.path = self.path
+        return again
+
     @property
     def archive_bytes(self) -> int:
         return os.fstat(self._file.fileno()).st_size
@@ -328,22 +337,30 @@ class ArchiveReader:
         previous = yield from self._payload(manifest, manifest.entries, MANIFEST_NAME, True)
         self._check_tail(previous)
 
-    @property
-    def payload_offset(self) -> int:
-        """Right after ``read_manifest``: the byte of the first payload member's header."""
-        return self._tar.offset + max(self._tar._pad, 0)
+    def payload_start(self) -> int:
+        """Right after ``read_manifest``: the manifest's padding checked (only zeros, else
+        :class:`NotOurs`), and the byte of the first payload member's header."""
+        try:
+            self._tar.skip_padding(MANIFEST_NAME)
+        except tarfmt.TarFormatError as exc:
+            raise NotOurs(exc.reason) from None
+        return self._tar.offset
 
     def range_members(self, manifest: Manifest, offset: int, entries: Sequence[EntryRecord]
                       ) -> Iterator[Member]:
         """The members of ``entries`` read from byte ``offset`` of an uncompressed archive
-        written by our writer: what one worker of a parallel restore checks.  Every header must
-        be byte for byte what the writer produces (else :class:`NotOurs`); sizes, hashes and
-        Triton groups are checked as in ``members``.  The tail is the caller's
-        (``check_tail_at``)."""
+        written by our writer: what one worker of a parallel verify or restore checks.  Every
+        header must be byte for byte what the writer produces (else :class:`NotOurs`); sizes,
+        hashes, Triton groups and paddings, the last member's included, are checked as in
+        ``members``.  The tail is the caller's (``check_tail_at``)."""
         if self.compressed:
             raise NotOurs("a compressed archive is read from its start")
         self._seek(manifest, offset)
-        yield from self._payload(manifest, entries, MANIFEST_NAME, False)
+        last = yield from self._payload(manifest, entries, MANIFEST_NAME, False)
+        try:                    # the last member's padding: no other range reads it
+            self._tar.skip_padding(repr(last))
+        except tarfmt.TarFormatError as exc:
+            raise NotOurs(exc.reason) from None
 
     def check_tail_at(self, manifest: Manifest, offset: int, previous: str) -> None:
         """What ``members`` checks after the last member, from byte ``offset`` (the end of the

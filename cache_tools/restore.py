@@ -172,8 +172,9 @@ def _execute(plan: RestorePlan, progress: Progress,
             if tried and not staged:                # the workers' fallback: start over
                 installer.cleanup()
                 installer = Installer(plan.roots)
+                again = reader.reopen()
                 reader.close()
-                reader = ArchiveReader(plan.archive, plan.limits)
+                reader = again
                 _read_manifest(reader, plan)
                 progress.start("restore", manifest.size)
             if not staged:

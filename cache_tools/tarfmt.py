@@ -241,7 +241,9 @@ class TarStream:
         self.offset += n
         return data
 
-    def _skip_padding(self, after: str) -> None:
+    def skip_padding(self, after: str) -> None:
+        """Consume the previous member's padding, refusing any byte that is not zero (data
+        hidden outside every member); ``after`` names that member in the message."""
         if self._pad:
             if not self._ensure(self._pad):
                 raise TarFormatError(f"the stream ends in the padding after {after}",
@@ -257,7 +259,7 @@ class TarStream:
     def match(self, expected: bytes) -> bool:
         """Consume the next header when it is exactly ``expected`` (the bytes our writer
         produces for the member the manifest lists next): the fast path for our own archives."""
-        self._skip_padding("the previous member")
+        self.skip_padding("the previous member")
         n = len(expected)
         if not self._ensure(n) or self._buf[self._pos:self._pos + n] != expected:
             return False
@@ -276,7 +278,7 @@ class TarStream:
         buf = self._buf
         start = self._pos + pad
         if buf[start:start + n] != expected or (pad and buf[self._pos:start] != ZERO_BLOCK[:pad]):
-            return None                      # (non-zero padding: ``_skip_padding`` refuses it)
+            return None                      # (non-zero padding: ``skip_padding`` refuses it)
         start += n
         self._pos = start + size
         self.offset += need
@@ -285,7 +287,7 @@ class TarStream:
 
     def next_header(self) -> Header | None:
         """The next member's header, PAX records applied; None at the end-of-archive block."""
-        self._skip_padding("the previous member")
+        self.skip_padding("the previous member")
         pax: dict[str, str] | None = None
         start = self.offset
         while True:

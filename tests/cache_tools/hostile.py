@@ -425,15 +425,47 @@ def lie_hidden_after_end(valid, out, fp):
     return out
 
 
-@case(re.compile(r"the archive member after '[^']+' \(byte \d+\): non-zero bytes in the "
-                 r"padding of the previous member \(data hidden outside every member\)"))
-def lie_hidden_in_padding(valid, out, fp):
+_HIDDEN_IN_PADDING = re.compile(r"the archive member after '[^']+' \(byte \d+\): non-zero bytes "
+                                r"in the padding of the previous member \(data hidden outside "
+                                r"every member\)")
+
+
+def _hide_after(valid: Path, out: Path, pick: Callable[[list[tarfile.TarInfo]], tarfile.TarInfo]
+                ) -> Path:
+    """One byte of data right after the data of the member ``pick`` chooses, in its padding."""
     raw = bytearray(valid.read_bytes())
     with tarfile.open(valid) as tf:
-        padded = next(ti for ti in tf.getmembers()[1:] if ti.size % 512)
+        padded = pick(tf.getmembers())
+    assert padded.size % 512, "the member picked has no padding"
     raw[padded.offset_data + padded.size] = 0x41      # the first byte after its data
     out.write_bytes(bytes(raw))
     return out
+
+
+@case(_HIDDEN_IN_PADDING)
+def lie_hidden_in_padding(valid, out, fp):
+    return _hide_after(valid, out, lambda ms: next(ti for ti in ms[1:] if ti.size % 512))
+
+
+# The same at the places where the read workers' ranges meet: after the manifest (before the
+# first range), after an entry's last member (a range ends with an entry), after the last member
+# (before the tail).
+@case(_HIDDEN_IN_PADDING)
+def lie_hidden_in_manifest_padding(valid, out, fp):
+    return _hide_after(valid, out, lambda ms: ms[0])
+
+
+@case(_HIDDEN_IN_PADDING)
+def lie_hidden_after_an_entry(valid, out, fp):
+    def last_of_first_entry(ms):
+        entry = ms[1].name.split("/")[1]
+        return [ti for ti in ms[1:] if ti.name.split("/")[1] == entry][-1]
+    return _hide_after(valid, out, last_of_first_entry)
+
+
+@case(_HIDDEN_IN_PADDING)
+def lie_hidden_after_the_last_member(valid, out, fp):
+    return _hide_after(valid, out, lambda ms: ms[-1])
 
 
 # layout lies (consistent archives of entries pack would never write)

@@ -121,6 +121,21 @@ def test_a_failing_run_fails_the_whole_map():
     assert forks.map_runs([1] * 16, 2, work, lambda n: None) is None
 
 
+def test_no_descriptor_to_spare_means_no_workers(valid_archive, fp, monkeypatch):
+    """A process out of file descriptors gets None from map_runs (as from run), and the
+    operation runs in this process instead of failing."""
+    import hostile
+    from cache_tools import archive
+
+    def no_pipe():
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(os, "pipe", no_pipe)
+    assert forks.map_runs([1] * 16, 2, lambda a, b, advance: b"", lambda n: None) is None
+    with hostile.forked_workers():
+        assert archive.verify(valid_archive, local=fp, jobs=2).manifest.nb_files > 0
+
+
 def test_a_job_count_is_capped_whatever_is_asked(monkeypatch):
     """``--jobs 100000`` must not fork a hundred thousand workers: at most MAX_JOBS, at least 1;
     None is the usable CPUs (capped the same way)."""

@@ -140,7 +140,7 @@ def test_large_members_stream_through_the_workers(tmp_path, fp, stages):
 def test_the_layout_gives_every_entrys_first_header_and_the_end_the_writer_wrote(valid_archive):
     with ArchiveReader(valid_archive) as reader:
         manifest = reader.read_manifest()
-        offsets, end = read_workers.layout(manifest, reader.payload_offset)
+        offsets, end = read_workers.layout(manifest, reader.payload_start())
     with tarfile.open(valid_archive) as tar:
         members = tar.getmembers()
     first_of = {m.name: m.offset for m in members}

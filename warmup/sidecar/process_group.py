@@ -69,9 +69,33 @@ def _group_alive(pgid: int) -> bool:
                 stat = f.read()
         except OSError:                 # gone meanwhile
             continue
-        # "pid (comm) state ppid pgrp ...", where comm may hold spaces and parentheses
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 2 and fields[2] == b"%d" % pgid and fields[0] not in (b"Z", b"X"):
+        fields = _stat_fields(stat)
+        if len(fields) > 2 and fields[2] == b"%d" % pgid and \
+                (fields[0] not in (b"Z", b"X") or _threads_run(pid)):
+            return True
+    return False
+
+
+def _stat_fields(stat: bytes) -> list[bytes]:
+    """The fields of a ``/proc/<pid>/stat`` after ``pid (comm)``: state, ppid, pgrp, ...
+    (comm may hold spaces and parentheses: the last ')' ends it)."""
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def _threads_run(pid: str) -> bool:
+    """Whether a thread of a process whose main thread has exited still runs (the process
+    then shows as a zombie until its last thread ends)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                state = _stat_fields(f.read())[:1]
+        except OSError:
+            continue
+        if state and state[0] not in (b"Z", b"X"):
             return True
     return False
 

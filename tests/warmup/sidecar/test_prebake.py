@@ -336,6 +336,33 @@ def test_a_zombie_left_in_the_group_does_not_keep_it_alive():
         os.kill(parent, signal.SIGKILL)
 
 
+# A process whose main thread has exited while another thread runs on: /proc shows it as a
+# zombie ('Z') until its last thread ends.
+_MAIN_THREAD_GONE = """
+import ctypes, threading, time
+threading.Thread(target=time.sleep, args=(300,)).start()
+print("ready", flush=True)
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def test_a_process_whose_main_thread_exited_is_still_alive():
+    proc = subprocess.Popen([PY, "-c", _MAIN_THREAD_GONE], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        for _ in range(100):
+            with open(f"/proc/{proc.pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    break
+            time.sleep(0.05)
+        assert process_group._group_alive(proc.pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not process_group._group_alive(proc.pid)
+
+
 def test_stop_process_group_of_an_exited_process():
     proc = subprocess.Popen(["true"], start_new_session=True)
     proc.wait()
