@@ -23,18 +23,23 @@ from cache_tools.locations import resolve
 from cache_tools.reader import WHOLE, ArchiveReader
 
 
-@pytest.fixture
-def stages(monkeypatch) -> list[bool]:
-    """What each call of read_workers.stage returned (True: the workers staged it all)."""
+def _returns(monkeypatch, name: str) -> list[bool]:
+    """What each call of ``read_workers.<name>`` returns, as it returns it."""
     seen: list[bool] = []
-    real = read_workers.stage
+    real = getattr(read_workers, name)
 
     def spy(*args, **kwargs):
         seen.append(real(*args, **kwargs))
         return seen[-1]
 
-    monkeypatch.setattr(read_workers, "stage", spy)
+    monkeypatch.setattr(read_workers, name, spy)
     return seen
+
+
+@pytest.fixture
+def stages(monkeypatch) -> list[bool]:
+    """What each call of read_workers.stage returned (True: the workers staged it all)."""
+    return _returns(monkeypatch, "stage")
 
 
 def _restore(path: Path, dest: Path, fp, jobs: int):
@@ -73,15 +78,7 @@ def test_a_tar_another_writer_laid_out_is_read_sequentially(valid_archive, fp, t
 @pytest.fixture
 def checks(monkeypatch) -> list[bool]:
     """What each call of read_workers.check returned (True: the workers checked it all)."""
-    seen: list[bool] = []
-    real = read_workers.check
-
-    def spy(*args, **kwargs):
-        seen.append(real(*args, **kwargs))
-        return seen[-1]
-
-    monkeypatch.setattr(read_workers, "check", spy)
-    return seen
+    return _returns(monkeypatch, "check")
 
 
 def test_workers_verify_what_one_process_verifies(valid_archive, fp, tmp_path, checks):
