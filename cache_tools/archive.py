@@ -39,7 +39,7 @@ from cache_tools.restore import (EntryPlanView, PlannedEntry, RestorePlan, Resto
                                  plan_entry, plan_restore, restore_roots)
 from cache_tools.scan import CacheEntry, CacheWarning, noatime_fd, scan, size_str
 from cache_tools.staging import _ACTIVE, clean_stale, own_name
-from cache_tools.writer import ArchiveWriter, PlacedWriter, Source, write_archive
+from cache_tools.writer import ArchiveWriter, PlacedWriter, Source, ZstdFrames, write_archive
 
 __all__ = ["ArchiveReader", "ArchiveWriter", "CHUNK", "EntryPlanView", "Limits", "Member",
            "MergeResult",
@@ -225,7 +225,8 @@ def _pack(out: Path, planned: list[tuple[CacheEntry, list[_File]]], fp: Fingerpr
     try:
         total = sum(f.size for _, files in planned for f in files)
         progress.start("pack", total)
-        hashes = None if zstd else _encode_forked(writer, planned, jobs, progress.advance)
+        hashes = _compress_frames(writer, planned, level, jobs, progress) if zstd else \
+            _encode_forked(writer, planned, jobs, progress.advance)
         if hashes is None:
             if progress.done:           # workers counted some of it, then one failed: anew
                 progress.start("pack", total)
@@ -280,7 +281,83 @@ def _encode_forked(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list[_
     return hashes
 
 
-def _encode_entry(sink: ArchiveWriter | PlacedWriter, entry: CacheEntry, files: list[_File],
+#: a zstd archive's payload is cut into frames at the first entry boundary after every this
+#: many bytes: runs of whole frames are compressed at once by pack's workers, and the cuts
+#: depend on the entries alone, so the archive is the same for any number of them
+FRAME_BYTES = 16 << 20
+
+
+def frame_cuts(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """Runs ``(first, end)`` of entries of ``sizes`` bytes, cut after the entry that reaches
+    each next multiple of FRAME_BYTES."""
+    cuts: list[tuple[int, int]] = []
+    first = done = 0
+    for i, size in enumerate(sizes):
+        done += size
+        if done >= FRAME_BYTES * (len(cuts) + 1):
+            cuts.append((first, i + 1))
+            first = i + 1
+    if first < len(sizes):
+        cuts.append((first, len(sizes)))
+    return cuts
+
+
+def _compress_frames(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list[_File]]],
+                     level: int, jobs: int, progress: Progress) -> list[list[str]]:
+    """A zstd archive's payload, read, hashed and compressed in frames (``frame_cuts``): runs
+    of frames by forked workers where they pay, else all of them here (compressed on a thread
+    of their own); the entries' sha256s."""
+    sizes = [sum(f.size for f in files) for _, files in planned]
+    cuts = frame_cuts(sizes)
+    paths = writer.frame_paths(max(len(cuts), 1))
+
+    def compress(first: int, end: int, background: bool, advance: Callable[[int], None]
+                 ) -> bytes:
+        """Frames ``first`` to ``end`` into ``paths[first]``: (first, the index of an entry
+        that vanished or -1, the hashes of the entries before it)."""
+        hashes: list[list[str]] = []
+        frames = ZstdFrames(paths[first], level, background)
+        try:
+            for c in range(first, end):
+                if c > first:
+                    frames.cut()
+                for i in range(*cuts[c]):
+                    try:
+                        hashes.append(_encode_entry(frames, *planned[i], advance))
+                    except _Vanished:
+                        return marshal.dumps((first, i, hashes))
+        finally:
+            frames.close()
+        return marshal.dumps((first, -1, hashes))
+
+    nfiles = sum(len(files) for _, files in planned)
+    results = None
+    if len(cuts) > 1 and forks.worth(nfiles, sum(sizes)) and forks.usable(jobs):
+        weights = [forks.weight(sum(sizes[a:b]), sum(len(planned[i][1]) for i in range(a, b)))
+                   for a, b in cuts]
+        results = forks.map_runs(weights, jobs,
+                                 lambda a, b, advance: compress(a, b, False, advance),
+                                 progress.advance)
+    if results is None:
+        if progress.done:               # workers counted some of it, then one failed: anew
+            progress.start("pack", sum(sizes))
+        results = [compress(0, len(cuts), True, progress.advance)] if cuts else []
+    files, hashes = [], []
+    for first, vanished, some in map(marshal.loads, results):
+        if vanished >= 0:
+            raise _Vanished(planned[vanished][0])
+        files.append(paths[first])
+        hashes += some
+    writer.framed(files, tarfmt.layout(writer.offset, ((member_prefix(e.kind, e.name),
+                                                         ((f.rel, f.size, f.mode) for f in fs))
+                                                        for e, fs in planned))[1])
+    return hashes
+
+
+_Sink = ArchiveWriter | PlacedWriter | ZstdFrames
+
+
+def _encode_entry(sink: _Sink, entry: CacheEntry, files: list[_File],
                   advance: Callable[[int], None]) -> list[str]:
     """One entry's members written to ``sink``; their sha256s."""
     encoded = _encode(entry, files)
@@ -312,7 +389,7 @@ def _encode_one(entry: CacheEntry, f: _File, name: str) -> tuple[bytes, str]:
             hashlib.sha256(data).hexdigest())
 
 
-def _write_entry(sink: ArchiveWriter | PlacedWriter, entry: CacheEntry, files: list[_File],
+def _write_entry(sink: _Sink, entry: CacheEntry, files: list[_File],
                  advance: Callable[[int], None]) -> list[str]:
     """An entry holding a file too large to read whole: each member written as it is read."""
     hashes = []
@@ -336,7 +413,7 @@ def _write_entry(sink: ArchiveWriter | PlacedWriter, entry: CacheEntry, files: l
     return hashes
 
 
-def _write_large(sink: ArchiveWriter | PlacedWriter, fd: int, name: str, f: _File,
+def _write_large(sink: _Sink, fd: int, name: str, f: _File,
                  advance: Callable[[int], None]) -> str:
     sink.write(tarfmt.header(name, f.size, f.mode))
     h = hashlib.sha256()

@@ -12,7 +12,9 @@ second temporary file and appended.
 from __future__ import annotations
 
 import os
+import queue
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Sequence
@@ -55,6 +57,7 @@ class ArchiveWriter:
             self._sink = self._compressor.stream_writer(self._spool, closefd=False,
                                                         write_size=1 << 20)
             self._write = self._sink.write
+            self.frames: list[Path] = []        # payload frames written apart (``frame``)
         else:
             self._raw.seek(self.room)
             self._buffered = open(self._raw.fileno(), "wb", buffering=1 << 20, closefd=False)
@@ -77,6 +80,23 @@ class ArchiveWriter:
         self._buffered.seek(end)
         self.offset = end
 
+    def frame_paths(self, n: int) -> list[Path]:
+        """Files for the payload of a zstd archive written in ``n`` frames (``ZstdFrames``, in
+        this process or in forked workers): a run of frames from frame ``i`` goes to the
+        ``i``-th.  Those that exist are removed with the other temporaries."""
+        if self._zstd is None:
+            raise AssertionError("frames are for a zstd archive")
+        paths = [self.out.parent / own_name(PACK_PREFIX, ".tmp") for _ in range(n)]
+        _ACTIVE.update(paths)
+        self.frames.extend(paths)
+        return paths
+
+    def framed(self, files: list[Path], end: int) -> None:
+        """The payload up to byte ``end`` of the tar stream is in ``files``, in that order
+        (``finish`` appends them after the manifest's frame): go on from there."""
+        self._framed = files
+        self.offset = end
+
     def finish(self, manifest_json: bytes) -> int:
         """Write the manifest into its room and the end of the archive; rename into place.
         Returns the archive's size."""
@@ -96,8 +116,9 @@ class ArchiveWriter:
                                               ).compress(head)
             self._raw.write(frame)
             assert self.spool is not None
-            with open(self.spool, "rb", buffering=0) as src:
-                _copy(src, self._raw)
+            for path in [*getattr(self, "_framed", ()), self.spool]:
+                with open(path, "rb", buffering=0) as src:
+                    _copy(src, self._raw)
         self._raw.close()
         os.replace(self.tmp, self.out)
         return os.stat(self.out).st_size
@@ -110,13 +131,105 @@ class ArchiveWriter:
                     f.close()
             except (OSError, ValueError):
                 pass
-        for p in (self.tmp, self.spool):
+        for p in (self.tmp, self.spool, *getattr(self, "frames", ())):
             if p is not None:
                 _ACTIVE.discard(p)
                 try:
                     os.unlink(p)
                 except FileNotFoundError:
                     pass
+
+
+class ZstdFrames:
+    """Payload entries compressed into a file of zstd frames (one of
+    ``ArchiveWriter.frame_paths``), a new frame at every ``cut``, by zstd's single-threaded
+    compressor: frames cut at the same places are the same bytes in any process, however their
+    data was split into writes (tested).  ``background``: the compression runs on a thread of
+    its own (zstd releases the interpreter lock) while the caller reads and hashes the next
+    files: one process then uses two CPUs, as pack's workers use one each."""
+
+    def __init__(self, path: Path, level: int, background: bool = False) -> None:
+        z = zstandard_module("write a zstd-compressed archive")
+        self._compressor = z.ZstdCompressor(level=level, write_checksum=True)
+        self._end = z.FLUSH_FRAME
+        self._file = open(path, "wb", buffering=0)  # ours alone (own_name); again after a retry
+        self._sink = self._compressor.stream_writer(self._file, closefd=False,
+                                                    write_size=1 << 20)
+        self._queue: "queue.Queue[object] | None" = None
+        self._failed: list[BaseException] = []
+        self._parts: list[bytes] = []
+        self._held = 0
+        if background:
+            self._queue = queue.Queue(maxsize=4)             # 4 MiB in flight at most
+            self._thread = threading.Thread(target=self._drain, name="sglang-warmup-zstd",
+                                            daemon=True)
+            self._thread.start()
+
+    def _drain(self) -> None:
+        q = self._queue
+        assert q is not None
+        while True:
+            piece = q.get()
+            if piece is None:
+                return
+            if self._failed:
+                continue                        # keep taking pieces: the caller never blocks
+            try:
+                if piece is _CUT:
+                    self._sink.flush(self._end)
+                else:
+                    self._sink.write(piece)         # type: ignore[arg-type]
+            except BaseException as exc:      # noqa: BLE001 - raised again in the caller
+                self._failed.append(exc)
+
+    def _feed(self, piece: object) -> None:
+        if self._queue is None:
+            if piece is _CUT:
+                self._sink.flush(self._end)
+            return
+        if self._failed:
+            raise self._failed[0]
+        self._queue.put(piece)
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self._queue is None:
+            self._sink.write(data)
+            return
+        # To the thread a MiB at a time (zstd's output does not depend on how its input is
+        # split into writes: its blocks are cut from its own buffer).
+        self._parts.append(bytes(data) if isinstance(data, memoryview) else data)
+        self._held += len(data)
+        if self._held >= CHUNK:
+            self._flush_parts()
+
+    def _flush_parts(self) -> None:
+        if self._parts:
+            self._feed(b"".join(self._parts))
+            self._parts.clear()
+            self._held = 0
+
+    def cut(self) -> None:
+        """End the current frame; what follows starts the next."""
+        self._flush_parts()
+        self._feed(_CUT)
+
+    def close(self) -> None:
+        """End the last frame (closing the compressor's writer does) and close the file."""
+        try:
+            self._flush_parts()
+            if self._queue is not None:
+                self._queue.put(None)
+                self._thread.join()
+                if self._failed:
+                    raise self._failed[0]
+            self._sink.close()
+        finally:
+            self._file.close()
+
+
+#: the piece that ends a frame in ``ZstdFrames``' queue (not a bytes object: an empty piece is
+#: data)
+_CUT = object()
 
 
 class PlacedWriter:

@@ -9,6 +9,7 @@ import re
 import tarfile
 from pathlib import Path
 
+import pytest
 
 import hostile
 from cache_helpers import triton_location
@@ -227,8 +228,57 @@ def test_forked_scan_and_pack_write_the_archive_one_process_writes(triton_cache,
     archive.verify(tmp_path / "3.tar", local=fp)
 
 
-def test_an_entry_that_vanishes_under_a_forked_pack_is_skipped_as_in_one_process(
+def _frames(path: Path) -> int:
+    """How many zstd frames a file holds."""
+    import zstandard
+
+    data, n = path.read_bytes(), 0
+    while data:
+        d = zstandard.ZstdDecompressor().decompressobj()
+        d.decompress(data)
+        data = d.unused_data
+        n += 1
+    return n
+
+
+def test_a_zstd_payload_in_frames_is_the_same_from_workers_and_from_one_process(
         triton_cache, tmp_path, fp, monkeypatch):
+    """Frames cut by the entries' sizes alone: the archive is byte for byte the same whether
+    forked workers compress runs of frames (one zstd thread each) or one process does (any
+    number of threads), and it verifies and restores."""
+    loc = [triton_location(triton_cache)]
+    monkeypatch.setattr(archive, "FRAME_BYTES", 4096)            # several frames here
+    one = tmp_path / "one.tar.zst"
+    archive.pack(one, loc, zstd=True, fingerprint=fp, jobs=1)
+    cuts = archive.frame_cuts([e.size for e in archive.verify(one, local=fp).manifest.entries])
+    assert len(cuts) > 2
+    # the manifest's frame, the payload's, the end-of-archive block's, and the empty frame the
+    # archive writer's compressor ends with
+    assert _frames(one) == 1 + len(cuts) + 2
+    _forced_workers(monkeypatch)
+    for jobs in (2, 3, 8):
+        out = tmp_path / f"{jobs}.tar.zst"
+        archive.pack(out, loc, zstd=True, fingerprint=fp, jobs=jobs)
+        assert out.read_bytes() == one.read_bytes()
+    archive.verify(tmp_path / "3.tar.zst", local=fp)
+    result = archive.plan_restore(tmp_path / "3.tar.zst", dest=tmp_path / "dest",
+                                  local=fp).execute()
+    assert result.count("added") == len(archive.verify(one, local=fp).manifest.entries)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".sgw-")]   # no temporaries
+
+
+def test_frame_cuts_follow_the_sizes_alone():
+    from cache_tools.archive import FRAME_BYTES, frame_cuts
+
+    assert frame_cuts([]) == []
+    assert frame_cuts([1, 2, 3]) == [(0, 3)]
+    assert frame_cuts([FRAME_BYTES, 1, FRAME_BYTES - 1, 5]) == [(0, 1), (1, 3), (3, 4)]
+    assert frame_cuts([3 * FRAME_BYTES, 1]) == [(0, 1), (1, 2)]
+
+
+@pytest.mark.parametrize("zstd", [False, True])
+def test_an_entry_that_vanishes_under_a_forked_pack_is_skipped_as_in_one_process(
+        triton_cache, tmp_path, fp, monkeypatch, zstd):
     import shutil
 
     loc = [triton_location(triton_cache)]
@@ -242,11 +292,13 @@ def test_an_entry_that_vanishes_under_a_forked_pack_is_skipped_as_in_one_process
         return files
 
     monkeypatch.setattr(archive, "_plan_entry", plan_then_prune)
+    monkeypatch.setattr(archive, "FRAME_BYTES", 4096)            # zstd: frames in workers
     _forced_workers(monkeypatch)
-    result = archive.pack(tmp_path / "w.tar", loc, fingerprint=fp, jobs=3)
+    out = tmp_path / ("w.tar.zst" if zstd else "w.tar")
+    result = archive.pack(out, loc, fingerprint=fp, jobs=3, zstd=zstd)
     assert [w.message for w in result.warnings] == [
         "vanished while packing (pruned or replaced); skipped"]
-    kept = [e.name for e in archive.verify(tmp_path / "w.tar", local=fp).manifest.entries]
+    kept = [e.name for e in archive.verify(out, local=fp).manifest.entries]
     assert kept == sorted(p.name for p in triton_cache.iterdir())
 
 
