@@ -1,0 +1,417 @@
+"""Pack: every complete entry of a set of cache locations into one archive, each file read
+once (``archive`` re-exports ``pack``, ``PackResult`` and ``read_entry``).
+
+The manifest must come first but lists every file's sha256, which is only known once the file
+is read; its length, however, is known from the scan alone (sizes, names and modes; every hash
+has 64 digits: ``manifest.json_size``), so the writer leaves exactly that much room, the payload
+streams after it while it is hashed, and the manifest fills the room at the end.  A large cache
+is read, hashed and written by forked workers (``forks.map_runs``): in place for a tar, in
+frames of their own for a zstd archive (``frame_cuts``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, NamedTuple, Sequence
+
+from cache_tools import fingerprint as fp_mod
+from cache_tools import forks, groups, tarfmt
+from cache_tools.errors import CacheError, os_errors
+from cache_tools.fingerprint import Fingerprint
+from cache_tools.locations import Location
+from cache_tools.manifest import (EntryRecord, FileRecord, Manifest, json_size, member_prefix,
+                                  paused_gc)
+from cache_tools.progress import Progress
+from cache_tools.reader import CHUNK, WHOLE, zstandard_module
+from cache_tools.scan import CacheEntry, CacheWarning, noatime_fd, scan, size_str
+from cache_tools.staging import clean_stale
+from cache_tools.writer import ArchiveWriter, PlacedWriter, ZstdFrames
+
+
+def producer() -> str:
+    """What wrote an archive: this package and its version."""
+    try:
+        import importlib.metadata
+
+        return "sglang-warmup " + importlib.metadata.version("sglang-warmup")
+    except Exception:
+        return "sglang-warmup"
+
+
+# --- reading files ------------------------------------------------------------------------------
+
+
+def _changed(path: str) -> CacheError:
+    return CacheError(f"{path} changed while packing",
+                      hint="a process is rewriting the cache in place; pack again when it is "
+                           "done (entries are only packed whole)")
+
+
+class _File(NamedTuple):
+    """One file to pack: what the scan saw, or a group file's archive form."""
+
+    rel: str
+    path: str
+    size: int
+    mode: int
+    #: (inode, mtime_ns) as scanned; the file must still match after it is read
+    ident: tuple[int, int]
+    data: bytes | None = None
+
+
+class _Vanished(Exception):
+    """An entry disappeared while packing (pruned, replaced)."""
+
+    def __init__(self, entry: CacheEntry) -> None:
+        super().__init__(entry.path)
+        self.entry = entry
+
+
+def _plan_entry(entry: CacheEntry) -> list[_File]:
+    """The files of one entry as they will be packed (group files in archive form, from the
+    children the scan read)."""
+    base = str(entry.path)
+    listed = dict(entry.groups)
+    files = []
+    for rel, (size, mode, ino, mtime_ns) in zip(entry.files, entry.stats):
+        mode = 0o755 if mode & 0o111 else 0o644
+        path = f"{base}/{rel}" if rel else base
+        children = listed.get(rel) if listed else None
+        if children is None:
+            files.append(_File(rel, path, size, mode, (ino, mtime_ns)))
+        else:
+            data = groups.archive_form(children)
+            files.append(_File(rel, path, len(data), mode, (ino, mtime_ns), data))
+    return files
+
+
+def _read_exact(fd: int, size: int, path: str) -> bytes:
+    data = os.read(fd, size) if size else b""
+    while len(data) < size:
+        more = os.read(fd, size - len(data))
+        if not more:
+            raise _changed(path)
+        data += more
+    return data
+
+
+def _read_file(f: _File) -> bytes:
+    """A whole file as planned (FileNotFoundError when it vanished; CacheError when it no
+    longer is the file the scan saw)."""
+    if f.data is not None:
+        return f.data
+    fd = noatime_fd(f.path)
+    try:
+        data = os.read(fd, f.size) if f.size else b""
+        if len(data) != f.size:
+            data += _read_exact(fd, f.size - len(data), f.path)
+        _check_same(fd, f)
+    finally:
+        os.close(fd)
+    return data
+
+
+def _check_same(fd: int, f: _File) -> None:
+    st = os.fstat(fd)
+    if (st.st_ino, st.st_mtime_ns, st.st_size) != (*f.ident, f.size):
+        raise _changed(f.path)
+
+
+def _record(entry: CacheEntry, files: list[_File], hashes: Sequence[str]) -> EntryRecord:
+    return EntryRecord(entry.kind, entry.name, entry.is_dir,
+                       tuple(FileRecord(f.rel, f.size, h, f.mode) for f, h in zip(files, hashes)))
+
+
+def read_entry(entry: CacheEntry) -> tuple[EntryRecord, list[bytes]]:
+    """One complete entry read whole: its record and each file's bytes (archive form), for
+    the shared store.  FileNotFoundError when it vanished; CacheError when it changed."""
+    files = _plan_entry(entry)
+    datas = [_read_file(f) for f in files]
+    hashes = [hashlib.sha256(d).hexdigest() for d in datas]
+    return _record(entry, files, hashes), datas
+
+
+# --- pack -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """What ``pack`` wrote."""
+
+    path: Path
+    manifest: Manifest
+    archive_bytes: int
+    #: entries left out (incomplete, in flight, vanished) and other scan findings
+    warnings: tuple[CacheWarning, ...]
+    seconds: float
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.manifest.entries
+
+
+def pack(out: str | os.PathLike[str], locations: Iterable[Location], *, zstd: bool = False,
+         level: int = 3, fingerprint: Fingerprint | None = None,
+         progress: Progress | None = None, jobs: int | None = None) -> PackResult:
+    """Pack every complete entry of ``locations`` into ``out``, reading each file once.
+    ``jobs``: forked workers that scan and read a large cache, and zstd compression threads
+    (default: the usable CPUs, at most ``forks.MAX_JOBS``; the archive is the same for any
+    number)."""
+    if zstd:  # before the scan and the fingerprint, not after them
+        zstandard_module("write a zstd-compressed archive")
+    with paused_gc():
+        return _pack_all(Path(out), list(locations), zstd, level, fingerprint,
+                         progress or Progress.null(), forks.jobs_for(jobs))
+
+
+def _pack_all(out: Path, locations: list[Location], zstd: bool, level: int,
+              fingerprint: Fingerprint | None, progress: Progress, jobs: int) -> PackResult:
+    started = time.monotonic()
+    progress.step("scanning " + ", ".join(loc.kind.name for loc in locations if loc.path))
+    info = scan(locations, jobs)
+    warnings = list(info.warnings)
+    complete = sorted((e for e in info.entries if e.complete), key=lambda e: (e.kind, e.name))
+    fp = fingerprint or fp_mod.current()
+    with os_errors("pack", "check that the cache files are readable and the output directory "
+                           "is writable with free space"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale(out.parent)
+        planned = [(e, _plan_entry(e)) for e in complete]
+        for _ in range(4):
+            total = sum(f.size for _, files in planned for f in files)
+            progress.step(f"packing {len(planned)} entries ({size_str(total)}) into {out}")
+            try:
+                manifest, size = _pack(out, planned, fp, zstd, level, progress, jobs)
+                break
+            except _Vanished as gone:
+                warnings.append(_vanished(gone.entry))
+                planned = [(e, f) for e, f in planned if e is not gone.entry]
+        else:
+            raise CacheError("entries keep vanishing while packing",
+                             hint="pack when nothing prunes or rewrites the cache")
+    return PackResult(out, manifest, size, tuple(warnings), time.monotonic() - started)
+
+
+def _vanished(e: CacheEntry) -> CacheWarning:
+    return CacheWarning(e.kind, e.path, "vanished while packing (pruned or replaced); skipped")
+
+
+def _pack(out: Path, planned: list[tuple[CacheEntry, list[_File]]], fp: Fingerprint,
+          zstd: bool, level: int, progress: Progress, jobs: int) -> tuple[Manifest, int]:
+    made_by = producer()
+    room = json_size(fp, made_by, ((e.kind, e.name, e.is_dir,
+                                     ((f.rel, f.size, f.mode) for f in files))
+                                    for e, files in planned))
+    writer = ArchiveWriter(out, room, zstd, level, jobs)
+    try:
+        total = sum(f.size for _, files in planned for f in files)
+        progress.start("pack", total)
+        hashes = _compress_frames(writer, planned, level, jobs, progress) if zstd else \
+            _encode_forked(writer, planned, jobs, progress.advance)
+        if hashes is None:
+            if progress.done:           # workers counted some of it, then one failed: anew
+                progress.start("pack", total)
+            hashes = [_encode_entry(writer, e, files, progress.advance) for e, files in planned]
+        manifest = Manifest(fp, tuple(_record(e, files, h)
+                                      for (e, files), h in zip(planned, hashes)), made_by)
+        size = writer.finish(manifest.to_json())
+    finally:
+        writer.close()
+    progress.finish()
+    return manifest, size
+
+
+def _encode_forked(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list[_File]]],
+                   jobs: int, advance: Callable[[int], None]) -> list[list[str]] | None:
+    """The payload read, hashed and written in place by forked workers, run of entries after
+    run of entries (``forks.map_runs``), each at the offset the layout gives it (it follows from
+    the names and sizes); their sha256s.  None when the payload is to be written here (a small cache, no fork, a
+    worker that failed: that path then says what is wrong)."""
+    nbytes = sum(f.size for _, files in planned for f in files)
+    nfiles = sum(len(files) for _, files in planned)
+    if not forks.worth(nfiles, nbytes) or not forks.usable(jobs):
+        return None
+    offsets, offset = tarfmt.layout(writer.offset, ((member_prefix(e.kind, e.name),
+                                                      ((f.rel, f.size, f.mode) for f in files))
+                                                     for e, files in planned))
+    fd = writer.fileno()
+
+    def work(first: int, end: int, progress: Callable[[int], None]) -> bytes:
+        """One run of entries read, hashed and written in place; (the index of an entry that
+        vanished or -1, the hashes of the entries before it)."""
+        sink = PlacedWriter(fd, offsets[first])
+        hashes = []
+        for i in range(first, end):
+            try:
+                hashes.append(_encode_entry(sink, *planned[i], progress))
+            except _Vanished:
+                return marshal.dumps((i, hashes))
+        sink.flush()
+        return marshal.dumps((-1, hashes))
+
+    results = forks.map_runs([forks.weight(sum(f.size for f in files), len(files))
+                              for _, files in planned], jobs, work, advance)
+    if results is None:
+        return None
+    hashes = []
+    for vanished, some in map(marshal.loads, results):
+        if vanished >= 0:
+            raise _Vanished(planned[vanished][0])
+        hashes += some
+    writer.placed(offset)
+    return hashes
+
+
+#: a zstd archive's payload is cut into frames at the first entry boundary after every this
+#: many bytes: runs of whole frames are compressed at once by pack's workers, and the cuts
+#: depend on the entries alone, so the archive is the same for any number of them
+FRAME_BYTES = 16 << 20
+
+
+def frame_cuts(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """Runs ``(first, end)`` of entries of ``sizes`` bytes, cut after the entry that reaches
+    each next multiple of FRAME_BYTES."""
+    cuts: list[tuple[int, int]] = []
+    first = done = 0
+    for i, size in enumerate(sizes):
+        done += size
+        if done >= FRAME_BYTES * (len(cuts) + 1):
+            cuts.append((first, i + 1))
+            first = i + 1
+    if first < len(sizes):
+        cuts.append((first, len(sizes)))
+    return cuts
+
+
+def _compress_frames(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list[_File]]],
+                     level: int, jobs: int, progress: Progress) -> list[list[str]]:
+    """A zstd archive's payload, read, hashed and compressed in frames (``frame_cuts``): runs
+    of frames by forked workers where they pay, else all of them here (compressed on a thread
+    of their own); the entries' sha256s."""
+    sizes = [sum(f.size for f in files) for _, files in planned]
+    cuts = frame_cuts(sizes)
+    paths = writer.frame_paths(max(len(cuts), 1))
+
+    def compress(first: int, end: int, background: bool, advance: Callable[[int], None]
+                 ) -> bytes:
+        """Frames ``first`` to ``end`` into ``paths[first]``: (first, the index of an entry
+        that vanished or -1, the hashes of the entries before it)."""
+        hashes: list[list[str]] = []
+        frames = ZstdFrames(paths[first], level, background)
+        try:
+            for c in range(first, end):
+                if c > first:
+                    frames.cut()
+                for i in range(*cuts[c]):
+                    try:
+                        hashes.append(_encode_entry(frames, *planned[i], advance))
+                    except _Vanished:
+                        return marshal.dumps((first, i, hashes))
+        finally:
+            frames.close()
+        return marshal.dumps((first, -1, hashes))
+
+    nfiles = sum(len(files) for _, files in planned)
+    results = None
+    if len(cuts) > 1 and forks.worth(nfiles, sum(sizes)) and forks.usable(jobs):
+        weights = [forks.weight(sum(sizes[a:b]), sum(len(planned[i][1]) for i in range(a, b)))
+                   for a, b in cuts]
+        results = forks.map_runs(weights, jobs,
+                                 lambda a, b, advance: compress(a, b, False, advance),
+                                 progress.advance)
+    if results is None:
+        if progress.done:               # workers counted some of it, then one failed: anew
+            progress.start("pack", sum(sizes))
+        results = [compress(0, len(cuts), True, progress.advance)] if cuts else []
+    files, hashes = [], []
+    for first, vanished, some in map(marshal.loads, results):
+        if vanished >= 0:
+            raise _Vanished(planned[vanished][0])
+        files.append(paths[first])
+        hashes += some
+    writer.framed(files, tarfmt.layout(writer.offset, ((member_prefix(e.kind, e.name),
+                                                         ((f.rel, f.size, f.mode) for f in fs))
+                                                        for e, fs in planned))[1])
+    return hashes
+
+
+_Sink = ArchiveWriter | PlacedWriter | ZstdFrames
+
+
+def _encode_entry(sink: _Sink, entry: CacheEntry, files: list[_File],
+                  advance: Callable[[int], None]) -> list[str]:
+    """One entry's members written to ``sink``; their sha256s."""
+    encoded = _encode(entry, files)
+    if encoded is None:            # a file too large to hold: streamed
+        return _write_entry(sink, entry, files, advance)
+    blob, hashes = encoded
+    sink.write(blob)
+    advance(sum(f.size for f in files))
+    return hashes
+
+
+def _encode(entry: CacheEntry, files: list[_File]) -> tuple[bytes, list[str]] | None:
+    """An entry's members (header, data, padding each) and sha256s, read from disk; None when
+    a file is too large to hold in memory (the caller streams the entry)."""
+    if any(f.size > WHOLE for f in files):
+        return None
+    prefix = member_prefix(entry.kind, entry.name)
+    parts = [_encode_one(entry, f, f"{prefix}/{f.rel}" if f.rel else prefix) for f in files]
+    return b"".join(p[0] for p in parts), [p[1] for p in parts]
+
+
+def _encode_one(entry: CacheEntry, f: _File, name: str) -> tuple[bytes, str]:
+    """One member (header, data, padding) and its sha256."""
+    try:
+        data = _read_file(f)
+    except FileNotFoundError:
+        raise _Vanished(entry) from None
+    return (b"".join((tarfmt.header(name, f.size, f.mode), data, bytes(-f.size % 512))),
+            hashlib.sha256(data).hexdigest())
+
+
+def _write_entry(sink: _Sink, entry: CacheEntry, files: list[_File],
+                 advance: Callable[[int], None]) -> list[str]:
+    """An entry holding a file too large to read whole: each member written as it is read."""
+    hashes = []
+    prefix = member_prefix(entry.kind, entry.name)
+    for f in files:
+        name = f"{prefix}/{f.rel}" if f.rel else prefix
+        if f.size <= WHOLE:
+            member, digest = _encode_one(entry, f, name)
+            sink.write(member)
+            hashes.append(digest)
+            advance(f.size)
+            continue
+        try:
+            fd = noatime_fd(f.path)
+        except FileNotFoundError:
+            raise _Vanished(entry) from None
+        try:
+            hashes.append(_write_large(sink, fd, name, f, advance))
+        finally:
+            os.close(fd)
+    return hashes
+
+
+def _write_large(sink: _Sink, fd: int, name: str, f: _File,
+                 advance: Callable[[int], None]) -> str:
+    sink.write(tarfmt.header(name, f.size, f.mode))
+    h = hashlib.sha256()
+    left = f.size
+    while left:
+        chunk = os.read(fd, min(CHUNK, left))
+        if not chunk:
+            raise _changed(f.path)
+        h.update(chunk)
+        sink.write(chunk)
+        left -= len(chunk)
+        advance(len(chunk))
+    _check_same(fd, f)
+    sink.write(tarfmt.padding(f.size))
+    return h.hexdigest()
