@@ -3,10 +3,11 @@ room for the manifest first, then the payload, then the manifest written into th
 one rename.
 
 The room is needed because the manifest comes first but is only known once the payload has
-been read and hashed; its length, though, is known before (see ``archive.pack``).  A zstd
-archive is two frames: the manifest's, written last, and the payload's, compressed while it is
-written (zstd's worker threads; the output does not depend on their number), spooled to a
-second temporary file and appended.
+been read and hashed; its length, though, is known before (see ``pack``).  A zstd archive is a
+series of frames: the manifest's, written last but first in the file; the payload's, spooled to
+temporary files and appended in order (pack writes them with ``ZstdFrames``, in frames cut by
+the entries' sizes; ``write_archive`` in one frame, compressed by zstd's worker threads, whose
+output does not depend on their number); the end of the archive's.
 """
 
 from __future__ import annotations
@@ -196,17 +197,24 @@ class ZstdFrames:
             self._sink.write(data)
             return
         # To the thread a MiB at a time (zstd's output does not depend on how its input is
-        # split into writes: its blocks are cut from its own buffer).
-        self._parts.append(bytes(data) if isinstance(data, memoryview) else data)
+        # split into writes: its blocks are cut from its own buffer), held until then: a copy
+        # of anything that could change meanwhile.
+        self._parts.append(data if isinstance(data, bytes) else bytes(data))
         self._held += len(data)
         if self._held >= CHUNK:
             self._flush_parts()
 
     def _flush_parts(self) -> None:
-        if self._parts:
-            self._feed(b"".join(self._parts))
-            self._parts.clear()
-            self._held = 0
+        """What is held, to the thread in pieces of at most a MiB: with at most 4 of them
+        queued, the caller is at most a few MiB ahead of the compressor."""
+        if not self._parts:
+            return
+        whole = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+        self._parts.clear()
+        self._held = 0
+        view = memoryview(whole)
+        for start in range(0, len(view), CHUNK):
+            self._feed(view[start:start + CHUNK])
 
     def cut(self) -> None:
         """End the current frame; what follows starts the next."""
@@ -214,17 +222,22 @@ class ZstdFrames:
         self._feed(_CUT)
 
     def close(self) -> None:
-        """End the last frame (closing the compressor's writer does) and close the file."""
+        """End the last frame (closing the compressor's writer does) and close the file.  The
+        thread is stopped whatever happens; an error it met is raised here."""
         try:
-            self._flush_parts()
-            if self._queue is not None:
-                self._queue.put(None)
-                self._thread.join()
-                if self._failed:
-                    raise self._failed[0]
+            try:
+                self._flush_parts()
+            finally:
+                if self._queue is not None:
+                    self._parts.clear()
+                    self._queue.put(None)           # the thread takes every piece, then this
+                    self._thread.join()
+            if self._failed:
+                raise self._failed[0]
             self._sink.close()
         finally:
-            self._file.close()
+            if self._queue is None or not self._thread.is_alive():
+                self._file.close()          # (never under a thread still writing to it)
 
 
 #: the piece that ends a frame in ``ZstdFrames``' queue (not a bytes object: an empty piece is
@@ -241,7 +254,7 @@ class PlacedWriter:
         self.fd = fd
         self.offset = offset
         self._at = offset
-        self._parts: list[bytes | memoryview] = []
+        self._parts: list[bytes] = []
         self._held = 0
 
     def write(self, data: bytes | memoryview) -> None:
