@@ -44,8 +44,10 @@ before sglang-warmup's plugin too); the child's parent is the zygote and it lead
 process group; its hash seed is the zygote's; multiprocessing's ``spawn`` in a child goes
 through the launcher too (``sys.executable`` stays the real one).
 
-One zygote per pytest process (each xdist worker), started by the first ``python()`` and
-stopped when that process exits (the zygote watches a pipe from it).  Its log (each start:
+One zygote per test run: under pytest-xdist the controller starts it as the run begins
+(``start_shared``, from tests/conftest.py) and the workers share it; otherwise the first
+``python()`` of the process starts it.  It stops when the process that started it exits (the
+zygote watches a pipe from it); a worker whose shared zygote died starts its own.  Its log (each start:
 forked or fresh, and why) is ``zygote.log`` in its directory (``directory()``).
 ``WARMUP_TEST_ZYGOTE=0`` turns it off: ``python()`` is ``sys.executable``.
 """
@@ -104,14 +106,64 @@ _HEADER = struct.Struct("!Q")
 _zygote: _Zygote | None = None
 
 
+#: Where pytest-xdist's controller started the zygote its workers share (``start_shared``).
+SHARED = "WARMUP_TEST_ZYGOTE_DIR"
+
+
 def python() -> str:
-    """The launcher to use where a test would run ``sys.executable`` (starts the zygote)."""
+    """The launcher to use where a test would run ``sys.executable`` (starts the zygote, or
+    joins the one the pytest-xdist controller started)."""
     global _zygote
-    if os.environ.get("WARMUP_TEST_ZYGOTE") == "0" or _has_gpu():
+    if not wanted():
         return sys.executable
     if _zygote is None:
-        _zygote = _Zygote()
+        shared = os.environ.get(SHARED)
+        _zygote = (_joined(shared) if shared else None) or _Zygote()
     return _zygote.launcher
+
+
+def wanted() -> bool:
+    """Whether test interpreters come from a zygote here (not with WARMUP_TEST_ZYGOTE=0, not
+    on a GPU machine)."""
+    return os.environ.get("WARMUP_TEST_ZYGOTE") != "0" and not _has_gpu()
+
+
+def start_shared() -> None:
+    """Start the zygote in this process (pytest-xdist's controller, which outlives its workers)
+    without waiting for it, and name it to the workers, which share it (``python``): one
+    preload for the whole run instead of one per worker."""
+    global _zygote
+    _zygote = _Zygote(wait=False)
+    os.environ[SHARED] = _zygote.directory
+
+
+class _Shared:
+    """A zygote another process started and stops (see ``start_shared``)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.launcher = os.path.join(directory, "python")
+
+
+def _joined(directory: str) -> _Shared | None:
+    """The shared zygote once each stage listens; None when it died first (this process then
+    starts its own)."""
+    try:
+        with open(os.path.join(directory, "zygote.pid")) as fh:
+            pid = int(fh.read())
+    except (OSError, ValueError):
+        return None
+    sockets = [os.path.join(directory, f"stage-{n}.sock") for n in range(len(STAGES))]
+    deadline = time.monotonic() + 600
+    while not all(os.path.exists(s) for s in sockets):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+    return _Shared(directory)
 
 
 def _has_gpu() -> bool:
@@ -125,7 +177,7 @@ def directory() -> str | None:
 
 
 class _Zygote:
-    def __init__(self) -> None:
+    def __init__(self, wait: bool = True) -> None:
         self.directory = tempfile.mkdtemp(prefix="sgw-zygote-",
                                           dir="/tmp" if os.path.isdir("/tmp") else None)
         self.launcher = os.path.join(self.directory, "python")
@@ -140,7 +192,13 @@ class _Zygote:
             self.proc = subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=log,
                                          cwd=self.directory, env=_ENVIRONMENT)
+        with open(os.path.join(self.directory, "zygote.pid"), "w") as fh:
+            fh.write(str(self.proc.pid))
         atexit.register(self.stop)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
         ready = set()
         deadline = time.monotonic() + 600
         while len(ready) < len(STAGES):

@@ -13,6 +13,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+def pytest_configure(config):
+    """Under pytest-xdist the controller starts the test zygote (_interpreter.py) as the run
+    begins and its workers share it: one preload of torch, Triton and transformers for the run
+    instead of one per worker, started while the workers collect."""
+    import _interpreter
+
+    distributed = getattr(config.option, "numprocesses", None) and \
+        getattr(config.option, "dist", "no") != "no"
+    if distributed and not hasattr(config, "workerinput") and _interpreter.wanted() and \
+            not os.environ.get(_interpreter.SHARED):
+        _interpreter.start_shared()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _repo_root_cwd():
     old = os.getcwd()
