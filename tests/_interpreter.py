@@ -47,8 +47,8 @@ through the launcher too (``sys.executable`` stays the real one).
 One zygote per test run: under pytest-xdist the controller starts it as the run begins
 (``start_shared``, from tests/conftest.py) and the workers share it; otherwise the first
 ``python()`` of the process starts it.  It stops when the process that started it exits (the
-zygote watches a pipe from it); a worker whose shared zygote died starts its own.  Its log (each start:
-forked or fresh, and why) is ``zygote.log`` in its directory (``directory()``).
+zygote watches a pipe from it); a worker whose shared zygote died starts its own.  Its log
+(each start: forked or fresh, and why) is ``zygote.log`` in its directory (``directory()``).
 ``WARMUP_TEST_ZYGOTE=0`` turns it off: ``python()`` is ``sys.executable``.
 """
 
