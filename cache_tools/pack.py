@@ -6,7 +6,7 @@ is read; its length, however, is known from the scan alone (sizes, names and mod
 has 64 digits: ``manifest.json_size``), so the writer leaves exactly that much room, the payload
 streams after it while it is hashed, and the manifest fills the room at the end.  A large cache
 is read, hashed and written by forked workers (``forks.map_runs``): in place for a tar, in
-frames of their own for a zstd archive (``frame_cuts``).
+frames of their own for a zstd archive (``writer.frame_cuts``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from cache_tools.progress import Progress
 from cache_tools.reader import CHUNK, WHOLE, zstandard_module
 from cache_tools.scan import CacheEntry, CacheWarning, noatime_fd, scan, size_str
 from cache_tools.staging import clean_stale
-from cache_tools.writer import ArchiveWriter, PlacedWriter, ZstdFrames
+from cache_tools.writer import ArchiveWriter, PlacedWriter, ZstdFrames, frame_cuts
 
 
 def producer() -> str:
@@ -265,27 +265,6 @@ def _encode_forked(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list[_
         hashes += some
     writer.placed(offset)
     return hashes
-
-
-#: a zstd archive's payload is cut into frames at the first entry boundary after every this
-#: many bytes: runs of whole frames are compressed at once by pack's workers, and the cuts
-#: depend on the entries alone, so the archive is the same for any number of them
-FRAME_BYTES = 16 << 20
-
-
-def frame_cuts(sizes: Sequence[int]) -> list[tuple[int, int]]:
-    """Runs ``(first, end)`` of entries of ``sizes`` bytes, cut after the entry that reaches
-    each next multiple of FRAME_BYTES."""
-    cuts: list[tuple[int, int]] = []
-    first = done = 0
-    for i, size in enumerate(sizes):
-        done += size
-        if done >= FRAME_BYTES * (len(cuts) + 1):
-            cuts.append((first, i + 1))
-            first = i + 1
-    if first < len(sizes):
-        cuts.append((first, len(sizes)))
-    return cuts
 
 
 def _compress_frames(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list[_File]]],

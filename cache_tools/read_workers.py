@@ -1,4 +1,4 @@
-"""Read workers: a large uncompressed archive of our own read by forked processes at once,
+"""Read workers: a large archive of our own read by forked processes at once,
 each taking run after run of entries (``forks.map_runs``): ``check`` runs every check of the
 reader on it (verify), ``stage`` also writes what a restore installs.
 
@@ -20,8 +20,10 @@ what it always did, with its own messages.  The workers can make a verify or a r
 never different.
 
 They are used only where they are safe and pay: where ``forks.usable`` says so (a platform that
-forks, no other thread in the process), an uncompressed archive (a zstd stream has no byte
-offsets to start from), and enough of it (``forks.worth``).
+forks, no other thread in the process), enough of it (``forks.worth``), and an uncompressed
+archive or a zstd archive in the frames pack cuts (``writer.frame_cuts``: a frame starts at an
+entry's first header, so a worker decompresses its frames from their own starts; a zstd
+stream of other frames has no place to start from but its beginning).
 """
 
 from __future__ import annotations
@@ -33,12 +35,25 @@ from cache_tools import forks, groups, tarfmt
 from cache_tools.manifest import EntryRecord, Manifest, member_prefix
 from cache_tools.reader import ArchiveReader, Member, NotOurs
 from cache_tools.staging import Installer, StagedEntry
+from cache_tools.writer import frame_cuts
 
 
 def usable(reader: ArchiveReader, manifest: Manifest, jobs: int) -> bool:
-    """Whether workers may stage this archive (see the module docstring)."""
-    return (not reader.compressed and forks.worth(manifest.nb_files, manifest.size)
-            and forks.usable(jobs))
+    """Whether workers may read this archive (see the module docstring)."""
+    return (forks.worth(manifest.nb_files, manifest.size) and forks.usable(jobs)
+            and (not reader.compressed or _frames(reader, manifest) is not None))
+
+
+def _frames(reader: ArchiveReader, manifest: Manifest
+            ) -> tuple[list[tuple[int, int]], list[int], int] | None:
+    """For a zstd archive in the frames pack writes: the runs of entries of its payload
+    frames (``writer.frame_cuts``), where each of those frames starts, and where the frames
+    after the payload start; None for any other framing (an older pack's, a merge's)."""
+    cuts = frame_cuts([e.size for e in manifest.entries])
+    frames = reader.zstd_frames
+    if len(cuts) < 2 or len(frames) < len(cuts) + 2:
+        return None
+    return cuts, frames[1:len(cuts) + 1], frames[len(cuts) + 1]
 
 
 def stage_members(members: Iterable[Member], stage: Callable[[EntryRecord], StagedEntry],
@@ -122,20 +137,56 @@ def _read_runs(reader: ArchiveReader, manifest: Manifest, jobs: int,
     except NotOurs:
         return False
     offsets, end = layout(manifest, start)
+    last = entries[-1].member(entries[-1].files[-1])
+    if reader.compressed:
+        return _read_frames(reader, manifest, jobs, advance, handle, offsets, start, end, last)
 
-    def work(first: int, last: int, progress: Callable[[int], None]) -> bytes:
+    def work(first: int, stop: int, progress: Callable[[int], None]) -> bytes:
         # the very file the parent opened and checked (a new open file of it, with its own
         # offset), not whatever the path names by then
         with reader.reopen() as mine:
-            handle(mine.range_members(manifest, offsets[first], entries[first:last]), progress)
+            handle(mine.range_members(manifest, offsets[first], entries[first:stop]), progress)
         return b""
 
     weights = [forks.weight(e.size, len(e.files)) for e in entries]
     if forks.map_runs(weights, jobs, work, advance) is None:
         return False
-    last = entries[-1]
     try:
-        reader.check_tail_at(manifest, end, last.member(last.files[-1]))
+        reader.check_tail_at(manifest, end, last)
+    except Exception:                                       # the sequential read says what
+        return False
+    return True
+
+
+def _read_frames(reader: ArchiveReader, manifest: Manifest, jobs: int,
+                 advance: Callable[[int], None],
+                 handle: Callable[[Iterable[Member], Callable[[int], None]], None],
+                 offsets: list[int], start: int, end: int, last: str) -> bool:
+    """``_read_runs`` for a zstd archive of pack's frames: workers take runs of payload frames,
+    each decompressed from its own start; the manifest's frame must hold the manifest alone,
+    and the frames after the payload the tail alone."""
+    framed = _frames(reader, manifest)
+    if framed is None:
+        return False
+    cuts, starts, tail = framed
+    entries = manifest.entries
+    try:
+        if reader.frame_length(reader.zstd_frames[0], start) != start:
+            return False                        # the manifest's frame holds more, or less
+
+        def work(first: int, stop: int, progress: Callable[[int], None]) -> bytes:
+            with reader.reopen() as mine:
+                for c in range(first, stop):
+                    a, b = cuts[c]
+                    handle(mine.frame_members(manifest, starts[c], offsets[a], entries[a:b]),
+                           progress)
+            return b""
+
+        weights = [forks.weight(sum(e.size for e in entries[a:b]),
+                                sum(len(e.files) for e in entries[a:b])) for a, b in cuts]
+        if forks.map_runs(weights, jobs, work, advance) is None:
+            return False
+        reader.check_tail_from_frame(manifest, tail, end, last)
     except Exception:                                       # the sequential read says what
         return False
     return True

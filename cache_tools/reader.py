@@ -80,13 +80,20 @@ def zstandard_module(why: str):
 
 
 class _Counted:
-    """The compressed file as the decompressor reads it: counts bytes for the ratio check."""
+    """The compressed file as the decompressor reads it: counts bytes for the ratio check, and
+    ends after ``limit`` bytes when given (one frame's)."""
 
-    def __init__(self, raw: IO[bytes]) -> None:
+    def __init__(self, raw: IO[bytes], limit: int | None = None) -> None:
         self.raw = raw
         self.count = 0
+        self.limit = limit
 
     def read(self, n: int = -1) -> bytes:
+        if self.limit is not None:
+            left = self.limit - self.count
+            n = left if n < 0 else min(n, left)
+            if n <= 0:
+                return b""
         data = self.raw.read(n)
         self.count += len(data)
         return data
@@ -125,7 +132,10 @@ class Member:
 class ArchiveReader:
     """Streams an archive once: the manifest, then every member checked against it."""
 
-    def __init__(self, path: str | os.PathLike[str], limits: Limits | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], limits: Limits | None = None, *,
+                 walked: list[int] | None = None) -> None:
+        """``walked``: the frame offsets of this very file, already walked and found complete
+        (``reopen``): not walked again."""
         self.path = Path(path)
         self.limits = limits or Limits()
         self.current = MANIFEST_NAME
@@ -142,7 +152,7 @@ class ArchiveReader:
             raise CacheError(f"{self.path}: cannot open ({exc.strerror})",
                              hint="check the path and its permissions") from None
         try:
-            self._open_stream()
+            self._open_stream(walked)
         except BaseException:
             self._file.close()
             raise
@@ -155,23 +165,42 @@ class ArchiveReader:
         self._tar = tarfmt.TarStream(self._read, max_header_bytes=lim.max_header_bytes,
                                      chunk=CHUNK)
 
-    def _open_stream(self) -> None:
+    def _open_stream(self, walked: list[int] | None) -> None:
         head = self._file.read(4)
         self._file.seek(0)
         self.compressed = head == ZSTD_MAGIC
         self._zstd_error: type[BaseException] = _NoError
         self._counted = _Counted(self._file)
+        #: byte offsets of a zstd archive's frames (pack cuts its payload into frames)
+        self.zstd_frames: list[int] = []
+        #: decompressed bytes before this reader's first (a range read's start)
+        self._ratio_base = 0
         if not self.compressed:
             self._source: Callable[[int], bytes] = self._file.read
             return
         zstd = zstandard_module("read a zstd-compressed archive")
-        problem = zstd_structure_problem(self._file)
+        if walked is not None:
+            self.zstd_frames = list(walked)
+            problem = ""
+        else:
+            problem = zstd_structure_problem(self._file, self.zstd_frames)
         if problem:
             raise ArchiveError(f"archive is truncated or damaged: {problem}", hint=HINT_CORRUPT)
-        stream = zstd.ZstdDecompressor(max_window_size=1 << 27).stream_reader(
-            self._counted, read_across_frames=True)
-        self._source = stream.read
+        self._decompress()
         self._zstd_error = zstd.ZstdError
+
+    def _decompress(self, frame: int = 0, alone: bool = False) -> None:
+        """Decompress from the frame at byte ``frame``: it and every frame after it, or
+        (``alone``) that frame only (its compressed bytes end where the next frame starts)."""
+        zstd = zstandard_module("read a zstd-compressed archive")
+        limit = None
+        if alone:
+            later = [f for f in self.zstd_frames if f > frame]
+            limit = (later[0] if later else os.fstat(self._file.fileno()).st_size) - frame
+        self._file.seek(frame)
+        self._counted = _Counted(self._file, limit)
+        self._source = zstd.ZstdDecompressor(max_window_size=1 << 27).stream_reader(
+            self._counted, read_across_frames=True).read
 
     def __enter__(self) -> "ArchiveReader":
         return self
@@ -190,7 +219,10 @@ class ArchiveReader:
         ``/proc/self/fd`` entry where there is one: not whatever the path names by now); its
         messages name the same path."""
         fd = Path(f"/proc/self/fd/{self.fileno()}")
-        again = ArchiveReader(fd if fd.exists() else self.path, self.limits)
+        if fd.exists():
+            again = ArchiveReader(fd, self.limits, walked=self.zstd_frames)
+        else:                           # by its path: what the path names now, walked again
+            again = ArchiveReader(self.path, self.limits)
         again.path = self.path
         return again
 
@@ -212,10 +244,11 @@ class ArchiveReader:
             raise ArchiveError(f"archive member {self.current!r}: decompressed data exceeds what "
                                f"the manifest declares ({produced} bytes); refusing a possible "
                                "decompression bomb", hint=HINT_CORRUPT)
-        if self.compressed and produced > lim.ratio_floor_bytes and \
-                produced > lim.max_ratio * max(self._counted.count, 1):
+        here = produced - self._ratio_base
+        if self.compressed and here > lim.ratio_floor_bytes and \
+                here > lim.max_ratio * max(self._counted.count, 1):
             raise ArchiveError(f"archive member {self.current!r}: decompression ratio exceeds "
-                               f"{lim.max_ratio:g}:1 ({produced} bytes from "
+                               f"{lim.max_ratio:g}:1 ({here} bytes from "
                                f"{self._counted.count}); refusing a possible decompression "
                                "bomb", hint=HINT_CORRUPT)
         return data
@@ -345,6 +378,47 @@ class ArchiveReader:
         except tarfmt.TarFormatError as exc:
             raise NotOurs(exc.reason) from None
         return self._tar.offset
+
+    def frame_members(self, manifest: Manifest, frame: int, offset: int,
+                      entries: Sequence[EntryRecord]) -> Iterator[Member]:
+        """The members of ``entries`` read from the zstd frame at byte ``frame`` of a
+        compressed archive written by our pack, whose content starts at byte ``offset`` of the
+        tar stream: checked as ``range_members`` checks them, and the frame must end right
+        after them (else :class:`NotOurs`)."""
+        if not self.compressed:
+            raise NotOurs("an uncompressed archive has no frames")
+        self._seek_frame(manifest, frame, offset, alone=True)
+        last = yield from self._payload(manifest, entries, MANIFEST_NAME, False)
+        try:
+            self._tar.skip_padding(repr(last))
+        except tarfmt.TarFormatError as exc:
+            raise NotOurs(exc.reason) from None
+        if not self._tar.exhausted():
+            raise NotOurs(f"the frame at byte {frame} holds more than its entries")
+
+    def frame_length(self, frame: int, limit: int) -> int:
+        """How many bytes the zstd frame at byte ``frame`` decompresses to, counted up to
+        ``limit`` + 1."""
+        self._decompress(frame, alone=True)
+        total = 0
+        while total <= limit:
+            data = self._source(min(CHUNK, limit + 1 - total))
+            if not data:
+                break
+            total += len(data)
+        return total
+
+    def check_tail_from_frame(self, manifest: Manifest, frame: int, offset: int,
+                              previous: str) -> None:
+        """``check_tail_at`` for a compressed archive: from the frame at byte ``frame``, whose
+        content starts at byte ``offset`` of the tar stream, to the end of the file."""
+        self._seek_frame(manifest, frame, offset, alone=False)
+        self._check_tail(previous)
+
+    def _seek_frame(self, manifest: Manifest, frame: int, offset: int, alone: bool) -> None:
+        self._seek(manifest, offset)
+        self._decompress(frame, alone)
+        self._ratio_base = offset
 
     def range_members(self, manifest: Manifest, offset: int, entries: Sequence[EntryRecord]
                       ) -> Iterator[Member]:
@@ -487,10 +561,11 @@ _TYPES = {b"2": "symbolic link to", b"1": "hard link to", b"3": "character devic
           b"4": "block device", b"6": "FIFO", b"5": "directory", b"S": "sparse file"}
 
 
-def zstd_structure_problem(f: IO[bytes]) -> str:
+def zstd_structure_problem(f: IO[bytes], starts: list[int] | None = None) -> str:
     """Walk the zstd frame and block headers (RFC 8878) without decompressing; '' when every
     frame is complete.  The decompressor itself reports a stream cut at a block boundary as a
-    clean end, so truncation is caught here, before anything is read."""
+    clean end, so truncation is caught here, before anything is read.  ``starts`` gets the byte
+    offset of every (not skippable) frame."""
     size = os.fstat(f.fileno()).st_size
     pos = 0
 
@@ -514,6 +589,8 @@ def zstd_structure_problem(f: IO[bytes]) -> str:
                 continue
             if magic != 0xFD2FB528:
                 return f"no zstd frame at byte {pos - 4}"
+            if starts is not None:
+                starts.append(pos - 4)
             fhd = read(1)[0]
             single = fhd >> 5 & 1
             header = (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + \

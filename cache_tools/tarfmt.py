@@ -393,6 +393,10 @@ class TarStream:
             yield view
         self._pad = -size % BLOCK
 
+    def exhausted(self) -> bool:
+        """Nothing buffered, and the source gives nothing more."""
+        return len(self._buf) - self._pos == 0 and not self._read(1)
+
     def rest_is_zero(self) -> int | None:
         """After the end-of-archive block: None when every remaining byte is zero, else the
         offset of the first block holding data (hidden content is refused, not ignored)."""

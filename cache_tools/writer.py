@@ -141,6 +141,28 @@ class ArchiveWriter:
                     pass
 
 
+#: a zstd archive's payload is cut into frames at the first entry boundary after every this
+#: many bytes: runs of whole frames are compressed at once by pack's workers (and read at
+#: once by verify's and restore's), and the cuts depend on the entries alone, so the archive is
+#: the same for any number of them
+FRAME_BYTES = 16 << 20
+
+
+def frame_cuts(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """Runs ``(first, end)`` of entries of ``sizes`` bytes, cut after the entry that reaches
+    each next multiple of FRAME_BYTES."""
+    cuts: list[tuple[int, int]] = []
+    first = done = 0
+    for i, size in enumerate(sizes):
+        done += size
+        if done >= FRAME_BYTES * (len(cuts) + 1):
+            cuts.append((first, i + 1))
+            first = i + 1
+    if first < len(sizes):
+        cuts.append((first, len(sizes)))
+    return cuts
+
+
 class ZstdFrames:
     """Payload entries compressed into a file of zstd frames (one of
     ``ArchiveWriter.frame_paths``), a new frame at every ``cut``, by zstd's single-threaded

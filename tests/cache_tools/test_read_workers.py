@@ -254,3 +254,87 @@ def test_workers_whose_exit_status_cannot_be_read_leave_it_to_one_process(valid_
     finally:
         signal.signal(signal.SIGCHLD, old)
     assert stages == [False]
+
+
+# --- zstd archives in pack's frames ------------------------------------------------------------
+
+
+@pytest.fixture
+def framed(triton_cache, tmp_path, fp, monkeypatch) -> Path:
+    """A zstd archive of the three entries in one frame each (FRAME_BYTES made small, here
+    and for the readers), with forced workers."""
+    from cache_helpers import triton_location
+    from cache_tools import writer
+
+    monkeypatch.setattr(writer, "FRAME_BYTES", 1)             # a frame per entry
+    out = tmp_path / "framed.tar.zst"
+    archive.pack(out, [triton_location(triton_cache)], zstd=True, fingerprint=fp, jobs=1)
+    return out
+
+
+def _frames(path: Path) -> list[bytes]:
+    """The decompressed content of each zstd frame of ``path``."""
+    import zstandard
+
+    data, out = path.read_bytes(), []
+    while data:
+        d = zstandard.ZstdDecompressor().decompressobj()
+        out.append(d.decompress(data))
+        data = d.unused_data
+    return out
+
+
+def _reframe(frames: list[bytes], out: Path) -> Path:
+    import zstandard
+
+    out.write_bytes(b"".join(zstandard.ZstdCompressor().compress(f) for f in frames))
+    return out
+
+
+def test_workers_read_a_framed_zstd_archive_as_one_process_does(framed, fp, tmp_path, stages,
+                                                                 checks):
+    assert len(_frames(framed)) == 1 + 3 + 2      # manifest, an entry each, the end (and empty)
+    one = _restore(framed, tmp_path / "dest", fp, jobs=1)
+    alone = archive.verify(framed, local=fp, jobs=1)
+    with hostile.forked_workers():
+        assert _restore(framed, tmp_path / "dest", fp, jobs=2) == one
+        assert archive.verify(framed, local=fp, jobs=3).manifest == alone.manifest
+    assert stages == [True] and checks == [True]
+
+
+def test_a_zstd_archive_in_other_frames_is_read_in_one_process(valid_archive, fp, tmp_path,
+                                                              stages, checks):
+    import zstandard
+
+    one = tmp_path / "one-frame.tar.zst"                     # an older pack's, a merge's
+    one.write_bytes(zstandard.ZstdCompressor().compress(valid_archive.read_bytes()))
+    with hostile.forked_workers():
+        archive.verify(one, local=fp, jobs=2)
+        _restore(one, tmp_path / "dest", fp, jobs=2)
+    assert checks == [] and stages == []                     # never tried: not pack's frames
+
+
+@pytest.mark.parametrize("where", ["manifest", "entry", "tail"])
+def test_data_a_frame_holds_beyond_its_part_is_refused_by_workers_as_by_one_process(
+        framed, fp, tmp_path, where, stages):
+    """A frame that holds more than its part of the tar stream (the manifest's, an entry's,
+    the end's): one process refuses it, and the workers leave it to one process."""
+    frames = _frames(framed)
+    at = {"manifest": 0, "entry": 1, "tail": 4}[where]
+    frames[at] += b"\x01" * 512
+    hostile.rejects(_reframe(frames, tmp_path / f"{where}.tar.zst"), tmp_path / "dest", fp,
+                    re.compile(r".+"))
+    assert True not in stages
+
+
+def test_a_damaged_frame_is_refused_by_workers_as_by_one_process(framed, fp, tmp_path, stages):
+    from cache_tools.reader import ArchiveReader
+
+    with ArchiveReader(framed) as reader:
+        second = reader.zstd_frames[2]               # the second entry's frame
+    raw = bytearray(framed.read_bytes())
+    raw[second + 40] ^= 0xFF
+    bad = tmp_path / "damaged.tar.zst"
+    bad.write_bytes(bytes(raw))
+    hostile.rejects(bad, tmp_path / "dest", fp, re.compile(r"archive is truncated or damaged.*"))
+    assert True not in stages

@@ -15,6 +15,7 @@ import hostile
 from cache_helpers import triton_location
 from cache_tools import archive
 from cache_tools import pack as pack_mod
+from cache_tools import writer as writer_mod
 from cache_tools.errors import ArchiveError
 from cache_tools.groups import MAX_GROUP_BYTES
 from cache_tools.manifest import NAME_MAX, PATH_MAX, Manifest
@@ -248,10 +249,10 @@ def test_a_zstd_payload_in_frames_is_the_same_from_workers_and_from_one_process(
     forked workers compress runs of frames (one zstd thread each) or one process does (any
     number of threads), and it verifies and restores."""
     loc = [triton_location(triton_cache)]
-    monkeypatch.setattr(pack_mod, "FRAME_BYTES", 4096)           # several frames here
+    monkeypatch.setattr(writer_mod, "FRAME_BYTES", 4096)         # several frames here
     one = tmp_path / "one.tar.zst"
     archive.pack(one, loc, zstd=True, fingerprint=fp, jobs=1)
-    cuts = pack_mod.frame_cuts([e.size for e in archive.verify(one, local=fp).manifest.entries])
+    cuts = writer_mod.frame_cuts([e.size for e in archive.verify(one, local=fp).manifest.entries])
     assert len(cuts) > 2
     # the manifest's frame, the payload's, the end-of-archive block's, and the empty frame the
     # archive writer's compressor ends with
@@ -269,7 +270,7 @@ def test_a_zstd_payload_in_frames_is_the_same_from_workers_and_from_one_process(
 
 
 def test_frame_cuts_follow_the_sizes_alone():
-    from cache_tools.pack import FRAME_BYTES, frame_cuts
+    from cache_tools.writer import FRAME_BYTES, frame_cuts
 
     assert frame_cuts([]) == []
     assert frame_cuts([1, 2, 3]) == [(0, 3)]
@@ -293,7 +294,7 @@ def test_an_entry_that_vanishes_under_a_forked_pack_is_skipped_as_in_one_process
         return files
 
     monkeypatch.setattr(pack_mod, "_plan_entry", plan_then_prune)
-    monkeypatch.setattr(pack_mod, "FRAME_BYTES", 4096)           # zstd: frames in workers
+    monkeypatch.setattr(writer_mod, "FRAME_BYTES", 4096)         # zstd: frames in workers
     _forced_workers(monkeypatch)
     out = tmp_path / ("w.tar.zst" if zstd else "w.tar")
     result = archive.pack(out, loc, fingerprint=fp, jobs=3, zstd=zstd)
