@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Mapping
 
 from cache_tools import forks, groups, tarfmt
 from cache_tools.manifest import EntryRecord, Manifest, member_prefix
-from cache_tools.reader import ArchiveReader, Member, NotOurs
+from cache_tools.reader import MAX_FRAMES, ArchiveReader, Member, NotOurs
 from cache_tools.staging import Installer, StagedEntry
 from cache_tools.writer import frame_cuts
 
@@ -49,8 +49,10 @@ def _frames(reader: ArchiveReader, manifest: Manifest
     """For a zstd archive in the frames pack writes: the runs of entries of its payload
     frames (``writer.frame_cuts``), where each of those frames starts, and where the frames
     after the payload start; None for any other framing (an older pack's, a merge's)."""
-    cuts = frame_cuts([e.size for e in manifest.entries])
     frames = reader.zstd_frames
+    if len(frames) >= MAX_FRAMES:
+        return None
+    cuts = frame_cuts([e.size for e in manifest.entries])
     if len(cuts) < 2 or len(frames) < len(cuts) + 2:
         return None
     return cuts, frames[1:len(cuts) + 1], frames[len(cuts) + 1]
@@ -144,7 +146,7 @@ def _read_runs(reader: ArchiveReader, manifest: Manifest, jobs: int,
     def work(first: int, stop: int, progress: Callable[[int], None]) -> bytes:
         # the very file the parent opened and checked (a new open file of it, with its own
         # offset), not whatever the path names by then
-        with reader.reopen() as mine:
+        with reader.reopen(walk=False) as mine:
             handle(mine.range_members(manifest, offsets[first], entries[first:stop]), progress)
         return b""
 
@@ -175,7 +177,7 @@ def _read_frames(reader: ArchiveReader, manifest: Manifest, jobs: int,
             return False                        # the manifest's frame holds more, or less
 
         def work(first: int, stop: int, progress: Callable[[int], None]) -> bytes:
-            with reader.reopen() as mine:
+            with reader.reopen(walk=False) as mine:
                 for c in range(first, stop):
                     a, b = cuts[c]
                     handle(mine.frame_members(manifest, starts[c], offsets[a], entries[a:b]),

@@ -27,6 +27,7 @@ process or in workers) and merge accept and refuse exactly the same archives.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 from dataclasses import dataclass
@@ -80,17 +81,18 @@ def zstandard_module(why: str):
 
 
 class _Counted:
-    """The compressed file as the decompressor reads it: counts bytes for the ratio check, and
-    ends after ``limit`` bytes when given (one frame's)."""
+    """The compressed file as the decompressor reads it from byte ``start``: ``count`` is the
+    offset reached (the compressed bytes the ratio check weighs, those before ``start``
+    included), and it ends at byte ``end`` when given (one frame's end)."""
 
-    def __init__(self, raw: IO[bytes], limit: int | None = None) -> None:
+    def __init__(self, raw: IO[bytes], start: int = 0, end: int | None = None) -> None:
         self.raw = raw
-        self.count = 0
-        self.limit = limit
+        self.count = start
+        self.end = end
 
     def read(self, n: int = -1) -> bytes:
-        if self.limit is not None:
-            left = self.limit - self.count
+        if self.end is not None:
+            left = self.end - self.count
             n = left if n < 0 else min(n, left)
             if n <= 0:
                 return b""
@@ -173,8 +175,6 @@ class ArchiveReader:
         self._counted = _Counted(self._file)
         #: byte offsets of a zstd archive's frames (pack cuts its payload into frames)
         self.zstd_frames: list[int] = []
-        #: decompressed bytes before this reader's first (a range read's start)
-        self._ratio_base = 0
         if not self.compressed:
             self._source: Callable[[int], bytes] = self._file.read
             return
@@ -193,12 +193,16 @@ class ArchiveReader:
         """Decompress from the frame at byte ``frame``: it and every frame after it, or
         (``alone``) that frame only (its compressed bytes end where the next frame starts)."""
         zstd = zstandard_module("read a zstd-compressed archive")
-        limit = None
+        end = None
         if alone:
-            later = [f for f in self.zstd_frames if f > frame]
-            limit = (later[0] if later else os.fstat(self._file.fileno()).st_size) - frame
+            i = bisect.bisect_right(self.zstd_frames, frame)
+            end = self.zstd_frames[i] if i < len(self.zstd_frames) else \
+                os.fstat(self._file.fileno()).st_size
         self._file.seek(frame)
-        self._counted = _Counted(self._file, limit)
+        # Counted from the file's start: at a frame deep in the archive the ratio weighs what
+        # one reader from the start would have read by then (at most that: stricter, never
+        # laxer, than the one-process read).
+        self._counted = _Counted(self._file, frame, end)
         self._source = zstd.ZstdDecompressor(max_window_size=1 << 27).stream_reader(
             self._counted, read_across_frames=True).read
 
@@ -214,13 +218,14 @@ class ArchiveReader:
     def fileno(self) -> int:
         return self._file.fileno()
 
-    def reopen(self) -> "ArchiveReader":
+    def reopen(self, walk: bool = True) -> "ArchiveReader":
         """A new reader of the very file this one has open, from its start (through its
         ``/proc/self/fd`` entry where there is one: not whatever the path names by now); its
-        messages name the same path."""
+        messages name the same path.  ``walk=False``: a zstd archive's frames are taken from
+        this reader, not walked again (the read workers)."""
         fd = Path(f"/proc/self/fd/{self.fileno()}")
         if fd.exists():
-            again = ArchiveReader(fd, self.limits, walked=self.zstd_frames)
+            again = ArchiveReader(fd, self.limits, walked=None if walk else self.zstd_frames)
         else:                           # by its path: what the path names now, walked again
             again = ArchiveReader(self.path, self.limits)
         again.path = self.path
@@ -244,11 +249,10 @@ class ArchiveReader:
             raise ArchiveError(f"archive member {self.current!r}: decompressed data exceeds what "
                                f"the manifest declares ({produced} bytes); refusing a possible "
                                "decompression bomb", hint=HINT_CORRUPT)
-        here = produced - self._ratio_base
-        if self.compressed and here > lim.ratio_floor_bytes and \
-                here > lim.max_ratio * max(self._counted.count, 1):
+        if self.compressed and produced > lim.ratio_floor_bytes and \
+                produced > lim.max_ratio * max(self._counted.count, 1):
             raise ArchiveError(f"archive member {self.current!r}: decompression ratio exceeds "
-                               f"{lim.max_ratio:g}:1 ({here} bytes from "
+                               f"{lim.max_ratio:g}:1 ({produced} bytes from "
                                f"{self._counted.count}); refusing a possible decompression "
                                "bomb", hint=HINT_CORRUPT)
         return data
@@ -418,7 +422,6 @@ class ArchiveReader:
     def _seek_frame(self, manifest: Manifest, frame: int, offset: int, alone: bool) -> None:
         self._seek(manifest, offset)
         self._decompress(frame, alone)
-        self._ratio_base = offset
 
     def range_members(self, manifest: Manifest, offset: int, entries: Sequence[EntryRecord]
                       ) -> Iterator[Member]:
@@ -561,6 +564,11 @@ _TYPES = {b"2": "symbolic link to", b"1": "hard link to", b"3": "character devic
           b"4": "block device", b"6": "FIFO", b"5": "directory", b"S": "sparse file"}
 
 
+#: frame offsets a reader keeps at most (pack writes one frame per 16 MiB of payload and three
+#: more); an archive of more frames is read in one process
+MAX_FRAMES = 1 << 16
+
+
 def zstd_structure_problem(f: IO[bytes], starts: list[int] | None = None) -> str:
     """Walk the zstd frame and block headers (RFC 8878) without decompressing; '' when every
     frame is complete.  The decompressor itself reports a stream cut at a block boundary as a
@@ -582,14 +590,11 @@ def zstd_structure_problem(f: IO[bytes], starts: list[int] | None = None) -> str
         frames = 0
         while pos < size:
             magic = int.from_bytes(read(4), "little")
-            if magic & 0xFFFFFFF0 == 0x184D2A50:          # skippable frame
-                pos += int.from_bytes(read(4), "little")
-                if pos > size:
-                    raise EOFError
-                continue
+            if magic & 0xFFFFFFF0 == 0x184D2A50:
+                return f"skippable zstd frame at byte {pos - 4} (an archive of ours has none)"
             if magic != 0xFD2FB528:
                 return f"no zstd frame at byte {pos - 4}"
-            if starts is not None:
+            if starts is not None and len(starts) < MAX_FRAMES:
                 starts.append(pos - 4)
             fhd = read(1)[0]
             single = fhd >> 5 & 1

@@ -20,7 +20,7 @@ import hostile
 from cache_helpers import tree
 from cache_tools import archive, forks, read_workers
 from cache_tools.locations import resolve
-from cache_tools.reader import WHOLE, ArchiveReader
+from cache_tools.reader import WHOLE, ArchiveReader, Limits
 
 
 def _returns(monkeypatch, name: str) -> list[bool]:
@@ -337,4 +337,41 @@ def test_a_damaged_frame_is_refused_by_workers_as_by_one_process(framed, fp, tmp
     bad = tmp_path / "damaged.tar.zst"
     bad.write_bytes(bytes(raw))
     hostile.rejects(bad, tmp_path / "dest", fp, re.compile(r"archive is truncated or damaged.*"))
+    assert True not in stages
+
+
+def test_a_skippable_frame_is_refused_before_any_worker(framed, fp, tmp_path):
+    """A skippable frame (which a walk that skipped it 4 bytes short used to misplace) is
+    refused when the archive is opened, by every path alike: pack writes none."""
+    from cache_tools.reader import ArchiveReader
+
+    with ArchiveReader(framed) as reader:
+        second = reader.zstd_frames[2]
+    raw = framed.read_bytes()
+    bad = tmp_path / "skippable.tar.zst"
+    bad.write_bytes(raw[:second] + (0x184D2A50).to_bytes(4, "little") + (4).to_bytes(4, "little")
+                    + b"\x28\xb5\x2f\xfd" + raw[second:])
+    hostile.rejects(bad, tmp_path / "dest", fp, re.compile(
+        rf"archive is truncated or damaged: skippable zstd frame at byte {second} \(an archive "
+        r"of ours has none\)"))
+
+
+def test_the_decompression_ratio_counts_from_the_archives_start_in_workers(tmp_path, fp,
+                                                                         monkeypatch, stages):
+    """Frames of zeros, each under the ratio's floor, together far above it: one process
+    refuses the archive, and workers, which weigh what was decompressed before their frame
+    too, do not accept it."""
+    from cache_tools import writer
+
+    monkeypatch.setattr(writer, "FRAME_BYTES", 1)
+    src = tmp_path / "root"
+    ops = src / ".cache" / "flashinfer" / "0.2.14" / "90" / "cached_ops"
+    for i in range(5):
+        (ops / f"op{i}").mkdir(parents=True)
+        (ops / f"op{i}" / f"op{i}.so").write_bytes(bytes(1 << 20))
+    out = tmp_path / "zeros.tar.zst"
+    archive.pack(out, resolve(root=src), zstd=True, fingerprint=fp, jobs=1)
+    hostile.rejects(out, tmp_path / "dest", fp,
+                    re.compile(r"archive member '.+': decompression ratio exceeds 50:1 .*"),
+                    Limits(max_ratio=50, ratio_floor_bytes=2 << 20))
     assert True not in stages
