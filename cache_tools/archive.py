@@ -59,8 +59,8 @@ def verify(archive: str | os.PathLike[str], *, limits: Limits | None = None,
            jobs: int | None = None) -> VerifyReport:
     """Check every member against the manifest with the reader restore uses (the same
     refusals); an ArchiveError names the first bad member.  ``jobs``: worker processes for a
-    large uncompressed archive (default: the usable CPUs, at most 8; see ``read_workers``);
-    whatever they find, the archive is then read here, which says what is wrong."""
+    large archive of ours (default: the usable CPUs, at most 8; see ``read_workers``); when
+    they give up, the archive is read here, which says what is wrong."""
     progress = progress or Progress.null()
     jobs = forks.jobs_for(jobs)
     with paused_gc():

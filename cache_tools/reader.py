@@ -19,7 +19,8 @@ the last one, so restore stages it and moves nothing into place before the end):
 Our own members are recognized by comparing their header bytes with what the writer produces
 for the listed name, size and mode (one comparison); anything else goes through the careful
 parse in ``tarfmt.TarStream.next_header``.  ``range_members`` runs the same checks on a byte
-range, for the restore workers (``read_workers``), and accepts only our own layout there.
+range, ``frame_members`` on a frame of a zstd archive in pack's frames, for the read workers
+(``read_workers``: verify and restore), and both accept only our own layout there.
 
 Longer than 500 lines: every check an archive passes lives here, so that verify, restore (in one
 process or in workers) and merge accept and refuse exactly the same archives.
@@ -392,11 +393,7 @@ class ArchiveReader:
         if not self.compressed:
             raise NotOurs("an uncompressed archive has no frames")
         self._seek_frame(manifest, frame, offset, alone=True)
-        last = yield from self._payload(manifest, entries, MANIFEST_NAME, False)
-        try:
-            self._tar.skip_padding(repr(last))
-        except tarfmt.TarFormatError as exc:
-            raise NotOurs(exc.reason) from None
+        yield from self._range(manifest, entries)
         if not self._tar.exhausted():
             raise NotOurs(f"the frame at byte {frame} holds more than its entries")
 
@@ -433,8 +430,13 @@ class ArchiveReader:
         if self.compressed:
             raise NotOurs("a compressed archive is read from its start")
         self._seek(manifest, offset)
+        yield from self._range(manifest, entries)
+
+    def _range(self, manifest: Manifest, entries: Sequence[EntryRecord]) -> Iterator[Member]:
+        """The members of ``entries`` from where the reader stands, our layout only, and the
+        last one's padding (no other range reads it)."""
         last = yield from self._payload(manifest, entries, MANIFEST_NAME, False)
-        try:                    # the last member's padding: no other range reads it
+        try:
             self._tar.skip_padding(repr(last))
         except tarfmt.TarFormatError as exc:
             raise NotOurs(exc.reason) from None

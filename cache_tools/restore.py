@@ -91,7 +91,7 @@ class RestorePlan(EntryPlanView):
                 jobs: int | None = None) -> RestoreResult:
         """Stage every entry to write while checking the whole archive, then move entries into
         place one rename each.  ``on_entry`` is called after each entry is committed.  ``jobs``:
-        worker processes for a large uncompressed archive (default: the usable CPUs, at most
+        worker processes for a large archive of ours (default: the usable CPUs, at most
         8; 1 reads in this process; see ``read_workers``)."""
         with os_errors("restore", "check free space and permissions of the destination; "
                                   "no partial entry is visible, rerun to finish"), paused_gc():

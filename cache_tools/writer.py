@@ -42,6 +42,10 @@ class ArchiveWriter:
         self.offset = self.room          # of the (uncompressed) tar stream
         self.tmp = out.parent / own_name(PACK_PREFIX, ".tmp")
         self.spool: Path | None = None
+        #: every file ``frame_paths`` named (removed by ``close``), and those ``framed`` holds
+        #: the payload, in order (appended by ``finish``)
+        self.frames: list[Path] = []
+        self._framed: list[Path] = []
         self._zstd = None
         _ACTIVE.add(self.tmp)
         self._raw = open(self.tmp, "xb", buffering=0)
@@ -58,7 +62,6 @@ class ArchiveWriter:
             self._sink = self._compressor.stream_writer(self._spool, closefd=False,
                                                         write_size=1 << 20)
             self._write = self._sink.write
-            self.frames: list[Path] = []        # payload frames written apart (``frame``)
         else:
             self._raw.seek(self.room)
             self._buffered = open(self._raw.fileno(), "wb", buffering=1 << 20, closefd=False)
@@ -117,7 +120,7 @@ class ArchiveWriter:
                                               ).compress(head)
             self._raw.write(frame)
             assert self.spool is not None
-            for path in [*getattr(self, "_framed", ()), self.spool]:
+            for path in [*self._framed, self.spool]:
                 with open(path, "rb", buffering=0) as src:
                     _copy(src, self._raw)
         self._raw.close()
@@ -132,7 +135,7 @@ class ArchiveWriter:
                     f.close()
             except (OSError, ValueError):
                 pass
-        for p in (self.tmp, self.spool, *getattr(self, "frames", ())):
+        for p in (self.tmp, self.spool, *self.frames):
             if p is not None:
                 _ACTIVE.discard(p)
                 try:
@@ -276,7 +279,7 @@ class PlacedWriter:
         self.fd = fd
         self.offset = offset
         self._at = offset
-        self._parts: list[bytes] = []
+        self._parts: list[bytes | memoryview] = []
         self._held = 0
 
     def write(self, data: bytes | memoryview) -> None:

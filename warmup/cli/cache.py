@@ -104,7 +104,7 @@ def pack_cmd(
 def verify_cmd(
     path: Path = typer.Argument(..., help="archive to check"),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
-                                       help="worker processes for a large uncompressed archive "
+                                       help="worker processes for a large archive "
                                             "(1: this process only; default: one per usable "
                                             "CPU; at most 8)"),
     fmt: Format = options.FORMAT,
@@ -129,7 +129,7 @@ def restore_cmd(
     force: bool = typer.Option(False, "--force", help="restore an archive of another "
                                                       "toolchain"),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
-                                       help="worker processes for a large uncompressed archive "
+                                       help="worker processes for a large archive "
                                             "(1: this process only; default: one per usable "
                                             "CPU; at most 8)"),
     fmt: Format = options.FORMAT,
