@@ -108,6 +108,10 @@ _zygote: _Zygote | None = None
 
 #: Where pytest-xdist's controller started the zygote its workers share (``start_shared``).
 SHARED = "WARMUP_TEST_ZYGOTE_DIR"
+#: Read as this module is imported (a worker imports it while pytest configures, before any
+#: test): a test that clears or replaces the environment must not make the worker start a zygote
+#: of its own (a second preload, ~12 CPU seconds).
+_SHARED_DIR = os.environ.get(SHARED)
 
 
 def python() -> str:
@@ -117,8 +121,7 @@ def python() -> str:
     if not wanted():
         return sys.executable
     if _zygote is None:
-        shared = os.environ.get(SHARED)
-        _zygote = (_joined(shared) if shared else None) or _Zygote()
+        _zygote = (_joined(_SHARED_DIR) if _SHARED_DIR else None) or _Zygote()
     return _zygote.launcher
 
 

@@ -34,6 +34,18 @@ def _repo_root_cwd():
     os.chdir(old)
 
 
+@pytest.fixture(autouse=True)
+def _no_recorders_left_installed():
+    """No test leaves the compile-event recorders installed in its pytest worker.  SGLang's
+    plugin loading, run in-process by a test with WARMUP_ENABLE=1, installs them for the
+    process's life with the state directory of that moment; a later test's ``events.install``
+    would then keep those (``already_installed``) and its records would go elsewhere."""
+    yield
+    events = sys.modules.get("warmup.observe.events")
+    if events is not None and events.installed():
+        events.uninstall()
+
+
 @pytest.fixture
 def spawn_from_zygote():
     """multiprocessing's ``spawn`` children start through the test zygote (_interpreter.py)
