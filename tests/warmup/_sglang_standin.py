@@ -226,6 +226,7 @@ def recording(tmp_path, monkeypatch):
 
     for name in ("PROMETHEUS_MULTIPROC_DIR", "WARMUP_STATE_DIR", "WARMUP_SECOND_PASS"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WARMUP_GC_PAUSE_MS", "0")   # a slow collection on a busy host: no record
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
     saved = (knobs.compilation.listener, knobs.runtime.jit_cache_hook,
              knobs.runtime.jit_post_compile_hook,

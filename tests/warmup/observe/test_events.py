@@ -44,6 +44,9 @@ def isolated_hooks(monkeypatch, tmp_path):
     """Triton's hook slots, SGLang's watch state, the phase and our installation, all restored."""
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     monkeypatch.delenv("WARMUP_STATE_DIR", raising=False)
+    # Collections are not recorded here (test_gc_pauses.py records them): on a busy host a slow
+    # one would add a record to the exact lists these tests read back.
+    monkeypatch.setenv("WARMUP_GC_PAUSE_MS", "0")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
     saved = (knobs.compilation.listener, knobs.runtime.jit_cache_hook,
              knobs.runtime.jit_post_compile_hook,
