@@ -19,6 +19,7 @@ import pytest
 import hostile
 from cache_helpers import tree
 from cache_tools import archive, forks, read_workers
+from cache_tools.errors import ArchiveError
 from cache_tools.locations import resolve
 from cache_tools.reader import WHOLE, ArchiveReader, Limits
 
@@ -225,7 +226,10 @@ def test_a_bad_tail_is_refused_also_when_every_entry_is_already_in_place(valid_a
     bad.write_bytes(raw[:end] + tarfmt.header("junk", 0, 0o644) + tarfmt.end(end + 512))
     dest = tmp_path / "dest"
     archive.plan_restore(valid_archive, dest=dest, local=fp).execute(jobs=1)  # all in place
-    hostile.rejects(bad, dest, fp, "archive member 'junk' is not listed in the manifest")
+    message = hostile.rejects(bad, dest, fp, "archive member 'junk' is not listed in the manifest")
+    with hostile.forked_workers(), pytest.raises(ArchiveError) as forked:   # here, to see it
+        archive.plan_restore(bad, dest=dest, local=fp).execute(jobs=2)
+    assert forked.value.message == message
     assert stages == [False]        # the workers saw the bad tail and handed the archive back
 
 
