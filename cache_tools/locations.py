@@ -562,19 +562,28 @@ def exports(root: str | None = None, *, env: Mapping[str, str] | None = None,
 
 
 @contextlib.contextmanager
-def environment(values: Mapping[str, str | None]) -> Iterator[None]:
-    """Set (or, for None, unset) environment variables; put them back on exit."""
-    saved = {k: os.environ.get(k) for k in values}
-
-    def apply(items: Iterable[tuple[str, str | None]]) -> None:
-        for key, value in items:
+def environment(values: Mapping[str, str | None] | None = None) -> Iterator[None]:
+    """Set (or, for None, unset) environment variables for the block; on exit the whole
+    environment is put back as it was on entry, including what the block set on its own (SGLang
+    redirects its third-party cache variables as it resolves server args; torch sets its
+    Inductor cache directory when it first asks for it)."""
+    saved = dict(os.environ)
+    try:
+        for key, value in (values or {}).items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-    try:
-        apply(values.items())
         yield
     finally:
-        apply(saved.items())
+        put_back(saved)
+
+
+def put_back(saved: Mapping[str, str]) -> None:
+    """Make the process environment ``saved`` again (only the variables that differ are
+    touched)."""
+    for key in [k for k in os.environ if k not in saved]:
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value

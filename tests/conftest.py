@@ -34,6 +34,28 @@ def _repo_root_cwd():
     os.chdir(old)
 
 
+#: This process's environment as its session started (before any fixture).
+_SESSION_ENVIRONMENT: dict[str, str] = {}
+
+
+def pytest_sessionstart(session):
+    _SESSION_ENVIRONMENT.update(os.environ)
+
+
+@pytest.fixture(autouse=True)
+def _environment_put_back():
+    """Each test ends with the environment the session started with, whatever a test or a
+    fixture of any scope changed without monkeypatch.  Importing SGLang and resolving its
+    server args set its third-party cache variables (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR,
+    ...) in the process; every later test interpreter started with such a variable changed
+    could not come from the test zygote's preloaded stages."""
+    from cache_tools.locations import put_back
+
+    yield
+    put_back({**_SESSION_ENVIRONMENT, **{k: v for k, v in os.environ.items()
+                                          if k == "PYTEST_CURRENT_TEST"}})
+
+
 @pytest.fixture(autouse=True)
 def _no_recorders_left_installed():
     """No test leaves the compile-event recorders installed in its pytest worker.  SGLang's

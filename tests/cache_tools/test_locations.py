@@ -243,3 +243,24 @@ def test_env_without_root_pins_the_current_locations():
     assert pairs["TRITON_CACHE_DIR"] == "/data/c/triton"
     assert pairs["FLASHINFER_WORKSPACE_BASE"] == "/data/c"
     assert pairs["SGLANG_JIT_CACHE_DIR"] == "/h/.cache/sglang/jit"
+
+
+def test_environment_puts_the_whole_environment_back(monkeypatch):
+    """Variables given are set or unset for the block; on exit everything is as on entry,
+    including what the block itself set, changed or removed."""
+    monkeypatch.setenv("SGW_KEPT", "1")
+    monkeypatch.setenv("SGW_CHANGED", "a")
+    monkeypatch.setenv("SGW_UNSET", "x")
+    monkeypatch.delenv("SGW_GIVEN", raising=False)
+    monkeypatch.delenv("SGW_ADDED", raising=False)
+    before = dict(os.environ)
+    with L.environment({"SGW_GIVEN": "g", "SGW_UNSET": None}):
+        assert os.environ["SGW_GIVEN"] == "g" and "SGW_UNSET" not in os.environ
+        os.environ["SGW_ADDED"] = "new"          # as a library resolving settings would
+        os.environ["SGW_CHANGED"] = "b"
+        del os.environ["SGW_KEPT"]
+    assert dict(os.environ) == before
+    with pytest.raises(RuntimeError), L.environment():
+        os.environ["SGW_ADDED"] = "new"
+        raise RuntimeError
+    assert dict(os.environ) == before

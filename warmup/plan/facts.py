@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from cache_tools.locations import environment
 from warmup.errors import FactsError
 
 #: SGLang's page size when none is resolved (its own default).
@@ -344,23 +345,28 @@ def from_launch_flags(flags: str | list[str], *, model_config: str | None = None
         argv = argv + ["--log-level", "warning"]  # resolution's INFO lines are not facts
     import warnings
 
-    try:  # imported after the checks above: a bad model path fails at once, not after SGLang
-        from sglang.srt.server_args import prepare_server_args
-    except ImportError as exc:
-        raise FactsError(f"SGLang is not importable here ({exc})",
-                         hint="install sglang, or use --facts FILE or --url URL") from None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # import-time notes about absent accelerators
-            sa = prepare_server_args(argv)
-            sa.resolve_once()
-    except SystemExit as exc:
-        raise FactsError(f"SGLang rejected the launch flags (argparse exit {exc.code})",
-                         hint="run `python -m sglang.launch_server --help` for the valid flags") from None
-    except Exception as exc:
-        raise FactsError(f"SGLang could not resolve the launch flags: {type(exc).__name__}: {exc}",
-                         hint="fix the flags; SGLang's own message is above") from None
-    return from_server_args(sa, source="launch_flags", assumed=assumed)
+    # SGLang's import and resolution set process-wide variables as its launcher would (its
+    # third-party cache directories); reading facts leaves this process's environment as it was.
+    with environment():
+        try:  # imported after the checks above: a bad model path fails at once, not after SGLang
+            from sglang.srt.server_args import prepare_server_args
+        except ImportError as exc:
+            raise FactsError(f"SGLang is not importable here ({exc})",
+                             hint="install sglang, or use --facts FILE or --url URL") from None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # import-time notes about absent accelerators
+                sa = prepare_server_args(argv)
+                sa.resolve_once()
+        except SystemExit as exc:
+            raise FactsError(f"SGLang rejected the launch flags (argparse exit {exc.code})",
+                             hint="run `python -m sglang.launch_server --help` for the valid "
+                                  "flags") from None
+        except Exception as exc:
+            raise FactsError(f"SGLang could not resolve the launch flags: "
+                             f"{type(exc).__name__}: {exc}",
+                             hint="fix the flags; SGLang's own message is above") from None
+        return from_server_args(sa, source="launch_flags", assumed=assumed)
 
 
 def from_server_args(server_args: Any, *, source: str = "server_args",

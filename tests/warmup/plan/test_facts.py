@@ -42,6 +42,19 @@ def test_pr_launch_command_resolves_like_sglang(pr_facts):
     assert any(a.startswith("max_total_tokens=unknown") for a in f.assumed)
 
 
+def test_resolution_leaves_the_environment_as_it_was(tiny_dir, monkeypatch):
+    """SGLang's resolution redirects its third-party cache variables in the process; reading
+    facts offline sets none of them here."""
+    import os
+
+    for name in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH",
+                 "DG_JIT_CACHE_DIR", "TILELANG_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"):
+        monkeypatch.delenv(name, raising=False)
+    before = dict(os.environ)
+    F.from_launch_flags(["--model-path", str(tiny_dir)])
+    assert dict(os.environ) == before
+
+
 def test_small_model_defaults(tiny_dir):
     f = F.from_launch_flags(["--model-path", str(tiny_dir)])
     assert f.page_size == 1 and f.context_length == 8192 and f.max_input_len == 8191
