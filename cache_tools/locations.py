@@ -566,7 +566,8 @@ def environment(values: Mapping[str, str | None] | None = None) -> Iterator[None
     """Set (or, for None, unset) environment variables for the block; on exit the whole
     environment is put back as it was on entry, including what the block set on its own (SGLang
     redirects its third-party cache variables as it resolves server args; torch sets its
-    Inductor cache directory when it first asks for it)."""
+    Inductor cache directory when it first asks for it).  The environment is the process's:
+    not for blocks that overlap in threads, nor while another thread sets variables."""
     saved = dict(os.environ)
     try:
         for key, value in (values or {}).items():

@@ -28,11 +28,17 @@ def pytest_configure(config):
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    """A pytest-xdist worker leaves at once when its session is over (its results were sent
-    with ``workerfinished``): its exit handlers run, its streams are flushed, and the
-    interpreter's teardown of torch, Triton and SGLang (about 2 s of CPU a worker, the workers
-    at once, while the controller waits for them) is skipped."""
-    if hasattr(config, "workerinput"):
+    """A pytest-xdist worker leaves at once when its session is over (its results went with
+    ``workerfinished``; xdist ignores the closed connection after that): its exit handlers run
+    and its streams are flushed, and the interpreter's teardown of torch, Triton and SGLang
+    (about 2 s of CPU a worker, the workers at once, while the controller waits) is skipped,
+    with pytest's own cleanups after this hook.  Not while a test's non-daemon thread is still
+    alive: the worker then shuts down as usual and waits for it, as before."""
+    import threading
+
+    if hasattr(config, "workerinput") and not [
+            t for t in threading.enumerate()
+            if t is not threading.main_thread() and not t.daemon and t.is_alive()]:
         import atexit
 
         atexit._run_exitfuncs()
@@ -49,26 +55,24 @@ def _repo_root_cwd():
     os.chdir(old)
 
 
-#: This process's environment as its session started (before any fixture).
-_SESSION_ENVIRONMENT: dict[str, str] = {}
-
-
-def pytest_sessionstart(session):
-    _SESSION_ENVIRONMENT.update(os.environ)
+#: This process's environment as its tests start (a pytest-xdist worker has set its own
+#: variables by the time it imports this file).
+_ENVIRONMENT = dict(os.environ)
 
 
 @pytest.fixture(autouse=True)
 def _environment_put_back():
-    """Each test ends with the environment the session started with, whatever a test or a
+    """Each test ends with the environment the tests started with, whatever a test or a
     fixture of any scope changed without monkeypatch.  Importing SGLang and resolving its
     server args set its third-party cache variables (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR,
     ...) in the process; every later test interpreter started with such a variable changed
-    could not come from the test zygote's preloaded stages."""
+    could not come from the test zygote's preloaded stages.  (Pytest's PYTEST_CURRENT_TEST,
+    set for the test, stays until pytest removes it.)"""
     from cache_tools.locations import put_back
 
     yield
-    put_back({**_SESSION_ENVIRONMENT, **{k: v for k, v in os.environ.items()
-                                          if k == "PYTEST_CURRENT_TEST"}})
+    current = os.environ.get("PYTEST_CURRENT_TEST")
+    put_back(_ENVIRONMENT if current is None else {**_ENVIRONMENT, "PYTEST_CURRENT_TEST": current})
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,7 @@ import io
 import json
 import pickle
 import re
+import select
 import subprocess
 import sys
 import tarfile
@@ -565,9 +566,13 @@ def forked_workers() -> Iterator[None]:
 
 
 def rejects(path: Path, dest: Path, fp: Fingerprint, expect: str | re.Pattern,
-            limits: Limits | None = None) -> str:
+            limits: Limits | None = None, *, workers_here: bool = False) -> str:
     """Restore (plan and execute) and verify both refuse ``path`` with ``expect``, in one
-    process and with forked workers; ``dest`` is unchanged.  Returns the message."""
+    process and with forked workers; ``dest`` is unchanged.  Returns the message.
+
+    The reads with workers run in a light interpreter (``LightProcess``), or in this process
+    with ``workers_here``: for a test that watches or patches ``read_workers``, ``writer`` or
+    ``forks`` here, or measures this process."""
     before = tree(dest)
     with pytest.raises(ArchiveError) as err:
         archive.plan_restore(path, dest=dest, local=fp, limits=limits).execute(jobs=1)
@@ -580,8 +585,9 @@ def rejects(path: Path, dest: Path, fp: Fingerprint, expect: str | re.Pattern,
     with pytest.raises(ArchiveError) as again:
         archive.verify(path, local=fp, limits=limits, jobs=1)
     assert again.value.message == got
-    assert light_process().call(forked_refusals, path, dest, fp, limits) == \
-        {"restore": got, "verify": got}
+    forked = forked_refusals(path, dest, fp, limits) if workers_here else \
+        light_process().call(forked_refusals, path, dest, fp, limits)
+    assert forked == {"restore": got, "verify": got}
     assert tree(dest) == before
     assert "\n" not in got
     return got
@@ -619,12 +625,20 @@ class LightProcess:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         atexit.register(self.close)
 
-    def call(self, fn: Callable, *args):
+    def call(self, fn: Callable, *args, timeout: float = 300.0):
         """``fn(*args)`` there (``fn`` importable by name); its exception's traceback raises an
-        AssertionError here."""
-        pickle.dump((fn, args), self.proc.stdin)
-        self.proc.stdin.flush()
-        ok, value = pickle.load(self.proc.stdout)
+        AssertionError here.  A call interrupted, or unanswered after ``timeout`` seconds,
+        kills the process (the next call starts another: no answer is read out of turn)."""
+        try:
+            pickle.dump((fn, args), self.proc.stdin)
+            self.proc.stdin.flush()
+            if not select.select([self.proc.stdout], [], [], timeout)[0]:
+                raise TimeoutError(f"the light process gave no answer in {timeout:g} s")
+            ok, value = pickle.load(self.proc.stdout)
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            raise
         if not ok:
             raise AssertionError(f"in the light process: {value}")
         return value

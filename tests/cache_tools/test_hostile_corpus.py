@@ -72,7 +72,7 @@ def test_a_two_gib_pax_header_costs_no_memory(valid, dest, fp, tmp_path):
     try:
         msg = hostile.rejects(path, dest, fp, re.compile(
             r"the archive member after 'manifest\.json' \(byte \d+\): PAX header of 2147483648 "
-            r"bytes exceeds the limit of 65536 bytes"))
+            r"bytes exceeds the limit of 65536 bytes"), workers_here=True)   # all traced here
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -80,9 +80,8 @@ SPECS = [
 
 @pytest.fixture(autouse=True)
 def isolated(monkeypatch):
-    """Triton's hook slots, our events installation, the phase and the whole environment (a
-    kernel module that imports sglang setdefaults cache variables) are put back."""
-    saved_env = dict(os.environ)
+    """Triton's hook slots, our events installation and the phase are put back (the whole
+    environment too, which a kernel module that imports sglang changes: tests/conftest.py)."""
     saved = (knobs.compilation.listener, knobs.runtime.jit_cache_hook,
              knobs.runtime.jit_post_compile_hook,
              list(knobs.runtime.kernel_load_start_hook.calls),
@@ -97,8 +96,6 @@ def isolated(monkeypatch):
         knobs.runtime.jit_post_compile_hook = saved[:3]
     knobs.runtime.kernel_load_start_hook.calls[:] = saved[3]
     knobs.runtime.kernel_load_end_hook.calls[:] = saved[4]
-    os.environ.clear()
-    os.environ.update(saved_env)
 
 
 def clear_jit(*kernels) -> None:
