@@ -46,7 +46,7 @@ unset PYTHONDONTWRITEBYTECODE
 
 # One pytest worker per core plus one (pytest-xdist; work stealing evens out the slow tests that
 # start SGLang interpreters).  Many tests wait on a subprocess or a socket, and the extra worker
-# runs in those waits: on 2 cores 113-124 s against 129 s with one per core.
+# runs in those waits: on 2 cores 99-102 s against 111 s with one per core.
 # WARMUP_TEST_WORKERS=N sets the number; 0 runs in this process (for a debugger).  The
 # operator's self-check (`doctor --json`) runs as a test: tests/warmup/observe/test_doctor.py.
 # (nproc counts the CPUs this process may use; without the OpenMP variables, which it obeys.)
