@@ -52,7 +52,9 @@ def _group_alive(pgid: int) -> bool:
     """Whether a process of group ``pgid`` still runs.  A zombie does not count: it has exited
     and holds nothing (memory, GPU, sockets, files), it only waits for its parent, or for init
     once orphaned, to collect its status; an init that collects late (or never) must not
-    make a stopped server look alive until SIGKILL."""
+    make a stopped server look alive until SIGKILL.  A group the signal reaches but that has
+    no process in ``/proc`` (a procfs of another PID namespace) is taken as alive: the
+    signal's answer stands where procfs cannot contradict it."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -63,6 +65,7 @@ def _group_alive(pgid: int) -> bool:
         pids = [d for d in os.listdir("/proc") if d.isdigit()]
     except OSError:                     # no procfs: the signal's answer is all there is
         return True
+    seen = False
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
@@ -70,10 +73,11 @@ def _group_alive(pgid: int) -> bool:
         except OSError:                 # gone meanwhile
             continue
         fields = _stat_fields(stat)
-        if len(fields) > 2 and fields[2] == b"%d" % pgid and \
-                (fields[0] not in (b"Z", b"X") or _threads_run(pid)):
-            return True
-    return False
+        if len(fields) > 2 and fields[2] == b"%d" % pgid:
+            seen = True
+            if fields[0] not in (b"Z", b"X") or _threads_run(pid):
+                return True
+    return not seen
 
 
 def _stat_fields(stat: bytes) -> list[bytes]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -18,10 +17,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sidecar_support"))
 
-from harness import FAKE_SGLANG, PLAN, REPO, free_port  # noqa: E402
+from harness import FAKE_SGLANG, PLAN, REPO, free_port, gone  # noqa: E402
 
 from cache_tools import archive  # noqa: E402
-from warmup.sidecar import prebake, process_group  # noqa: E402
+from warmup.sidecar import prebake  # noqa: E402
 from warmup.errors import SidecarError  # noqa: E402
 
 PY = sys.executable
@@ -47,18 +46,6 @@ def run_prebake(env, *args, sglang=("--model-path", "/models/stand-in", "--host"
     return subprocess.run([PY, "-m", "warmup", "prebake", "--plan", str(PLAN), *args, "--",
                            *sglang], env=env, capture_output=True, text=True, timeout=timeout,
                           cwd=str(REPO))
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # a zombie not yet reaped by init is gone for our purposes
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
 
 
 def compile_hits(cache_dir: Path) -> list[bool]:
@@ -272,98 +259,3 @@ def test_the_environment_pins_every_cache_under_the_root(tmp_path, monkeypatch):
     finally:
         spec.discard()
     assert not spec.work_dir.exists()
-
-
-# --- stopping a process group -----------------------------------------------------------------------
-def _group(script: str) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    child = int(proc.stdout.readline())
-    return proc, child
-
-
-def test_stop_process_group_terminates_the_whole_group():
-    proc, child = _group("sleep 300 & echo $!; wait")
-    assert process_group.stop_process_group(proc, 5.0) == "SIGTERM"
-    assert proc.poll() is not None and gone(child)
-
-
-def test_stop_process_group_escalates_to_sigkill():
-    proc, child = _group("trap '' TERM; sh -c \"trap '' TERM; sleep 300\" & echo $!; wait")
-    t0 = time.monotonic()
-    assert process_group.stop_process_group(proc, 0.5) == "SIGKILL"
-    assert time.monotonic() - t0 < 5
-    assert proc.poll() == -signal.SIGKILL and gone(child)
-
-
-# The group leader starts P in a group of its own (same session) and P starts Z, which joins
-# the leader's group and exits at once: a zombie in the group whose parent lives on outside it
-# and never collects it (as when the reaping init of a container is late, or never reaps).
-_UNREAPED_ZOMBIE = """
-import os, sys, time
-group = os.getpgid(0)
-p = os.fork()
-if p == 0:
-    os.setpgid(0, 0)
-    z = os.fork()
-    if z == 0:
-        os.setpgid(0, group)
-        os._exit(0)
-    print(os.getpid(), z, flush=True)
-    time.sleep(300)
-    os._exit(0)
-time.sleep(300)
-"""
-
-
-def test_a_zombie_left_in_the_group_does_not_keep_it_alive():
-    proc = subprocess.Popen([PY, "-c", _UNREAPED_ZOMBIE], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    parent, zombie = map(int, proc.stdout.readline().split())
-    try:
-        for _ in range(100):
-            with open(f"/proc/{zombie}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            if fields[0] == b"Z":
-                break
-            time.sleep(0.05)
-        assert fields[0] == b"Z" and int(fields[2]) == proc.pid    # a zombie of the group
-        t0 = time.monotonic()
-        assert process_group.stop_process_group(proc, 5.0) == "SIGTERM"
-        assert time.monotonic() - t0 < 2                            # not the 5 s timeout
-        assert proc.poll() == -signal.SIGTERM
-    finally:
-        os.kill(parent, signal.SIGKILL)
-
-
-# A process whose main thread has exited while another thread runs on: /proc shows it as a
-# zombie ('Z') until its last thread ends.
-_MAIN_THREAD_GONE = """
-import ctypes, threading, time
-threading.Thread(target=time.sleep, args=(300,)).start()
-print("ready", flush=True)
-ctypes.CDLL(None).pthread_exit(None)
-"""
-
-
-def test_a_process_whose_main_thread_exited_is_still_alive():
-    proc = subprocess.Popen([PY, "-c", _MAIN_THREAD_GONE], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        for _ in range(100):
-            with open(f"/proc/{proc.pid}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    break
-            time.sleep(0.05)
-        assert process_group._group_alive(proc.pid)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert not process_group._group_alive(proc.pid)
-
-
-def test_stop_process_group_of_an_exited_process():
-    proc = subprocess.Popen(["true"], start_new_session=True)
-    proc.wait()
-    assert process_group.stop_process_group(proc, 1.0) == "exited"

@@ -33,6 +33,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie not yet reaped by init is gone for our purposes
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
 def get(url: str, timeout: float = 5.0) -> tuple[int | None, Any]:
     """GET url -> (status, parsed JSON or text); (None, reason) when nothing answered."""
     try:
