@@ -68,12 +68,14 @@ def main() -> None:
     from cache_tools.locations import Location, kind
 
     w = args.workdir
-    if not (w / "ours.tar").exists():
+    built = w / f"built-{args.size_mb}-mb"       # a reused --workdir of another size is rebuilt
+    if not built.exists():
         shutil.rmtree(w, ignore_errors=True)
         (w / "root").mkdir(parents=True)
         bench_cache.build_triton(args.seed, w / "root" / "triton", args.size_mb << 20)
         archive.pack(w / "ours.tar", [Location(kind("triton"), w / "root" / "triton", "bench")],
                      fingerprint=fingerprint.current(probe_gpu=False))
+        built.touch()
     base = Path(tempfile.mkdtemp(prefix="bench-ab-"))
     try:
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(base),

@@ -67,7 +67,9 @@ def _environment_put_back():
     server args set its third-party cache variables (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR,
     ...) in the process; every later test interpreter started with such a variable changed
     could not come from the test zygote's preloaded stages.  (Pytest's PYTEST_CURRENT_TEST,
-    set for the test, stays until pytest removes it.)"""
+    set for the test, stays until pytest removes it.)  A fixture that must change the
+    environment does so in function scope, through monkeypatch: a wider one's change would
+    last only until the end of its first test."""
     from cache_tools.locations import put_back
 
     yield

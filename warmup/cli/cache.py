@@ -11,7 +11,7 @@ from typing import List, Literal, Optional
 
 import typer
 
-from cache_tools import archive, fingerprint, locations, prune, remote, render, scan
+from cache_tools import archive, fingerprint, forks, locations, prune, remote, render, scan
 from cache_tools import replay as replay_mod
 from cache_tools.errors import CacheError
 from warmup.cli import options, output
@@ -23,6 +23,12 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+#: ``--jobs`` of the commands that read an archive (verify, restore)
+_READ_JOBS = typer.Option(None, "--jobs", "-j", min=1,
+                          help="worker processes for a large archive (1: this process only; "
+                               f"default: one per usable CPU; at most {forks.MAX_JOBS})")
 
 
 def _locations(root: Optional[Path], kinds: Optional[List[str]]):
@@ -81,9 +87,9 @@ def pack_cmd(
     root: Optional[Path] = options.root("pack the --root layout under DIR"),
     zstd: bool = typer.Option(False, "--zstd", help="compress with zstd (zstandard package)"),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
-                                       help="worker processes that scan and read a large "
-                                            "cache, and zstd threads (1: this process only; "
-                                            "default: one per usable CPU; at most 8); the "
+                                       help="worker processes that scan, read and compress a "
+                                            "large cache (1: this process only; default: one "
+                                            f"per usable CPU; at most {forks.MAX_JOBS}); the "
                                             "archive is the same for any number"),
     yes: bool = options.yes("overwrite OUT if it exists"),
     fmt: Format = options.FORMAT,
@@ -103,10 +109,7 @@ def pack_cmd(
 @app.command("verify")
 def verify_cmd(
     path: Path = typer.Argument(..., help="archive to check"),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
-                                       help="worker processes for a large archive "
-                                            "(1: this process only; default: one per usable "
-                                            "CPU; at most 8)"),
+    jobs: Optional[int] = _READ_JOBS,
     fmt: Format = options.FORMAT,
     json_alias: bool = options.JSON_ALIAS,
     quiet: bool = options.QUIET,
@@ -128,10 +131,7 @@ def restore_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan and stop"),
     force: bool = typer.Option(False, "--force", help="restore an archive of another "
                                                       "toolchain"),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1,
-                                       help="worker processes for a large archive "
-                                            "(1: this process only; default: one per usable "
-                                            "CPU; at most 8)"),
+    jobs: Optional[int] = _READ_JOBS,
     fmt: Format = options.FORMAT,
     json_alias: bool = options.JSON_ALIAS,
     quiet: bool = options.QUIET,

@@ -143,5 +143,3 @@ def test_a_process_that_exits_during_a_pause_is_reported_at_once():
                          else None)
     assert (hw.ended, hw.attempts) == ("exited with code 3", 1)
     assert 0.3 <= hw.waited_s < 0.6
-
-
