@@ -137,7 +137,7 @@ def map_runs(weights: Sequence[int], jobs: int,
     weight) takes fewer.  ``work(first, end, advance)`` does one run; its results, in run
     order, or None as :func:`run` says.  The runs are numbered into a pipe before the fork; a
     worker takes one by reading its number (reads of a pipe are atomic)."""
-    runs = split(weights, min(jobs, MAX_JOBS) * RUNS_PER_JOB) if weights else [(0, 0)]
+    runs = split(weights, min(jobs, MAX_JOBS) * RUNS_PER_JOB)
     tokens = b"".join(_RUN.pack(i) for i in range(len(runs)))
     assert len(tokens) <= 4096, "the run numbers must fit one pipe buffer, written at once"
     try:

@@ -570,14 +570,19 @@ def environment(values: Mapping[str, str | None] | None = None) -> Iterator[None
     not for blocks that overlap in threads, nor while another thread sets variables."""
     saved = dict(os.environ)
     try:
-        for key, value in (values or {}).items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        apply(values or {})
         yield
     finally:
         put_back(saved)
+
+
+def apply(values: Mapping[str, str | None]) -> None:
+    """Set environment variables (unset those given None)."""
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def put_back(saved: Mapping[str, str]) -> None:

@@ -107,9 +107,7 @@ def _read_file(f: _File) -> bytes:
         return f.data
     fd = noatime_fd(f.path)
     try:
-        data = os.read(fd, f.size) if f.size else b""
-        if len(data) != f.size:
-            data += _read_exact(fd, f.size - len(data), f.path)
+        data = _read_exact(fd, f.size, f.path)
         _check_same(fd, f)
     finally:
         os.close(fd)
@@ -159,9 +157,8 @@ def pack(out: str | os.PathLike[str], locations: Iterable[Location], *, zstd: bo
          level: int = 3, fingerprint: Fingerprint | None = None,
          progress: Progress | None = None, jobs: int | None = None) -> PackResult:
     """Pack every complete entry of ``locations`` into ``out``, reading each file once.
-    ``jobs``: forked workers that scan and read a large cache, and zstd compression threads
-    (default: the usable CPUs, at most ``forks.MAX_JOBS``; the archive is the same for any
-    number)."""
+    ``jobs``: forked workers that scan, read and compress a large cache (default: the usable
+    CPUs, at most ``forks.MAX_JOBS``; the archive is the same for any number)."""
     if zstd:  # before the scan and the fingerprint, not after them
         zstandard_module("write a zstd-compressed archive")
     with paused_gc():
@@ -226,19 +223,25 @@ def _pack(out: Path, planned: list[tuple[CacheEntry, list[_File]]], fp: Fingerpr
     return manifest, size
 
 
+def _layout(start: int, planned: list[tuple[CacheEntry, list[_File]]]) -> tuple[list[int], int]:
+    """Each entry's first header offset and the end of the payload, members laid out from
+    ``start`` by the names and sizes alone."""
+    return tarfmt.layout(start, ((member_prefix(e.kind, e.name),
+                                  ((f.rel, f.size, f.mode) for f in files))
+                                 for e, files in planned))
+
+
 def _encode_forked(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list[_File]]],
                    jobs: int, advance: Callable[[int], None]) -> list[list[str]] | None:
     """The payload read, hashed and written in place by forked workers, run of entries after
     run of entries (``forks.map_runs``), each at the offset the layout gives it (it follows from
-    the names and sizes); their sha256s.  None when the payload is to be written here (a small cache, no fork, a
-    worker that failed: that path then says what is wrong)."""
+    the names and sizes); their sha256s.  None when the payload is to be written here (a
+    small cache, no fork, a worker that failed: that path then says what is wrong)."""
     nbytes = sum(f.size for _, files in planned for f in files)
     nfiles = sum(len(files) for _, files in planned)
     if not forks.worth(nfiles, nbytes) or not forks.usable(jobs):
         return None
-    offsets, offset = tarfmt.layout(writer.offset, ((member_prefix(e.kind, e.name),
-                                                      ((f.rel, f.size, f.mode) for f in files))
-                                                     for e, files in planned))
+    offsets, offset = _layout(writer.offset, planned)
     fd = writer.fileno()
 
     def work(first: int, end: int, progress: Callable[[int], None]) -> bytes:
@@ -313,9 +316,7 @@ def _compress_frames(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list
             raise _Vanished(planned[vanished][0])
         files.append(paths[first])
         hashes += some
-    writer.framed(files, tarfmt.layout(writer.offset, ((member_prefix(e.kind, e.name),
-                                                         ((f.rel, f.size, f.mode) for f in fs))
-                                                        for e, fs in planned))[1])
+    writer.framed(files, _layout(writer.offset, planned)[1])
     return hashes
 
 
@@ -350,7 +351,7 @@ def _encode_one(entry: CacheEntry, f: _File, name: str) -> tuple[bytes, str]:
         data = _read_file(f)
     except FileNotFoundError:
         raise _Vanished(entry) from None
-    return (b"".join((tarfmt.header(name, f.size, f.mode), data, bytes(-f.size % 512))),
+    return (b"".join((tarfmt.header(name, f.size, f.mode), data, tarfmt.padding(f.size))),
             hashlib.sha256(data).hexdigest())
 
 

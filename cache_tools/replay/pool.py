@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import warnings
 from typing import Any, Iterator, Sequence
 
@@ -127,11 +126,7 @@ def _worker_init(cache_dir: str, toolchain: Toolchain) -> None:
     """A worker's setup: the cache directory and the run's toolchain for its whole life."""
     global _toolchain
     _toolchain = toolchain
-    for key, value in cache_environment(cache_dir).items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    locations.apply(cache_environment(cache_dir))
 
 
 def _worker(record: dict, cache_dir: str, dry_run: bool,

@@ -39,7 +39,7 @@ def test_headers_are_what_tarfile_writes(size):
 
 @pytest.mark.parametrize("size", [0, 1, 511, 512, 513, 8 ** 11 - 1, 8 ** 11])
 def test_entry_span_is_the_bytes_of_its_members(size):
-    """The layout pack and the restore workers compute offsets from: each member's header,
+    """The layout pack and the read workers compute offsets from: each member's header,
     data and padding, whatever the name's length or characters (both sides of 100)."""
     for name in _names():
         prefix, _, path = name.rpartition("/")
