@@ -72,9 +72,7 @@ def verify(archive: str | os.PathLike[str], *, limits: Limits | None = None,
             if not (workers and read_workers.check(reader, manifest, jobs, progress.advance)):
                 if workers:                         # the workers' fallback: read it all here
                     digest = reader.manifest_sha256
-                    again = reader.reopen()
-                    reader.close()
-                    reader = again
+                    reader = reader.restart()
                     if reader.read_manifest(manifest, digest) is not manifest:
                         raise ArchiveError(f"{archive} changed while it was verified",
                                            hint="verify it again once nothing writes it")

@@ -232,6 +232,14 @@ class ArchiveReader:
         again.path = self.path
         return again
 
+    def restart(self) -> "ArchiveReader":
+        """This reader closed and the very file read again from its start (``reopen``): the
+        one-process read after the workers gave up."""
+        try:
+            return self.reopen()
+        finally:
+            self.close()
+
     @property
     def archive_bytes(self) -> int:
         return os.fstat(self._file.fileno()).st_size

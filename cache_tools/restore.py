@@ -168,18 +168,16 @@ def _execute(plan: RestorePlan, progress: Progress,
             progress.start("restore", manifest.size)
             tried = read_workers.usable(reader, manifest, jobs)
             staged = tried and read_workers.stage(reader, manifest, installer, targets, jobs,
-                                                     progress.advance)
+                                                  progress.advance)
             if tried and not staged:                # the workers' fallback: start over
                 installer.cleanup()
                 installer = Installer(plan.roots)
-                again = reader.reopen()
-                reader.close()
-                reader = again
+                reader = reader.restart()
                 _read_manifest(reader, plan)
                 progress.start("restore", manifest.size)
             if not staged:
                 read_workers.stage_members(reader.members(), installer.stage, targets,
-                                              progress.advance)
+                                           progress.advance)
             bytes_read = reader.archive_bytes
         finally:
             reader.close()
