@@ -6,6 +6,7 @@ text.  Every field is type-checked and bounded before use (a log line is untrust
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,6 @@ def convert(fmt: str, path: str | Path, *, burst_window_ms: float = 10.0) -> Con
 
 def _tokens(chars: int) -> int:
     """Tokens estimated from characters (about 4 per token for English text)."""
-    import math
-
     return max(1, math.ceil(chars / 4))
 
 
@@ -76,10 +75,13 @@ def _dig(d: Any, path: tuple[str, ...]) -> Any:
 
 
 def _text_chars(content: Any) -> int:
+    """Characters of a message's text: a string, or the text parts of a list of content parts
+    (a part whose ``text`` is not a string counts nothing)."""
     if isinstance(content, str):
         return len(content)
-    if isinstance(content, list):  # content parts: count the text ones
-        return sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+    if isinstance(content, list):
+        return sum(len(p["text"]) for p in content
+                   if isinstance(p, dict) and isinstance(p.get("text"), str))
     return 0
 
 
@@ -181,6 +183,25 @@ def _openai_features(body: dict, prompts: tuple[int, ...]) -> dict[str, Any]:
 # {"timestamp": iso, "event": "request.finished", "rid": ..., "obj": {...}, "out": {...}}.
 _META_INT = ("prompt_tokens", "completion_tokens", "cached_tokens")
 _META_FLOAT = ("e2e_latency", "request_received_ts")
+#: A number of the text format, as the patterns below capture it: digits alone, or what
+#: ``float()`` parses (``1.2.3`` and a lone ``e`` are not matched, so never converted).
+_INT = r"(\d+)"
+_FLOAT = r"(-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
+#: Digits kept of an integer of the text format: more is past every bound (and past what
+#: ``int()`` converts at all: 4,300 digits).
+_INT_DIGITS = 18
+
+
+def _log_int(digits: str) -> int:
+    """An integer of the text format; one with more than :data:`_INT_DIGITS` digits counts as
+    ``10**18``, past every bound, so that the request is left out as too large."""
+    return int(digits) if len(digits) <= _INT_DIGITS else 10 ** _INT_DIGITS
+
+
+def _log_float(text: str) -> float | None:
+    """A finite number of the text format (matched by :data:`_FLOAT`), else None."""
+    value = float(text)
+    return value if math.isfinite(value) else None
 
 
 def _balanced(text: str, start: int) -> str | None:
@@ -280,11 +301,11 @@ def _parse_log_line(line: str) -> dict | None:
     meta = line[meta_at:]
     rec: dict[str, Any] = {}
     for k in _META_INT:
-        m = re.search(rf"'{k}': (\d+)", meta)
-        rec[k] = int(m.group(1)) if m else None
+        m = re.search(rf"'{k}': {_INT}\b", meta)
+        rec[k] = _log_int(m.group(1)) if m else None
     for k in _META_FLOAT:
-        m = re.search(rf"'{k}': ([0-9.eE+-]+)", meta)
-        rec[k] = float(m.group(1)) if m else None
+        m = re.search(rf"'{k}': {_FLOAT}(?![\w.])", meta)
+        rec[k] = _log_float(m.group(1)) if m else None
     m = re.search(r"'finish_reason': \{'type': '(\w+)'", meta)
     rec["finish"] = m.group(1) if m else None
     sp_at = line.find("sampling_params={", at, meta_at)
@@ -296,16 +317,17 @@ def _parse_log_line(line: str) -> dict | None:
             value = ast.literal_eval(raw) if raw and len(raw) <= 16384 else None
             rec["sampling"] = value if isinstance(value, dict) else None
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            rec["sampling"] = {k: float(v) for k, v in
-                               re.findall(r"'(\w+)': (-?[0-9.]+(?:[eE][+-]?\d+)?)", raw or "")}
+            found = re.findall(rf"'(\w+)': {_FLOAT}(?![\w.])", raw or "")
+            rec["sampling"] = {k: v for k, v in ((k, _log_float(t)) for k, t in found)
+                               if v is not None}
     head = line[at:meta_at]
     feats: dict[str, Any] = {}
     if re.search(r"\breturn_logprob=True", head):
         feats["return_logprob"] = True
         for k in ("logprob_start_len", "top_logprobs_num"):
-            m = re.search(rf"\b{k}=(\d+)", head)
+            m = re.search(rf"\b{k}={_INT}\b", head)
             if m:
-                feats[k] = int(m.group(1))
+                feats[k] = _log_int(m.group(1))
     if re.search(r"\bstream=True", head):
         feats["stream"] = True
     rec["features"] = feats

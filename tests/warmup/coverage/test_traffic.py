@@ -276,7 +276,19 @@ _HOSTILE_OPENAI = [
     '"just a string"',
     '{"prompt": [[1, 2], 3]}',
     '{"prompt": "' + "x" * 100 + '", "logprobs": 3, "echo": true, "n": 2, "stream": true}',
+    '{"messages": [{"role": "system", "content": [{"type": "text", "text": 5}]}, '
+    '{"role": "user", "content": [{"text": ["x"]}, {"text": {"a": 1}}, {"text": null}]}]}',
 ]
+
+
+def _text_log(meta: str, head: str = "") -> str:
+    """A finished request of SGLang's text log format with these meta_info fields."""
+    return (f"[2026-01-01 00:00:00] Finish: obj=GenerateReqInput({head}), "
+            f"out={{'meta_info': {{{meta}}}}}")
+
+
+#: Numbers of the text format that are not numbers, or past what int() converts.
+_TEXT_NUMBERS = ["1.2.3", "e", "-", ".", "1e", "9" * 5000, "1e999", "-1e999"]
 _HOSTILE_SGLANG = [
     '{"event": "request.finished", "rid": [1], "obj": [], "out": {"meta_info": []}}',
     '{"event": "request.finished", "out": {"meta_info": {"prompt_tokens": "10", '
@@ -297,6 +309,12 @@ _HOSTILE_SGLANG = [
     "[2026-01-01 00:00:00] Finish: obj=GenerateReqInput(stream=True), out={'meta_info': "
     "{'prompt_tokens': 1000000000000000000000000000000, 'completion_tokens': 4}}",
     '{"event": "request.finished", "out": {"meta_info": {"prompt_tokens": 20, "completion_tokens": 2}}}',
+    *(_text_log(f"'prompt_tokens': {v}, 'completion_tokens': {v}, 'cached_tokens': {v}, "
+                f"'e2e_latency': {v}, 'request_received_ts': {v}",
+                f"sampling_params={{'temperature': {v}, 'bad': [}}, return_logprob=True, "
+                f"logprob_start_len={v}, top_logprobs_num={v}") for v in _TEXT_NUMBERS),
+    _text_log("'prompt_tokens': 12, 'completion_tokens': 4, 'e2e_latency': 1.2.3",
+              "sampling_params={'temperature': 1.2.3, 'top_p': e, [}"),
 ]
 
 
@@ -331,3 +349,16 @@ def test_openai_features_become_request_features(tmp_path):
         {"n": 2, "stream": True, "return_logprob": True, "top_logprobs_num": 3,
          "logprob_start_len": 0},
         {"return_logprob": True, "top_logprobs_num": 4}]
+
+
+def test_text_log_numbers_that_are_not_numbers(tmp_path):
+    """``1.2.3`` or ``e`` where SGLang's text log has a number is no number (the request keeps
+    its lengths); 5,000 digits of prompt tokens leave the request out as too long."""
+    p = tmp_path / "requests.log"
+    p.write_text(_text_log("'prompt_tokens': 12, 'completion_tokens': 4, 'e2e_latency': 1.2.3",
+                           "sampling_params={'temperature': e, 'top_p': 0.5, 'x': [}") + "\n"
+                 + _text_log(f"'prompt_tokens': {'9' * 5000}, 'completion_tokens': 4") + "\n")
+    conv = request_logs.convert("sglang-log", p)
+    assert [(s.prompts, s.max_new_tokens, s.sampling) for s in conv.steps] == \
+        [((12,), 4, {"top_p": 0.5})]
+    assert conv.skipped == {"above 10,000,000 prompt or 1,000,000 completion tokens": 1}

@@ -77,3 +77,26 @@ def test_raw_bytes(tmp_path_factory, data):
             _check(result if isinstance(result, list) else result.steps)
         except WarmupError as exc:
             assert exc.message.startswith(str(p))
+
+
+_TEXT_VALUE = st.one_of(st.integers(-10**30, 10**30).map(str), st.text("0123456789.eE+-", max_size=12),
+                        st.integers(4000, 6000).map(lambda n: "9" * n),
+                        st.floats(allow_nan=True, allow_infinity=True).map(repr))
+
+
+@_FUZZ
+@given(st.lists(_TEXT_VALUE, min_size=8, max_size=8))
+def test_sglang_text_log_numbers(tmp_path_factory, values):
+    """SGLang's text format: whatever stands where a number belongs (``1.2.3``, ``e``, 5,000
+    digits, ``inf``), the line converts in range or is left out, never a traceback."""
+    p = tmp_path_factory.mktemp("fuzz") / "requests.log"
+    pt, ct, cached, lat, ts, temp, start, top = values
+    p.write_text(f"[2026-01-01 00:00:00] Finish: obj=GenerateReqInput(sampling_params="
+                 f"{{'temperature': {temp}, 'x': [}}, return_logprob=True, "
+                 f"logprob_start_len={start}, top_logprobs_num={top}), out={{'meta_info': "
+                 f"{{'prompt_tokens': {pt}, 'completion_tokens': {ct}, 'cached_tokens': "
+                 f"{cached}, 'e2e_latency': {lat}, 'request_received_ts': {ts}}}}}\n")
+    try:
+        _check(request_logs.convert("sglang-log", p).steps)
+    except WarmupError as exc:
+        assert exc.message.startswith(str(p)) and "\n" not in exc.message
