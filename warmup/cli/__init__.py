@@ -10,15 +10,28 @@ Exit statuses: 0 ok; 1 an error (a ``HintedError`` without its own status, a fai
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
-import typer
+#: The exit status after Ctrl-C.
+INTERRUPTED = 130
 
-from cache_tools.errors import HintedError
-from cache_tools.versions import dist_version
-from warmup import settings
-from warmup.cli import (audit, cache, coverage, doctor, learn, patches, plan, prebake, report,
-                        serve, sidecar, traffic)
+
+def _interrupted() -> NoReturn:
+    """Ctrl-C: one line and status 130, whenever it comes."""
+    print("error: interrupted", file=sys.stderr)
+    sys.exit(INTERRUPTED)
+
+
+try:  # Ctrl-C while the commands' modules load (a third of a second) is no traceback either
+    import typer
+
+    from cache_tools.errors import HintedError
+    from cache_tools.versions import dist_version
+    from warmup import settings
+    from warmup.cli import (audit, cache, coverage, doctor, learn, patches, plan, prebake, report,
+                            serve, sidecar, traffic)
+except KeyboardInterrupt:
+    _interrupted()
 
 PROG = "sglang-warmup"
 
@@ -76,6 +89,18 @@ def main(argv: list[str] | None = None) -> None:
     """The console script ``sglang-warmup`` and ``python -m warmup``: run the app inside the one
     error boundary; exits with the status the module docstring lists (returns on 0)."""
     try:
+        code = _run(argv)
+    except KeyboardInterrupt:  # outside typer's own catch, which answers 130 itself
+        code = INTERRUPTED
+    if code == INTERRUPTED:
+        _interrupted()
+    if code:
+        sys.exit(code)
+
+
+def _run(argv: list[str] | None) -> int:
+    """The app's exit status; an expected failure printed as ``error:`` and ``hint:`` lines."""
+    try:
         rc = app(args=argv, prog_name=PROG, standalone_mode=False)
     except HintedError as exc:
         if settings.DEBUG.get():
@@ -83,15 +108,14 @@ def main(argv: list[str] | None = None) -> None:
         _say(f"error: {exc.message}")
         if exc.hint:
             _say(f"hint: {exc.hint}")
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except Exception as exc:
         kind = _click_kind(exc)
         if kind is None or settings.DEBUG.get():
             raise  # a bug: the traceback is the report
-        sys.exit(_click_exit(kind, exc))
+        return _click_exit(kind, exc)
     # standalone_mode=False returns typer.Exit's code (130 after Ctrl-C) instead of exiting.
-    if isinstance(rc, int) and rc:
-        sys.exit(rc)
+    return rc if isinstance(rc, int) else 0
 
 
 def _click_kind(exc: BaseException) -> str | None:

@@ -106,11 +106,12 @@ def test_hidden_aliases_stay_out_of_the_help(capsys):
     assert "--format" in out and "--json" not in out
 
 
-def _console(*args: str) -> subprocess.CompletedProcess:
-    """The installed console script (``sglang-warmup``) running this tree's code."""
+def _console(*args: str, path: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """The installed console script (``sglang-warmup``) running this tree's code (``path``:
+    directories searched before it)."""
     script = Path(sys.executable).parent / "sglang-warmup"
     argv = [str(script)] if script.exists() else [sys.executable, "-m", "warmup"]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*path, str(REPO)]))
     return subprocess.run([*argv, *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=120)
 
@@ -134,3 +135,21 @@ def test_the_console_script_prints_the_version():
     done = _console("--version")
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.startswith("sglang-warmup ")
+
+
+def test_ctrl_c_while_the_cli_starts_is_one_line_and_status_130(tmp_path):
+    """SIGINT while the command-line modules are imported (here: typer's import, by a stand-in
+    that signals its own process) is one line and 130, as it is later; never a traceback."""
+    (tmp_path / "typer.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n")
+    done = _console("--version", path=(str(tmp_path),))
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "error: interrupted\n")
+
+
+def test_ctrl_c_in_a_command_is_one_line_and_status_130(capsys, monkeypatch):
+    from warmup.coverage import traffic
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(traffic, "synth", interrupted)
+    assert cli(capsys, "traffic", "synth", "--kind", "chat") == (130, "", "error: interrupted\n")
