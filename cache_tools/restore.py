@@ -156,11 +156,27 @@ def plan_entry(entry: EntryRecord, root: Path | None) -> PlannedEntry:
 def _execute(plan: RestorePlan, progress: Progress,
              on_entry: Callable[[Outcome], None] | None, jobs: int | None) -> RestoreResult:
     started = time.monotonic()
-    targets = {i.entry.key: i.target for i in plan.to_write}
-    jobs = forks.jobs_for(jobs)
     installer = Installer(plan.roots)
     installer.clean_stale()
     outcomes: list[Outcome] = []
+    try:
+        installer, bytes_read = stage(plan, installer, progress, forks.jobs_for(jobs))
+        progress.finish()
+        outcomes.extend(installer.commit_all(on_entry))
+    finally:
+        installer.cleanup()
+    return RestoreResult(tuple(outcomes), time.monotonic() - started, bytes_read)
+
+
+def stage(plan: RestorePlan, installer: Installer, progress: Progress, jobs: int
+          ) -> tuple[Installer, int]:
+    """Stage every entry ``plan`` writes into ``installer`` while the whole archive is read and
+    checked (by forked workers when they can); nothing is committed.  Returns the installer that
+    holds the staged entries (a new one when the workers gave up and the archive was read again
+    here: the caller commits and cleans that one; a failure cleans it here) and the archive's
+    size.  Also the OCI pull's step, one archive (layer) at a time."""
+    targets = {i.entry.key: i.target for i in plan.to_write}
+    fresh: Installer | None = None
     try:
         reader = ArchiveReader(plan.archive, plan.limits)
         try:
@@ -171,21 +187,20 @@ def _execute(plan: RestorePlan, progress: Progress,
                                                   progress.advance)
             if tried and not staged:                # the workers' fallback: start over
                 installer.cleanup()
-                installer = Installer(plan.roots)
+                installer = fresh = Installer(plan.roots)
                 reader = reader.restart()
                 _read_manifest(reader, plan)
                 progress.start("restore", manifest.size)
             if not staged:
                 read_workers.stage_members(reader.members(), installer.stage, targets,
                                            progress.advance)
-            bytes_read = reader.archive_bytes
+            return installer, reader.archive_bytes
         finally:
             reader.close()
-        progress.finish()
-        outcomes.extend(installer.commit_all(on_entry))
-    finally:
-        installer.cleanup()
-    return RestoreResult(tuple(outcomes), time.monotonic() - started, bytes_read)
+    except BaseException:
+        if fresh is not None:
+            fresh.cleanup()
+        raise
 
 
 def _read_manifest(reader: ArchiveReader, plan: RestorePlan) -> Manifest:
