@@ -24,6 +24,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from cache_tools import inputfile
+
 logger = logging.getLogger("sglang_warmup.compile_log")
 
 #: The directory under a state directory, the file names in it, and the record format.
@@ -53,7 +55,8 @@ COMPILE_EVENTS = (MISS, HIT, JIT_BUILD)
 #: Fields every record carries.  ``v`` is the format version (absent in version-1 logs written
 #: before it was added); ``phase`` is ``init``, ``warmup`` or ``serving``; ``shape_class`` and
 #: ``request`` name the warm-up step in flight; ``compiler`` is ``triton``, ``sglang-jit`` or
-#: ``tvm-ffi``.  Triton records add ``kernel`` ({module, name, qualname[, path, source]}),
+#: ``tvm-ffi``.  Triton records add ``kernel`` ({module, name, qualname, source_sha256[, path,
+#: generated]}),
 #: ``key``, ``hash``, ``signature``, ``constexprs``, ``attrs``, ``options``, ``env``,
 #: ``target``, ``toolchain``, ``triton_version``, ``duration_s``, ``stages``, ``cache_hit``,
 #: ``artifacts``, ``cache_entry`` and ``specialization``; JIT records add ``module_name``,
@@ -193,10 +196,10 @@ def parse_lines(data: bytes, where: str = "", *, warnings: list[str] | None = No
 def read(paths: Iterable[str | os.PathLike[str]], *, warnings: list[str] | None = None,
          by_time: bool = True) -> list[dict]:
     """Every record of the given log files: ordered by time (``by_time``), else in file and
-    line order.  Unreadable files raise OSError."""
+    line order.  Unreadable files raise OSError (a FIFO or a device: ``not a regular file``)."""
     records: list[dict] = []
     for path in paths:
-        with open(path, "rb") as fh:
+        with inputfile.open_regular(path) as fh:
             records.extend(parse_lines(fh.read(), str(path), warnings=warnings))
     if by_time:
         records.sort(key=_time)
@@ -246,7 +249,7 @@ class Cursor:
             if hi is not None and hi <= lo:
                 continue
             try:
-                with open(path, "rb") as fh:
+                with inputfile.open_regular(path) as fh:
                     fh.seek(lo)
                     data = fh.read() if hi is None else fh.read(hi - lo)
             except OSError as exc:

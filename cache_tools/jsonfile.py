@@ -1,6 +1,7 @@
-"""Reading a JSON document someone else wrote (a saved report, an audit): its size bounded
-before it is read, its nesting bounded while it is parsed, and one short reason when it is
-not JSON.  The caller names the file and adds its hint."""
+"""Reading a JSON document someone else wrote (a saved report, an audit): read by
+:func:`cache_tools.inputfile.read` (size and time bounded), its nesting bounded while it is
+parsed, and one short reason when it is not JSON.  The caller names the file and adds its
+hint."""
 
 from __future__ import annotations
 
@@ -8,20 +9,21 @@ import json
 import os
 from typing import Any
 
+from cache_tools import inputfile
+
 
 class JsonFileError(ValueError):
     """Why a file is not a JSON document we can read (``str()`` is one line, without the path)."""
 
 
 def load(path: str | os.PathLike[str], max_bytes: int) -> Any:
-    """The JSON value of ``path``; reads at most ``max_bytes + 1`` bytes (one more is refused)."""
+    """The JSON value of ``path``, a file of at most ``max_bytes``."""
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(max_bytes + 1)
+        raw = inputfile.read(path, max_bytes)
+    except inputfile.TooLarge as exc:
+        raise JsonFileError(f"file is {exc}") from None
     except OSError as exc:
         raise JsonFileError(f"cannot read: {exc.strerror or exc}") from None
-    if len(raw) > max_bytes:
-        raise JsonFileError(f"larger than {max_bytes:,} bytes") from None
     try:
         return json.loads(raw)
     except UnicodeDecodeError as exc:

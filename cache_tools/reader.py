@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Generator, Iterator, Sequence
 
-from cache_tools import groups, tarfmt
+from cache_tools import groups, inputfile, tarfmt
 from cache_tools.errors import ArchiveError, CacheError
 from cache_tools.manifest import (MANIFEST_NAME, EntryRecord, FileRecord, Manifest, is_triton,
                                   member_prefix)
@@ -146,13 +146,17 @@ class ArchiveReader:
         #: sha256 of the manifest's bytes (a plan compares it before executing)
         self.manifest_sha256 = ""
         try:
-            self._file = open(self.path, "rb", buffering=0)
+            self._file = inputfile.open_regular(self.path, buffering=0)
         except FileNotFoundError:
             raise CacheError(f"{self.path}: no such archive",
                              hint="check the path (`sglang-warmup cache pack OUT` writes one)"
                              ) from None
+        except inputfile.NotRead as exc:
+            raise CacheError(f"{self.path}: cannot open: {exc.strerror}",
+                             hint="pass the archive file itself; a pipe or a device cannot be "
+                                  "read by offsets") from None
         except OSError as exc:
-            raise CacheError(f"{self.path}: cannot open ({exc.strerror})",
+            raise CacheError(f"{self.path}: cannot open: {exc.strerror}",
                              hint="check the path and its permissions") from None
         try:
             self._open_stream(walked)

@@ -300,8 +300,9 @@ def learn(source: str | os.PathLike[str], plan_path: str | os.PathLike[str], *,
                 (facts.page_size, facts.chunked_prefill_size, facts.max_running_requests):
             notes.append(f"{Path(a.path).name} was audited on a server with other settings than "
                          f"{Path(audits[0].path).name}; sizes follow the first")
-    plan = loader.load(plan_path)
-    original = Path(plan_path).read_text(encoding="utf-8")
+    raw, plan_file = loader.read(plan_path)
+    plan = loader.loads(raw, plan_file)
+    original = raw.decode("utf-8")  # loads checked that it is UTF-8
     exp = expand(plan, facts)
     index = _PlanIndex(exp)
     misses, unattributed = misses_of(audits)

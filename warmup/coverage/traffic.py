@@ -14,9 +14,9 @@ of the step carries (the plan format's names: ``return_logprob``, ``logprob_star
 ``stream``).  :func:`synth` writes realistic samples.
 
 Every input is bounded before it is used: files above :data:`MAX_FILE_BYTES` are refused before
-they are read, a prompt is at most :data:`MAX_PROMPT_TOKENS` tokens, a step at most
-:data:`MAX_PROMPTS` prompts, numbers are finite.  A refusal is one line naming the file, the
-line and the field.
+they are read (a FIFO within a time limit too: :mod:`cache_tools.inputfile`), a prompt is at
+most :data:`MAX_PROMPT_TOKENS` tokens, a step at most :data:`MAX_PROMPTS` prompts, numbers are
+finite.  A refusal is one line naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from cache_tools import inputfile
 from warmup.errors import WarmupError
 from warmup.plan.model import (MAX_FEATURE_IDS, MAX_PARALLEL_SAMPLES, REQUEST_BOOL_FEATURES,
                                REQUEST_INT_FEATURES, SAMPLING_KEYS, WarmupRequest, WarmupStep)
@@ -120,14 +121,12 @@ class TrafficStep:
 def _read_lines(p: Path, what: str, *, errors: str = "strict") -> list[str]:
     """The lines of a file no larger than :data:`MAX_FILE_BYTES` (checked before reading)."""
     try:
-        with open(p, "rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)
+        data = inputfile.read(p, MAX_FILE_BYTES)
+    except inputfile.TooLarge as exc:
+        raise WarmupError(f"{p}: {what} is {exc}", hint="split it, or sample part of it") from None
     except OSError as exc:
         raise WarmupError(f"{p}: cannot read {what}: {exc.strerror or exc}",
                           hint="check the path") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise WarmupError(f"{p}: {what} is larger than {MAX_FILE_BYTES:,} bytes",
-                          hint="split it, or sample part of it")
     try:
         return data.decode("utf-8", errors=errors).splitlines()
     except UnicodeDecodeError as exc:

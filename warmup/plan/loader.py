@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import yaml
 
+from cache_tools import inputfile
 from warmup.plan import expr as E
 from warmup.plan import shipped
 from warmup.errors import PlanError
@@ -55,14 +56,25 @@ class _Ctx:
 
 def load(path: str | Path) -> Plan:
     """Load and validate a plan: a plan file, or a shipped plan by name (``default``)."""
+    return loads(*read(path))
+
+
+def read(path: str | Path) -> tuple[bytes, str]:
+    """The bytes of a plan file or a shipped plan (bounded by :data:`MAX_FILE_BYTES`, a FIFO
+    by time too) and the file's name for error lines."""
     p = shipped.resolve(path)
     try:
-        with open(p, "rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)  # one byte more is enough to refuse it
+        return inputfile.read(p, MAX_FILE_BYTES), str(p)
+    except inputfile.TooLarge as exc:
+        raise _too_large(str(p), exc) from None
     except OSError as exc:
         raise PlanError(f"{p}: cannot read plan: {exc.strerror or exc}",
                         hint="check the path") from None
-    return loads(raw, str(p))
+
+
+def _too_large(file: str, exc: inputfile.TooLarge) -> PlanError:
+    return PlanError(f"{file}:1: <top>: file is {exc}",
+                     hint="a plan is a short list of shape classes; split or shrink it")
 
 
 def loads(raw: bytes | str, file: str = "<plan>") -> Plan:
@@ -71,8 +83,7 @@ def loads(raw: bytes | str, file: str = "<plan>") -> Plan:
     if isinstance(raw, str):
         raw = raw.encode("utf-8")
     if len(raw) > MAX_FILE_BYTES:
-        raise PlanError(f"{file}:1: <top>: file is {len(raw)} bytes (limit {MAX_FILE_BYTES})",
-                        hint="a plan is a short list of shape classes; split or shrink it")
+        raise _too_large(file, inputfile.TooLarge(len(raw), MAX_FILE_BYTES))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable
 
 import yaml
 
+from cache_tools import inputfile
 from warmup import settings
 from warmup.errors import RegistrationError, WarmupError
 from warmup.plan import loader, shipped
@@ -33,6 +34,8 @@ from warmup.serve.report import RunReport, render, write_json
 logger = logging.getLogger("sglang_warmup.hook")
 
 _GUARD_MARK = "__sglang_warmup_guard__"
+#: SGLang's ``--config`` YAML read for its ``warmups`` (larger: not read; SGLang reads it).
+_MAX_CONFIG_BYTES = 1024 * 1024
 _registered: dict[str, str] = {}  # name -> plan file
 _failed: list[str] = []  # registrations that failed in this process, with the reason
 
@@ -166,8 +169,9 @@ def _config_warmups(argv: list[str]) -> list[str]:
     """The ``warmups`` names of the SGLang ``--config`` YAML file in ``argv`` (none when there is
     no such file or it cannot be read: SGLang reports that itself)."""
     try:
-        data = yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text(encoding="utf-8"))
-    except (ValueError, IndexError, OSError, UnicodeDecodeError, yaml.YAMLError):
+        raw = inputfile.read(argv[argv.index("--config") + 1], _MAX_CONFIG_BYTES)
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except (ValueError, IndexError, OSError, RecursionError, yaml.YAMLError):
         return []
     value = data.get("warmups") if isinstance(data, dict) else None
     items = value if isinstance(value, list) else str(value or "").split(",")

@@ -249,7 +249,7 @@ def test_a_traffic_file_above_the_size_limit_is_refused_before_reading(tmp_path,
     p = write(tmp_path, '{"prompts": [4]}' * 10)
     with pytest.raises(WarmupError) as err:
         traffic.load(p)
-    assert err.value.message == f"{p}: traffic file is larger than 100 bytes"
+    assert err.value.message == f"{p}: traffic file is {p.stat().st_size} bytes (limit 100)"
 
 
 def test_the_features_sample_covers_every_family():
