@@ -880,19 +880,20 @@ def test_leftovers_of_another_host(tmp_path):
 
 
 def test_audit_file_bytes_and_nesting(tmp_path, monkeypatch):
-    from warmup.coverage import audit
+    from warmup.coverage import audit, audit_file
 
     p = tmp_path / "audit-1.json"
     p.write_text(json.dumps({"format": audit.FORMAT, "version": audit.VERSION, "steps": [],
-                             "facts": {}}))
-    monkeypatch.setattr(audit, "MAX_FILE_BYTES", p.stat().st_size)
-    assert audit.read(p).data["steps"] == []
+                             "facts": _facts().to_dict()}))
+    monkeypatch.setattr(audit_file, "MAX_FILE_BYTES", p.stat().st_size)
+    assert audit_file.read(p).data["steps"] == []
     p.write_text(p.read_text() + " ")
     with pytest.raises(WarmupError) as err:
-        audit.read(p)
-    assert err.value.message == f"{p}: larger than {p.stat().st_size - 1:,} bytes"
-    monkeypatch.setattr(audit, "MAX_FILE_BYTES", 1 << 20)
+        audit_file.read(p)
+    size = p.stat().st_size
+    assert err.value.message == f"{p}: file is {size:,} bytes (limit {size - 1:,})"
+    monkeypatch.setattr(audit_file, "MAX_FILE_BYTES", 1 << 20)
     p.write_text("[" * 100_000)  # nesting: a RecursionError inside json, one line outside
     with pytest.raises(WarmupError) as err:
-        audit.read(p)
+        audit_file.read(p)
     assert err.value.message == f"{p}: not JSON: nested too deeply"

@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+import reprlib
+from typing import Any
+
 from cache_tools.errors import HintedError
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 36, 36
+
+
+def shown(value: Any) -> str:
+    """A value for an error line: short (40 characters at most, nesting cut), printable."""
+    try:
+        text = _REPR.repr(value)
+    except ValueError:  # an integer of more digits than int-to-text converts
+        return "an integer of more than 4,300 digits"
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class WarmupError(HintedError):

@@ -14,6 +14,7 @@ from warmup.cli import options, output
 from warmup.cli.options import Format
 from warmup.errors import FactsError
 from warmup.plan import facts as facts_mod
+from warmup.plan import facts_file as facts_file_mod
 from warmup.plan import loader, shipped
 from warmup.plan import schema as schema_mod
 from warmup.plan.model import Expansion
@@ -49,7 +50,7 @@ def get_facts(server_args: Optional[str], facts_file: Optional[Path], url: Optio
                                 quiet=quiet, verbose=verbose):
             return facts_mod.from_launch_flags(server_args, model_config=model_config)
     if facts_file:
-        return facts_mod.from_file(facts_file)
+        return facts_file_mod.from_file(facts_file)
     from warmup.serve.transport import HttpTransport
 
     return HttpTransport(url, api_key=options.api_key(api_key)).facts_sync()

@@ -27,13 +27,13 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from warmup.observe import gc_pauses
 from warmup.observe import phase as phase_mod
-from cache_tools import atomic, compile_log, jsonfile
+from cache_tools import atomic, compile_log
 from cache_tools.compile_log import is_compile_event
 from warmup.coverage.classes import KeyEvents, aggregate
 from warmup.errors import TransportError, WarmupError
@@ -45,8 +45,6 @@ logger = logging.getLogger("sglang_warmup.audit")
 
 FORMAT = "sglang-warmup-audit"
 VERSION = 1
-#: An audit file is a few MiB for the largest traffic files; anything this large is not one.
-MAX_FILE_BYTES = 64 * 1024 * 1024
 CLASS_PREFIX = "audit:"
 #: A first pass this much slower than the second (and by more than SLOW_MIN_MS) is a cold step.
 SLOW_RATIO = 1.5
@@ -547,35 +545,3 @@ def write(report: AuditReport, out: str | os.PathLike[str] | None = None) -> Aud
         raise WarmupError(f"cannot write the audit file {path}: {exc.strerror or exc}",
                           hint="pass a writable --out directory") from None
     return done
-
-
-@dataclass(frozen=True)
-class AuditFile:
-    """An audit file read back: its path and JSON."""
-
-    path: str
-    data: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def steps(self) -> list[Mapping[str, Any]]:
-        return list(self.data.get("steps") or [])
-
-
-def read(path: str | os.PathLike[str]) -> AuditFile:
-    """One audit file; errors name the file and what is wrong."""
-    p = Path(path)
-    try:
-        data = jsonfile.load(p, MAX_FILE_BYTES)
-    except jsonfile.JsonFileError as exc:
-        raise WarmupError(f"{p}: {exc}",
-                          hint="pass an audit-*.json written by `sglang-warmup audit`") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise WarmupError(f"{p}: not an audit file (no \"format\": \"{FORMAT}\")",
-                          hint="pass an audit-*.json written by `sglang-warmup audit`")
-    if data.get("version") != VERSION:
-        raise WarmupError(f"{p}: audit file version {data.get('version')!r} is not supported",
-                          hint=f"this sglang-warmup reads version {VERSION}")
-    if not isinstance(data.get("steps"), list) or not isinstance(data.get("facts"), dict):
-        raise WarmupError(f"{p}: audit file without steps or facts",
-                          hint="re-run `sglang-warmup audit`")
-    return AuditFile(str(p), data)

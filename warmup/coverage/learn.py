@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import difflib
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
 
 from cache_tools import atomic, compile_log
-from warmup.coverage import audit as audit_mod
+from warmup.coverage import audit_file
 from warmup.plan import loader
 from warmup.errors import PlanError, WarmupError
 from warmup.plan.facts import ServerFacts
@@ -165,7 +165,7 @@ class Learned:
 # inputs
 # --------------------------------------------------------------------------------------------
 
-def find_audits(source: str | os.PathLike[str]) -> list[audit_mod.AuditFile]:
+def find_audits(source: str | os.PathLike[str]) -> list[audit_file.AuditFile]:
     """The audit files of ``source``: one ``audit-*.json`` file, or every one in a directory
     (a state directory), oldest first."""
     p = Path(source)
@@ -177,7 +177,7 @@ def find_audits(source: str | os.PathLike[str]) -> list[audit_mod.AuditFile]:
             if compile_log.files(p):
                 raise WarmupError(f"{p}: a compile log but no audit-*.json", hint=hint)
             raise WarmupError(f"{p}: no audit-*.json", hint=hint)
-        return [audit_mod.read(f) for f in files]
+        return [audit_file.read(f) for f in files]
     if not p.exists():
         raise WarmupError(f"{p}: no such file or directory",
                           hint="pass an audit-*.json or the state directory holding them")
@@ -185,23 +185,10 @@ def find_audits(source: str | os.PathLike[str]) -> list[audit_mod.AuditFile]:
         raise WarmupError(f"{p}: a compile log holds no traffic shapes",
                           hint="pass the audit-*.json written by `sglang-warmup audit` (or its "
                                "directory); it attributes each miss to a traffic step")
-    return [audit_mod.read(p)]
+    return [audit_file.read(p)]
 
 
-def facts_from_dict(d: Mapping[str, Any], where: str) -> ServerFacts:
-    """ServerFacts from an audit file's ``facts`` (a ``ServerFacts.to_dict()``)."""
-    known = {f.name for f in fields(ServerFacts)}
-    values = {k: v for k, v in d.items() if k in known}
-    for name in ("decode_graph_bs", "prefill_graph_buckets", "assumed"):
-        values[name] = tuple(values.get(name) or ())
-    values.setdefault("default_sampling_params", {})
-    try:
-        return ServerFacts(**values)
-    except TypeError as exc:
-        raise WarmupError(f"{where}: facts: {exc}", hint="re-run `sglang-warmup audit`") from None
-
-
-def misses_of(audits: Sequence[audit_mod.AuditFile]) -> tuple[list[Miss], int]:
+def misses_of(audits: Sequence[audit_file.AuditFile]) -> tuple[list[Miss], int]:
     """Every step with misses (either pass), and the unattributed compile events."""
     out: list[Miss] = []
     unattributed = 0
@@ -292,10 +279,10 @@ def learn(source: str | os.PathLike[str], plan_path: str | os.PathLike[str], *,
           phase: str = "learned") -> Learned:
     """Learn plan classes from the audit file(s) of ``source`` for the plan at ``plan_path``."""
     audits = find_audits(source)
-    facts = facts_from_dict(audits[0].data["facts"], audits[0].path)
+    facts = audits[0].facts
     notes: list[str] = []
     for a in audits[1:]:
-        other = facts_from_dict(a.data["facts"], a.path)
+        other = a.facts
         if (other.page_size, other.chunked_prefill_size, other.max_running_requests) != \
                 (facts.page_size, facts.chunked_prefill_size, facts.max_running_requests):
             notes.append(f"{Path(a.path).name} was audited on a server with other settings than "

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from cache_tools import inputfile
-from warmup.errors import WarmupError
+from warmup.errors import WarmupError, shown
 from warmup.plan.model import (MAX_FEATURE_IDS, MAX_PARALLEL_SAMPLES, REQUEST_BOOL_FEATURES,
                                REQUEST_INT_FEATURES, SAMPLING_KEYS, WarmupRequest, WarmupStep)
 
@@ -42,7 +42,7 @@ MAX_PROMPT_TOKENS = 10_000_000       # one prompt (well past any context length 
 MAX_NEW_TOKENS = 1_000_000
 MAX_PROMPTS = 4096                   # prompts of one step
 MAX_STEPS = 200_000                  # steps of one file
-_FIELDS = ("kind", "prompts", "max_new_tokens", "sampling", "prefix", "features", "label")
+STEP_FIELDS = ("kind", "prompts", "max_new_tokens", "sampling", "prefix", "features", "label")
 
 
 def _count(v: Any, limit: int, minimum: int = 1) -> bool:
@@ -160,22 +160,24 @@ def load(path: str | Path) -> list[TrafficStep]:
         if len(steps) >= MAX_STEPS:
             raise WarmupError(f"{p}:{i}: more than {MAX_STEPS:,} steps",
                               hint="sample part of the traffic")
-        steps.append(_parse(_json_line(line, f"{p}:{i}"), f"{p}:{i}"))
+        steps.append(parse_step(_json_line(line, f"{p}:{i}"), f"{p}:{i}"))
     if not steps:
         raise WarmupError(f"{p}: no traffic steps", hint="`sglang-warmup traffic synth` writes a sample")
     return steps
 
 
-def _parse(d: Any, where: str) -> TrafficStep:
+def parse_step(d: Any, where: str) -> TrafficStep:
+    """One step of a traffic file (or the traffic fields of an audit file's step), every field
+    checked; a refusal starts with ``where`` and names the field."""
     if not isinstance(d, dict):
         raise WarmupError(f"{where}: expected an object", hint="see `sglang-warmup traffic synth`")
-    unknown = set(d) - set(_FIELDS)
+    unknown = set(d) - set(STEP_FIELDS)
     if unknown:
         raise WarmupError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}",
-                          hint="fields: " + ", ".join(_FIELDS))
+                          hint="fields: " + ", ".join(STEP_FIELDS))
     kind = d.get("kind", "single")
     if not isinstance(kind, str) or kind not in STEP_KINDS:
-        raise WarmupError(f"{where}: kind: {_shown(kind)} is not one of {', '.join(STEP_KINDS)}",
+        raise WarmupError(f"{where}: kind: {shown(kind)} is not one of {', '.join(STEP_KINDS)}",
                           hint="single (one prompt), burst (concurrent requests) or batch (one request)")
     prompts = d.get("prompts")
     if not isinstance(prompts, list) or not prompts or not all(
@@ -223,13 +225,6 @@ def _parse(d: Any, where: str) -> TrafficStep:
                           hint='e.g. "label": "chat_turn"')
     return TrafficStep(kind=kind, prompts=tuple(prompts), max_new_tokens=mnt, sampling=dict(sampling),
                        prefix_group=group, prefix_len=plen, label=label, features=dict(features))
-
-
-def _shown(value: Any) -> str:
-    """A value for an error line: short, printable, no control bytes."""
-    text = repr(value)
-    text = "".join(c if c.isprintable() else "?" for c in text)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def dump(steps: Iterable[TrafficStep]) -> str:

@@ -5,7 +5,8 @@
 * over HTTP: the ``/server_info`` JSON (:func:`from_server_info`);
 * offline: SGLang launch flags parsed and resolved by SGLang's own parser and resolution
   pipeline (:func:`from_launch_flags`);
-* a facts file, YAML or JSON (:func:`from_file`).
+* a facts file, YAML or JSON (:func:`warmup.plan.facts_file.from_file`, which checks every
+  value).
 
 Every source ends in :func:`from_settings`, so the four agree on names and defaulting.  A value
 the source could not know is either ``None`` (the plan treats it as "not set") or an assumed
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from cache_tools.locations import environment
-from warmup.errors import FactsError
+from warmup.errors import FactsError, shown
 
 #: SGLang's page size when none is resolved (its own default).
 DEFAULT_PAGE_SIZE = 1
@@ -153,14 +154,7 @@ def from_settings(s: Mapping[str, Any], *, source: str, assumed: list[str] | Non
     assumed = list(assumed or [])
 
     def get_int(name: str) -> int | None:
-        v = s.get(name)
-        if v is None or isinstance(v, bool):
-            return None
-        try:
-            return int(v)
-        except (TypeError, ValueError):
-            raise FactsError(f"server setting {name}={v!r} is not an integer",
-                             hint="check the facts source") from None
+        return _setting_int(name, s.get(name))
 
     chunk = get_int("chunked_prefill_size")
     if chunk is not None and chunk <= 0:  # SGLang nulls a non-positive chunk size
@@ -172,8 +166,9 @@ def from_settings(s: Mapping[str, Any], *, source: str, assumed: list[str] | Non
     cgc = s.get("cuda_graph_config") or {}
     if hasattr(cgc, "to_dict") and not isinstance(cgc, dict):  # a live CudaGraphConfig
         cgc = {p: vars(getattr(cgc, p)) for p in ("decode", "prefill")}
-    decode = dict(cgc.get("decode") or {})
-    prefill = dict(cgc.get("prefill") or {})
+    cgc = _setting_mapping("cuda_graph_config", cgc)
+    decode = _setting_mapping("cuda_graph_config.decode", cgc.get("decode") or {})
+    prefill = _setting_mapping("cuda_graph_config.prefill", cgc.get("prefill") or {})
     disabled_all = bool(s.get("disable_cuda_graph"))
     decode_backend = str(decode.get("backend") or ("disabled" if disabled_all else "full"))
     if disabled_all:
@@ -181,14 +176,14 @@ def from_settings(s: Mapping[str, Any], *, source: str, assumed: list[str] | Non
     prefill_backend = str(prefill.get("backend") or "disabled")
     if disabled_all or s.get("disable_prefill_cuda_graph"):
         prefill_backend = "disabled"
-    decode_bs = tuple(int(x) for x in (decode.get("bs") or s.get("cuda_graph_bs") or ()))
+    decode_bs = _setting_ints("cuda_graph_bs", decode.get("bs") or s.get("cuda_graph_bs") or ())
     decode_max_bs = decode.get("max_bs")
     if decode_max_bs is None:
         decode_max_bs = s.get("cuda_graph_max_bs_decode") or s.get("cuda_graph_max_bs")
     if decode_max_bs is None and decode_bs:
         decode_max_bs = max(decode_bs)
     decode_on = decode_backend != "disabled"
-    prefill_buckets = tuple(int(x) for x in (prefill.get("bs") or ()))
+    prefill_buckets = _setting_ints("cuda_graph_config.prefill.bs", prefill.get("bs") or ())
     prefill_on = prefill_backend != "disabled"
     context_bucket = prefill.get("max_seq_len") or prefill.get("max_context_size")
 
@@ -208,11 +203,12 @@ def from_settings(s: Mapping[str, Any], *, source: str, assumed: list[str] | Non
         max_total_tokens=max_total_tokens if max_total_tokens is not None else get_int("max_total_tokens"),
         max_prefill_tokens=get_int("max_prefill_tokens"),
         decode_graph=decode_on,
-        decode_graph_max_bs=int(decode_max_bs) if (decode_on and decode_max_bs is not None) else None,
+        decode_graph_max_bs=_setting_int("cuda_graph_max_bs", decode_max_bs) if decode_on else None,
         decode_graph_bs=decode_bs if decode_on else (),
         prefill_graph_backend=prefill_backend,
         prefill_graph_buckets=prefill_buckets if prefill_on else (),
-        prefill_graph_context=int(context_bucket) if (prefill_on and context_bucket) else None,
+        prefill_graph_context=(_setting_int("cuda_graph_config.prefill.max_seq_len", context_bucket)
+                               if prefill_on and context_bucket else None),
         enable_mixed_chunk=mixed,
         disable_radix_cache=bool(s.get("disable_radix_cache")),
         disaggregation_mode=str(s.get("disaggregation_mode") or "null"),
@@ -242,63 +238,48 @@ def from_server_info(info: Mapping[str, Any]) -> ServerFacts:
                "config; the server's own defaults apply"]
     return from_settings(
         info, source="server_info", assumed=assumed,
-        context_length=_int_or_none(info.get("context_length")),
-        max_req_input_len=_int_or_none(info.get("max_req_input_len")),
-        max_total_tokens=_int_or_none(info.get("max_total_num_tokens")),
-        max_running_requests=_int_or_none(mrr),
-        vocab_size=_int_or_none(info.get("vocab_size")),
+        context_length=int_or_none(info.get("context_length")),
+        max_req_input_len=int_or_none(info.get("max_req_input_len")),
+        max_total_tokens=int_or_none(info.get("max_total_num_tokens")),
+        max_running_requests=int_or_none(mrr),
+        vocab_size=int_or_none(info.get("vocab_size")),
         sglang_version=info.get("version"),
     )
 
 
-def _int_or_none(v: Any) -> int | None:
+def _setting_int(name: str, v: Any) -> int | None:
+    """A server setting as an integer (None: unset); FactsError naming it when it is none."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError):
+        raise FactsError(f"server setting {name}={shown(v)} is not an integer",
+                         hint="check the facts source") from None
+
+
+def _setting_ints(name: str, v: Any) -> tuple[int, ...]:
+    """A server setting that is a list of integers."""
+    if isinstance(v, (list, tuple)):
+        items = tuple(_setting_int(name, x) for x in v)
+        if None not in items:
+            return items  # type: ignore[return-value]
+    raise FactsError(f"server setting {name}={shown(v)} is not a list of integers",
+                     hint="check the facts source")
+
+
+def _setting_mapping(name: str, v: Any) -> Mapping[str, Any]:
+    if not isinstance(v, Mapping):
+        raise FactsError(f"server setting {name}={shown(v)} is not a mapping",
+                         hint="check the facts source")
+    return v
+
+
+def int_or_none(v: Any) -> int | None:
     try:
         return None if v is None or isinstance(v, bool) else int(v)
     except (TypeError, ValueError):
         return None
-
-
-# --- a facts file ------------------------------------------------------------------------------
-def from_file(path: str | os.PathLike[str]) -> ServerFacts:
-    """Facts from a YAML or JSON file: either a ``ServerFacts`` dump (``plan show --format json``
-    prints one) or a flat mapping of SGLang server-arg names."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FactsError(f"{p}: cannot read facts file: {exc}", hint="pass a readable YAML or JSON file") from None
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise FactsError(f"{p}: not valid YAML/JSON: {exc}", hint="fix the syntax") from None
-    if not isinstance(data, dict):
-        raise FactsError(f"{p}: a facts file must be a mapping", hint="write `name: value` lines")
-    if "facts" in data and isinstance(data["facts"], dict):
-        data = data["facts"]
-    known = {f.name for f in fields(ServerFacts)}
-    if "prefill_graph_backend" in data:  # a ServerFacts dump
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise FactsError(f"{p}: unknown fact(s): {', '.join(unknown)}",
-                             hint="valid names: " + ", ".join(sorted(known)))
-        values = dict(data)
-        for name in ("decode_graph_bs", "prefill_graph_buckets", "assumed"):
-            values[name] = tuple(values.get(name) or ())
-        values.setdefault("default_sampling_params", {})
-        values["source"] = "file"
-        missing = sorted(n for n in known if n not in values
-                         and n not in ("sglang_version", "source", "assumed", "default_sampling_params"))
-        if missing:
-            raise FactsError(f"{p}: missing fact(s): {', '.join(missing)}",
-                             hint="dump a complete set with `sglang-warmup plan show … --format json`")
-        return ServerFacts(**values)
-    return from_settings(data, source="file", context_length=_int_or_none(data.get("context_length")),
-                         max_req_input_len=_int_or_none(data.get("max_req_input_len")),
-                         max_total_tokens=_int_or_none(data.get("max_total_num_tokens")),
-                         vocab_size=_int_or_none(data.get("vocab_size")),
-                         model_type=data.get("model_type"))
 
 
 # --- offline: SGLang's own parser and resolution ----------------------------------------------
@@ -409,8 +390,8 @@ def from_server_args(server_args: Any, *, source: str = "server_args",
     return from_settings(settings, source=source, assumed=assumed, context_length=context_length,
                          vocab_size=vocab, model_type=model_type,
                          max_req_input_len=max_req_input_len,
-                         max_total_tokens=_int_or_none(max_total),
-                         max_running_requests=_int_or_none(mrr),
+                         max_total_tokens=int_or_none(max_total),
+                         max_running_requests=int_or_none(mrr),
                          default_sampling_params=defaults,
                          sglang_version=getattr(sglang, "__version__", None))
 

@@ -16,6 +16,7 @@ import pytest
 from _sglang_standin import StandIn, recording, write_traffic  # noqa: F401 (fixture)
 
 from warmup.coverage import audit, learn, traffic
+from warmup.coverage.audit_file import read as read_audit
 
 from warmup.plan import loader
 from warmup.errors import WarmupError
@@ -96,7 +97,7 @@ phases:
 
 def test_the_merged_plan_loads_expands_and_keeps_the_original_text(recording, tmp_path, capsys):
     file = real_audit(recording, tmp_path)
-    facts = learn.facts_from_dict(audit.read(file).data["facts"], str(file))
+    facts = read_audit(file).facts
     for source in (tmp_path / "small.yaml", ROOT / "warmup" / "plans" / "default.yaml"):
         if source.name == "small.yaml":
             source.write_text(SMALL)
@@ -315,3 +316,65 @@ def test_write_refuses_an_existing_file_without_yes_and_the_old_flag_still_works
     assert data["written"] == str(plan) and [s["class"] for s in data["shapes"]] == [
         "learned_chunked"]
     assert "learned_chunked" in plan.read_text() and plan.read_text().startswith(SMALL)
+
+
+# --- hostile audit files: one line naming the file, the step and the field ---------------------
+_HOSTILE_AUDITS = [
+    # prompt lengths a traffic file refuses are refused here too (one validator)
+    ({"steps": [step(0, "single", [True])]},
+     "steps[0]: prompts: expected a non-empty list of positive integers"),
+    ({"steps": [step(0, "single", [1e308])]},
+     "steps[0]: prompts: expected a non-empty list of positive integers"),
+    ({"steps": [step(0, "single", [-5])]},
+     "steps[0]: prompts: expected a non-empty list of positive integers"),
+    ({"steps": [step(0, "single", [10**15])]},
+     "steps[0]: prompts: at most 4,096 prompts of at most 10,000,000 tokens each"),
+    ({"steps": [step(0, "burst", [5], sampling={"temperature": "hot"})]},
+     "steps[0]: sampling.temperature: expected a finite number"),
+    ({"steps": [step(0, "single", [5], prefix=5)]},
+     "steps[0]: prefix: every prompt must be longer than the prefix (5)"),
+    ({"steps": [dict(step(0, "single", [5]), index=-1)]},
+     "steps[0]: index: expected an integer from 0 to 400,000"),
+    ({"steps": [dict(step(0, "single", [5]), prefix_cached="yes")]},
+     "steps[0]: prefix_cached: expected true or false"),
+    ({"steps": [dict(step(0, "single", [5]), pass1={"misses": 10**30})]},
+     "steps[0].pass1.misses: expected an integer from 0 to 1,000,000,000"),
+    ({"steps": [dict(step(0, "single", [5]), pass2=[1])]}, "steps[0].pass2: expected an object"),
+    ({"steps": [dict(step(0, "single", [5]), pass1={"misses": 1, "keys": [3]})]},
+     "steps[0].pass1.keys: expected a list of objects"),
+    ({"steps": ["x"]}, "steps[0]: expected an object"),
+    ({"unattributed": [5]}, "unattributed: expected a list of objects"),
+    ({"unattributed": [{"compiled": -1}]}, "unattributed.compiled: expected an integer from 0 to "
+                                           "1,000,000,000"),
+    ({"unseen_events": "many"}, "unseen_events: expected an integer from 0 to 1,000,000,000"),
+    # facts: the names of what is missing or wrong, not ServerFacts' TypeError
+    ({"facts": {}}, "facts: missing 22 fact(s): chunked_prefill_size, context_length, "
+                    "decode_graph, decode_graph_bs, decode_graph_max_bs, disable_radix_cache, "
+                    "disaggregation_mode, dp_size, enable_mixed_chunk, max_prefill_tokens, "
+                    "max_req_input_len, max_running_requests, max_total_tokens, model_type, "
+                    "page_size, prefill_graph_backend, prefill_graph_buckets, "
+                    "prefill_graph_context, speculative_algorithm, tokenizer_worker_num, "
+                    "tp_size, vocab_size"),
+    ({"facts": dict(FACTS, page_size="x")},
+     "facts: page_size: expected an integer from 1 to 2^40, not 'x'"),
+    ({"facts": dict(FACTS, decode_graph_bs=5)},
+     "facts: decode_graph_bs: expected a list of at most 1,024 integers from 1 to 2^40, not 5"),
+    ({"facts": dict(FACTS, decode_graph="yes")}, "facts: decode_graph: expected true or false, "
+                                                 "not 'yes'"),
+    ({"facts": dict(FACTS, default_sampling_params={"temperature": "hot"})},
+     "facts: default_sampling_params: expected an object of sampling parameters (finite "
+     "numbers), not {'temperature': 'hot'}"),
+    ({"facts": dict(FACTS, bogus=1)}, "facts: unknown fact(s): bogus"),
+]
+
+
+@pytest.mark.parametrize("change, message", _HOSTILE_AUDITS)
+def test_a_hostile_audit_file_is_one_line_naming_the_field(tmp_path, capsys, change, message):
+    plan = tmp_path / "small.yaml"
+    plan.write_text(SMALL)
+    file = audit_file(tmp_path / "audit-1.json", [step(0, "single", [5])])
+    file.write_text(json.dumps(dict(json.loads(file.read_text()), **change)))
+    code, out, err = cli(capsys, "learn", "--audits", str(file), "--plan", str(plan))
+    assert (code, out) == (1, "")
+    assert err.splitlines()[0] == f"error: {file}: {message}"
+    assert len(err.splitlines()) == 2 and err.splitlines()[1].startswith("hint: ")

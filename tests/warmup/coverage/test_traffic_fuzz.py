@@ -1,5 +1,6 @@
-"""Fuzzing the traffic readers: whatever the bytes, a traffic file or a request log gives steps
-or one WarmupError line, never a traceback, and the steps it gives are in range."""
+"""Fuzzing the traffic readers: whatever the bytes, a traffic file, a request log or an audit file
+(whose steps are traffic steps) gives steps or one WarmupError line, never a traceback, and the
+steps it gives are in range."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from warmup.coverage import request_logs, traffic
+from warmup.coverage import audit_file, learn, request_logs, traffic
 from warmup.errors import WarmupError
+from warmup.plan.facts import from_settings
 
 _SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**40, 10**40),
                      st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20))
@@ -100,3 +102,40 @@ def test_sglang_text_log_numbers(tmp_path_factory, values):
         _check(request_logs.convert("sglang-log", p).steps)
     except WarmupError as exc:
         assert exc.message.startswith(str(p)) and "\n" not in exc.message
+
+
+_FACTS = from_settings({"chunked_prefill_size": 1024, "context_length": 8192}, source="file")
+_PLAN = ("version: 1\nname: x\nphases:\n  - name: p\n    shapes:\n"
+         "      - {class: c, kind: extend, lengths: [8]}\n")
+_STEP = {"index": 0, "kind": "single", "prompts": [100], "max_new_tokens": 8, "sampling": {},
+         "label": "", "prefix_cached": False, "pass1": {"misses": 1, "device_loads": 0, "keys": []},
+         "pass2": {"misses": 0, "device_loads": 0, "keys": []}}
+_STEP_KEYS = st.sampled_from(sorted(_STEP) + ["prefix", "features"])
+_FACT_KEYS = st.sampled_from(sorted(_FACTS.to_dict()))
+
+
+@_FUZZ
+@given(st.lists(st.dictionaries(_STEP_KEYS, _JSON, max_size=3), max_size=3),
+       st.dictionaries(_FACT_KEYS, _JSON, max_size=2), st.one_of(st.none(), _JSON),
+       st.one_of(st.none(), _JSON))
+def test_audit_files(tmp_path_factory, changes, facts_changes, unattributed, unseen):
+    """learn reads an audit file or refuses it in one line: its steps as traffic steps, its
+    facts as a facts file's, its counts bounded."""
+    import json
+
+    d = tmp_path_factory.mktemp("fuzz")
+    data = {"format": "sglang-warmup-audit", "version": 1,
+            "steps": [dict(_STEP, **c) for c in changes],
+            "facts": dict(_FACTS.to_dict(), **facts_changes)}
+    for key, value in (("unattributed", unattributed), ("unseen_events", unseen)):
+        if value is not None:
+            data[key] = value
+    (d / "audit-1.json").write_text(json.dumps(data, allow_nan=True))
+    (d / "plan.yaml").write_text(_PLAN)
+    try:
+        learn.learn(d / "audit-1.json", d / "plan.yaml")
+    except WarmupError as exc:
+        assert "\n" not in exc.message
+        if exc.message.startswith(str(d / "audit-1.json")):
+            return
+        audit_file.read(d / "audit-1.json")  # a refusal of learn's own, on a valid file

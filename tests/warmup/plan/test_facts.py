@@ -9,6 +9,7 @@ import _facts_cache
 import pytest
 
 from warmup.plan import facts as F
+from warmup.plan import facts_file
 from warmup.errors import FactsError
 
 DATA = Path(__file__).parents[1] / "data"
@@ -106,25 +107,25 @@ def test_server_info_that_is_not_sglang():
 def test_facts_file_round_trip(pr_facts, tmp_path):
     p = tmp_path / "facts.json"
     p.write_text(F.dump(pr_facts))
-    assert F.from_file(p) == pr_facts.__class__(**{**pr_facts.__dict__, "source": "file"})
+    assert facts_file.from_file(p) == pr_facts.__class__(**{**pr_facts.__dict__, "source": "file"})
 
 
 def test_facts_file_errors(tmp_path):
     bad = tmp_path / "f.yaml"
     bad.write_text("prefill_graph_backend: disabled\nbogus: 1\n")
     with pytest.raises(FactsError) as info:
-        F.from_file(bad)
+        facts_file.from_file(bad)
     assert info.value.message == f"{bad}: unknown fact(s): bogus"
     bad.write_text("- 1\n")
     with pytest.raises(FactsError) as info:
-        F.from_file(bad)
+        facts_file.from_file(bad)
     assert info.value.message == f"{bad}: a facts file must be a mapping"
 
 
 def test_flat_settings_file(tmp_path):
     p = tmp_path / "f.yaml"
     p.write_text("chunked_prefill_size: 4096\npage_size: 16\ncontext_length: 32768\nmax_running_requests: 64\n")
-    f = F.from_file(p)
+    f = facts_file.from_file(p)
     assert (f.chunked_prefill_size, f.page_size, f.context_length, f.max_running_requests) == (4096, 16, 32768, 64)
     assert f.prefill_graph_backend == "disabled"
     assert any(a.startswith("vocab_size=32000") for a in f.assumed)
@@ -134,3 +135,55 @@ def test_env_exposes_every_fact_name(pr_facts):
     env = pr_facts.env()
     assert set(env) == set(F.FACT_NAMES)
     json.dumps(env)  # plain values only
+
+
+# --- hostile facts files: one line naming the file and the fact --------------------------------
+_NINES = "9" * 5000
+
+
+@pytest.mark.parametrize("text, message", [
+    ("page_size: .inf", "server setting page_size=inf is not an integer"),
+    ("page_size: 0", "page_size: expected an integer from 1 to 2^40, not 0"),
+    ("context_length: -5", "context_length: expected an integer from 1 to 2^40, or null, not -5"),
+    ("chunked_prefill_size: 100000000000000000000000000000",
+     "chunked_prefill_size: expected an integer from 1 to 2^40, or null, not "
+     "100000000000000000000000000000"),
+    ("cuda_graph_config: 5", "server setting cuda_graph_config=5 is not a mapping"),
+    ("cuda_graph_config: {decode: [1]}", "server setting cuda_graph_config.decode=[1] is not a "
+                                         "mapping"),
+    ("cuda_graph_bs: [a]", "server setting cuda_graph_bs='a' is not an integer"),
+    ("cuda_graph_bs: 5", "server setting cuda_graph_bs=5 is not a list of integers"),
+    ("cuda_graph_bs: [null]", "server setting cuda_graph_bs=[None] is not a list of integers"),
+    ("cuda_graph_config: {decode: {max_bs: x}}", "server setting cuda_graph_max_bs='x' is not an "
+                                                 "integer"),
+    ("speculative_algorithm: [1]", "speculative_algorithm: expected text, or null, not [1]"),
+    (f"page_size: {_NINES}", "not valid YAML/JSON: Exceeds the limit (4300 digits) for integer "
+                             "string conversion: value has 5000 digits; use "
+                             "sys.set_int_max_str_digits() to increase the limit"),
+    ("[" * 100_000, "not valid YAML/JSON: nested too deeply"),
+    ("prefill_graph_backend: disabled\npage_size: 1",
+     "missing 20 fact(s): chunked_prefill_size, context_length, decode_graph, decode_graph_bs, "
+     "decode_graph_max_bs, disable_radix_cache, disaggregation_mode, dp_size, enable_mixed_chunk, "
+     "max_prefill_tokens, max_req_input_len, max_running_requests, max_total_tokens, model_type, "
+     "prefill_graph_buckets, prefill_graph_context, speculative_algorithm, tokenizer_worker_num, "
+     "tp_size, vocab_size"),
+])
+def test_hostile_facts_files_are_one_line(tmp_path, text, message):
+    p = tmp_path / "facts.yaml"
+    p.write_text(text + "\n")
+    with pytest.raises(FactsError) as info:
+        facts_file.from_file(p)
+    assert info.value.message == f"{p}: {message}"
+
+
+def test_a_facts_dump_with_a_wrong_value_names_it(pr_facts, tmp_path):
+    p = tmp_path / "facts.json"
+    for fact, value, what in [("page_size", "x", "an integer from 1 to 2^40"),
+                              ("decode_graph_bs", [0], "a list of at most 1,024 integers from 1 "
+                                                       "to 2^40"),
+                              ("assumed", "x", "a list of texts"), ("tp_size", True,
+                                                                    "an integer from 1 to 2^40")]:
+        p.write_text(json.dumps(dict(json.loads(F.dump(pr_facts)), **{fact: value})))
+        with pytest.raises(FactsError) as info:
+            facts_file.from_file(p)
+        assert info.value.message == f"{p}: {fact}: expected {what}, not {value!r}"

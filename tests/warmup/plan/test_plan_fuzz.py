@@ -1,6 +1,7 @@
 """Fuzzing plans: whatever the text, the loader gives a Plan or one PlanError line; whatever the
-expression, evaluation gives a value or one expression error, within a memory budget; and a
-loaded plan expands within its request limit."""
+expression, evaluation gives a value or one expression error, within a memory budget; a loaded
+plan expands within its request limit; and a facts file gives facts a plan expands against, or
+one FactsError line."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from warmup.errors import PlanError
+from warmup.errors import FactsError, PlanError
 from warmup.plan import expr as E
-from warmup.plan import loader
+from warmup.plan import facts_file, loader, shipped
 from warmup.plan.expand import expand
 
 _FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
@@ -96,3 +97,37 @@ def test_plan_bytes(data):
         loader.loads(data, "raw.yaml")
     except PlanError as exc:
         assert exc.message.startswith("raw.yaml:") and "\n" not in exc.message
+
+
+_FACT_KEYS = st.sampled_from(sorted(_facts_cache.pr44627().to_dict()) + [
+    "cuda_graph_config", "cuda_graph_bs", "cuda_graph_max_bs", "disable_cuda_graph", "decode",
+    "prefill", "bs", "max_bs", "backend", "max_seq_len", "max_total_num_tokens"])
+_FACT_VALUES = st.recursive(
+    st.one_of(st.integers(-10**30, 10**30), st.floats(allow_nan=True, allow_infinity=True),
+              st.booleans(), st.none(), st.sampled_from(["x", "1", "disabled", "full", "1e30"])),
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(_FACT_KEYS, inner, max_size=4)),
+    max_leaves=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))  # expansion: 0.1 s
+@given(st.dictionaries(_FACT_KEYS, _FACT_VALUES, max_size=8), st.booleans(), st.booleans())
+def test_facts_files(tmp_path_factory, changes, as_dump, as_json):
+    """A facts file (a dump of every fact, or a flat mapping of server settings) with any
+    values: facts the default plan expands against (or refuses in one PlanError line), or one
+    FactsError line naming the file."""
+    import json
+
+    base = _facts_cache.pr44627().to_dict() if as_dump else {}
+    p = tmp_path_factory.mktemp("fuzz") / "facts.json"
+    doc = {**base, **changes}
+    p.write_text(json.dumps(doc, allow_nan=True) if as_json else yaml.safe_dump(doc))
+    try:
+        facts = facts_file.from_file(p)
+    except FactsError as exc:
+        assert exc.message.startswith(f"{p}: ") and "\n" not in exc.message
+        return
+    try:
+        expand(loader.load(shipped.resolve("default")), facts)
+    except PlanError as exc:
+        assert "\n" not in exc.message
