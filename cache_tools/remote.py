@@ -35,7 +35,7 @@ from cache_tools.progress import Progress
 from cache_tools.restore import (EntryPlanView, PlannedEntry, RestoreResult, plan_entry,
                                  restore_roots)
 from cache_tools.scan import CacheWarning, scan
-from cache_tools.staging import Installer, Outcome, clean_roots
+from cache_tools.staging import Installer, Outcome, clean_roots, refuse_links
 
 NAMESPACE = "sglang-warmup"
 #: Redis strings hold at most 512 MiB; entries above this are skipped with a warning
@@ -412,6 +412,7 @@ def plan_pull(url: str, *, dest: str | os.PathLike[str] | None = None,
         raise RemoteError(exc.message, hint=_HINT_REMOTE) from None
     roots = restore_roots((rec.kind for rec in records), dest, env)
     present = {k: v for k, v in roots.items() if v is not None}
+    refuse_links(present, records, dest)
     clean_roots(present.values())
     items = tuple(plan_entry(rec, roots.get(rec.kind)) for rec in records)
     return PullPlan(url, prefix, remote_fp, compat, present, items, client=r.client)

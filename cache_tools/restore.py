@@ -24,7 +24,8 @@ from cache_tools.locations import kind, resolve
 from cache_tools.manifest import EntryRecord, Manifest, is_triton, paused_gc
 from cache_tools.progress import Progress
 from cache_tools.reader import ArchiveReader, Limits
-from cache_tools.staging import Installer, Outcome, clean_roots, complete_at, target_of
+from cache_tools.staging import (Installer, Outcome, clean_roots, complete_at, refuse_links,
+                                 target_of)
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ def _plan(archive: str | os.PathLike[str], dest: str | os.PathLike[str] | None,
     entries = [e for e in manifest.entries if wanted is None or e.kind in wanted]
     roots = restore_roots((e.kind for e in entries), dest, env)
     present = {k: v for k, v in roots.items() if v is not None}
+    refuse_links(present, entries, dest)
     clean_roots(present.values())
     # Under a kind directory that does not exist yet every entry is new: no lookup each.
     absent = {k for k, root in present.items() if not os.path.lexists(root)}

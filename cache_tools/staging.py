@@ -22,8 +22,9 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Mapping
+from typing import BinaryIO, Callable, Iterable, Mapping
 
+from cache_tools.errors import CacheError
 from cache_tools.locations import (MERGE_PREFIX, PACK_PREFIX, STAGING_PREFIX, TRASH_PREFIX,
                                    kind)
 from cache_tools.manifest import EntryRecord, FileRecord, is_triton
@@ -386,6 +387,32 @@ class Installer:
 def triton_hits_group(group_file: Path) -> bool:
     children = read_group(group_file)
     return children is not None and all(os.path.exists(p) for p in children.values())
+
+
+def refuse_links(roots: Mapping[str, Path], entries: Iterable[EntryRecord],
+                 dest: str | os.PathLike[str] | None) -> None:
+    """Refuse a symbolic link where restore or pull would create or enter a directory (a
+    CacheError naming it, before anything is written): below ``dest`` down to each kind's
+    directory, that directory itself, and the directories of each entry's name under it.
+    ``dest`` itself, the user's choice, may be a link."""
+    base = Path(os.path.abspath(dest)) if dest is not None else None
+    dirs: set[Path] = set()
+    for root in roots.values():
+        dirs.add(root)
+        if base is not None:
+            dirs.update(p for p in root.parents if p.is_relative_to(base) and p != base)
+    for entry in entries:
+        root = roots.get(entry.kind)
+        if root is not None:
+            dirs.update(p for p in target_of(root, entry).parents
+                        if p.is_relative_to(root) and p != root)
+    for path in sorted(dirs, key=lambda p: len(p.parts)):
+        if os.path.islink(path):
+            raise CacheError(f"{path}: a symbolic link (to {os.readlink(path)}); nothing was "
+                             "written",
+                             hint="restore and pull write into real directories only: replace "
+                                  "the link with a directory, or give --dest where the files "
+                                  "should go")
 
 
 def clean_roots(roots) -> list[Path]:

@@ -103,6 +103,22 @@ def test_a_tampered_blob_is_rejected_and_nothing_is_written(triton_cache, tmp_pa
     assert not dest.exists()
 
 
+def test_pull_refuses_a_linked_kind_directory(triton_cache, tmp_path, fp, ns):
+    """Pull stages and installs as restore does: never through a symbolic link below --dest."""
+    from cache_tools.errors import CacheError
+
+    remote.push(URL, [triton_location(triton_cache)], namespace=ns, fingerprint=fp)
+    dest, elsewhere = tmp_path / "dest", tmp_path / "elsewhere"
+    dest.mkdir()
+    elsewhere.mkdir()
+    (dest / "triton").symlink_to(elsewhere)
+    with pytest.raises(CacheError) as err:
+        remote.plan_pull(URL, dest=dest, namespace=ns, local=fp)
+    assert err.value.message == (f"{dest / 'triton'}: a symbolic link (to {elsewhere}); nothing "
+                                 "was written")
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_another_toolchain_is_refused_unless_forced(triton_cache, tmp_path, fp, ns):
     old = Fingerprint(tuple(sorted((fp.software_map | {"torch": "2.9.0"}).items())))
     remote.push(URL, [triton_location(triton_cache)], namespace=ns, fingerprint=old)

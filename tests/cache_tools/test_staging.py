@@ -10,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import cache_kernels
 import cache_workers
-from cache_helpers import HERE, compile_into, triton_location
+from cache_helpers import HERE, compile_into, tree, triton_location
 from cache_tools import archive
+from cache_tools.errors import CacheError
 from cache_tools.scan import scan_kind
 from cache_tools.staging import clean_stale, own_name
 from cache_tools.locations import STAGING_PREFIX
@@ -130,3 +133,54 @@ def test_only_dead_processes_staging_is_cleaned(tmp_path):
     theirs.mkdir()
     assert clean_stale(tmp_path) == [mine]
     assert theirs.exists()
+
+
+# --- symbolic links where restore would write: refused, nothing written ---------------------
+def _flashinfer_archive(tmp_path: Path, fp) -> Path:
+    """An archive of one FlashInfer entry, ``0.2.14/90/cached_ops/op`` (a name of directories)."""
+    from cache_tools.locations import resolve
+
+    op = tmp_path / "root" / ".cache" / "flashinfer" / "0.2.14" / "90" / "cached_ops" / "op"
+    op.mkdir(parents=True)
+    (op / "op.so").write_bytes(b"kernel")
+    archive.pack(tmp_path / "fi.tar", resolve(root=tmp_path / "root"), fingerprint=fp)
+    return tmp_path / "fi.tar"
+
+
+@pytest.mark.parametrize("link", [".cache", ".cache/flashinfer", ".cache/flashinfer/0.2.14",
+                                  ".cache/flashinfer/0.2.14/90/cached_ops"])
+def test_restore_refuses_a_link_below_dest(tmp_path, fp, link):
+    """A link between --dest and the kind's directory, the kind's directory itself or a
+    directory of an entry's name: one line naming it, nothing written through it or beside."""
+    tar = _flashinfer_archive(tmp_path, fp)
+    dest, elsewhere = tmp_path / "dest", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (dest / link).parent.mkdir(parents=True, exist_ok=True)
+    (dest / link).symlink_to(elsewhere)
+    before = tree(dest)
+    with pytest.raises(CacheError) as err:
+        archive.plan_restore(tar, dest=dest, local=fp)
+    assert err.value.message == f"{dest / link}: a symbolic link (to {elsewhere}); nothing was " \
+                                "written"
+    assert list(elsewhere.iterdir()) == [] and tree(dest) == before
+
+
+def test_restore_refuses_a_linked_kind_directory_and_accepts_a_linked_dest(triton_cache,
+                                                                           tmp_path, fp, capsys):
+    from warmup.cli import main
+
+    tar = _pack(triton_cache, tmp_path / "c.tar", fp)
+    dest, elsewhere = tmp_path / "dest", tmp_path / "elsewhere"
+    dest.mkdir()
+    elsewhere.mkdir()
+    (dest / "triton").symlink_to(elsewhere)
+    with pytest.raises(SystemExit) as exit_:
+        main(["cache", "restore", str(tar), "--dest", str(dest), "-q"])
+    out, err = capsys.readouterr()
+    assert (exit_.value.code, out) == (1, "")
+    assert err.splitlines()[0] == (f"error: {dest / 'triton'}: a symbolic link (to {elsewhere}); "
+                                   "nothing was written")
+    assert list(elsewhere.iterdir()) == []
+    (tmp_path / "linked").symlink_to(elsewhere)     # --dest itself is the user's choice
+    archive.plan_restore(tar, dest=tmp_path / "linked", local=fp).execute()
+    assert len(list((elsewhere / "triton").iterdir())) == 3
