@@ -45,6 +45,10 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 WHOLE = 4 << 20
 CHUNK = 1 << 20
 HINT_CORRUPT = "the archive is corrupt, truncated or hostile; nothing was written"
+_HINT_OURS = "give an archive written by `sglang-warmup cache pack`"
+#: Compressed formats a file may be in instead, by their first bytes.
+_OTHER_FORMATS = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
+                  (b"PK\x03\x04", "zip"))
 
 
 class NotOurs(Exception):
@@ -281,15 +285,31 @@ class ArchiveReader:
             return self._tar.next_header()
         except tarfmt.TarFormatError as exc:
             if previous is None and exc.offset == 0:
-                reason = "it ends inside its first header" if exc.truncated else exc.reason
-                raise ArchiveError(f"{self.path}: not a tar or tar.zst archive ({reason})",
-                                   hint="give an archive written by "
-                                   "`sglang-warmup cache pack`") from None
+                raise self._not_an_archive(exc) from None
             if exc.truncated:
                 raise ArchiveError(f"archive is truncated at byte {exc.offset} (after member "
                                    f"{previous!r})", hint=HINT_CORRUPT) from None
             raise ArchiveError(f"{self._where(previous, exc.offset)}: {exc.reason}",
                                hint=HINT_CORRUPT) from None
+
+    def _not_an_archive(self, exc: tarfmt.TarFormatError) -> ArchiveError:
+        """What a file whose first header cannot be read is: another compressed format, not a
+        tar at all, a tar cut short in its first header, or a tar of a kind pack never writes."""
+        head = os.pread(self._file.fileno(), 8, 0)
+        other = next((name for magic, name in _OTHER_FORMATS if head.startswith(magic)), None)
+        if other is not None:
+            return ArchiveError(f"{self.path}: a {other} file, not a tar or tar.zst archive",
+                                hint="cache archives are tar or tar.zst (`cache pack --zstd`); "
+                                     "decompress it first if it holds one")
+        if exc.no_header:
+            return ArchiveError(f"{self.path}: not a tar or tar.zst archive (no tar header at "
+                                "its start)", hint=_HINT_OURS)
+        if exc.truncated:
+            return ArchiveError(f"{self.path}: it ends inside its first tar header: an archive "
+                                "cut short, or not one", hint=HINT_CORRUPT)
+        return ArchiveError(f"{self.path}: a tar archive of a kind `sglang-warmup cache pack` "
+                            f"never writes: {exc.reason}", hint=_HINT_OURS + "; GNU tar, "
+                            "`git archive` and Python's tarfile write other tars")
 
     def _check(self, h: tarfmt.Header, previous: str | None) -> str:
         """A member that could write outside the destination or is not a plain file is refused;
@@ -343,11 +363,11 @@ class ArchiveReader:
         if h is None:
             raise ArchiveError(f"{self.path}: empty archive (no manifest.json)",
                                hint=HINT_CORRUPT)
-        name = self._check(h, None)
-        if name != MANIFEST_NAME:
-            raise ArchiveError(f"archive member {name!r} comes first; {MANIFEST_NAME} must "
+        if h.name is not None and h.name != MANIFEST_NAME:  # a tar of another tool, likely
+            raise ArchiveError(f"archive member {h.name!r} comes first; {MANIFEST_NAME} must "
                                "be the first member", hint="only archives written by "
                                "`sglang-warmup cache pack` or `cache merge` are accepted")
+        self._check(h, None)
         lim = self.limits
         if h.size > lim.max_manifest_bytes:
             raise ArchiveError(f"archive member {MANIFEST_NAME!r}: {h.size} bytes exceeds the "

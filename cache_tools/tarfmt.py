@@ -26,13 +26,17 @@ _MAX_SIZE = 8 ** 11            # sizes from here on go into a PAX record
 
 class TarFormatError(Exception):
     """A header that cannot be parsed, or a stream that ends inside a header or member.
-    ``truncated`` tells the two apart; ``offset`` is the byte where the header starts."""
+    ``truncated`` tells the two apart; ``offset`` is the byte where the header starts;
+    ``no_header``: the block is no tar header at all (its checksum does not match), not a tar
+    header of a kind this reader refuses."""
 
-    def __init__(self, reason: str, offset: int, truncated: bool = False) -> None:
+    def __init__(self, reason: str, offset: int, truncated: bool = False,
+                 no_header: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.offset = offset
         self.truncated = truncated
+        self.no_header = no_header
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -189,7 +193,10 @@ def _number(field: bytes, what: str, offset: int) -> int:
 
 
 def _checksum_ok(block: bytes, offset: int) -> bool:
-    stored = _number(block[148:156], "checksum", offset)
+    try:
+        stored = _number(block[148:156], "checksum", offset)
+    except TarFormatError:
+        return False
     unsigned = _byte_sum(block[:148]) + 256 + _byte_sum(block[156:384]) + \
         _byte_sum(block[384:])
     if stored == unsigned:
@@ -304,7 +311,7 @@ class TarStream:
                 self.end_block = True
                 return None
             if not _checksum_ok(block, offset):
-                raise TarFormatError("bad header checksum", offset)
+                raise TarFormatError("bad header checksum", offset, no_header=True)
             typeflag = block[156:157]
             size = _number(block[124:136], "size", offset)
             if typeflag in (b"L", b"K"):

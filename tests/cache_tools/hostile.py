@@ -538,6 +538,43 @@ def layout_group_too_large(valid, out, fp):
 
 # truncations: at every member boundary and inside every part of the first members
 
+# --- files of other tools: what is wrong, not "not a tar" for a tar --------------------------
+_OTHER_TAR = r".*: a tar archive of a kind `sglang-warmup cache pack` never writes: "
+
+
+@case(re.compile(_OTHER_TAR + r"global PAX header"))
+def other_git_archive(valid, out, fp):
+    """`git archive`: a global PAX header (the commit id) comes first."""
+    return _insert(valid, out, pax(record("comment", "0" * 40), typeflag=b"g"), at=0)
+
+
+@case(re.compile(_OTHER_TAR + r"GNU long-name header \(only ustar/PAX archives are read\)"))
+def other_gnu_long_name_first(valid, out, fp):
+    """GNU tar's format, a first name longer than 100 bytes."""
+    return _insert(valid, out, ustar(b"././@LongLink", 200, b"L") + b"n" * 200 +
+                   tarfmt.padding(200), at=0)
+
+
+@case(re.compile(r"archive member '\.' comes first; manifest\.json must be the first member"))
+def other_tar_of_a_directory(valid, out, fp):
+    """`tar -cf out.tar -C dir .`: the directory itself comes first."""
+    return _insert(valid, out, ustar(b"./", 0, b"5"), at=0)
+
+
+@case(re.compile(r".*: a gzip file, not a tar or tar\.zst archive"))
+def other_gzip(valid, out, fp):
+    import gzip
+
+    out.write_bytes(gzip.compress(valid.read_bytes()))
+    return out
+
+
+@case(re.compile(r".*: not a tar or tar\.zst archive \(no tar header at its start\)"))
+def other_text(valid, out, fp):
+    out.write_bytes(b"this is not a tar archive\n" * 40)
+    return out
+
+
 def truncations(valid: Path) -> list[int]:
     """Cut points: each header start, inside each header, inside and at the end of the data
     and padding of the first members, and before the end-of-archive blocks."""

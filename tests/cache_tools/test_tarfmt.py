@@ -101,5 +101,5 @@ def test_a_bad_checksum_is_a_format_error():
                               max_header_bytes=4096)
     with pytest.raises(tarfmt.TarFormatError) as err:
         stream.next_header()
-    assert (err.value.reason, err.value.offset, err.value.truncated) == \
-        ("bad header checksum", 0, False)
+    assert (err.value.reason, err.value.offset, err.value.truncated, err.value.no_header) == \
+        ("bad header checksum", 0, False, True)
