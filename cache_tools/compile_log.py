@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from cache_tools import inputfile
 
@@ -166,13 +166,45 @@ def find(path: str | os.PathLike[str]) -> list[Path]:
     return sorted(p.glob(GLOB)) or files(p)
 
 
-def parse_lines(data: bytes, where: str = "", *, warnings: list[str] | None = None,
-                first_line: int = 1) -> list[dict]:
-    """The records in ``data`` (whole lines).  A line that is not a JSON object (the torn last
-    line of a killed process), or one of a newer format version, is skipped; with ``warnings``
-    a sentence per skipped line is appended there."""
+#: One record's line at most (a Triton miss is a few KiB): a longer line is skipped, never held.
+MAX_LINE_BYTES = 4 * 1024 * 1024
+
+
+def lines(fh: Any, limit: int | None = None) -> Iterator[bytes | None]:
+    """The lines of a binary file from where it stands (``limit``: bytes at most), each
+    without its newline; None for a line longer than :data:`MAX_LINE_BYTES`, which is read
+    past in pieces, never held whole."""
+    left = limit
+    while left is None or left > 0:
+        want = MAX_LINE_BYTES + 1 if left is None else min(MAX_LINE_BYTES + 1, left)
+        line = fh.readline(want)
+        if not line:
+            return
+        if left is not None:
+            left -= len(line)
+        if line.endswith(b"\n") or len(line) <= MAX_LINE_BYTES:
+            yield line.rstrip(b"\n")
+            continue
+        while line and not line.endswith(b"\n") and (left is None or left > 0):
+            line = fh.readline(1 << 20 if left is None else min(1 << 20, left))
+            if left is not None:
+                left -= len(line)
+        yield None
+
+
+def parse_lines(data: bytes | Iterable[bytes | None], where: str = "", *,
+                warnings: list[str] | None = None, first_line: int = 1) -> list[dict]:
+    """The records in ``data`` (whole lines, or the lines :func:`lines` yields).  A line that
+    is not a JSON object (the torn last line of a killed process), one longer than
+    :data:`MAX_LINE_BYTES`, or one of a newer format version, is skipped; with ``warnings`` a
+    sentence per skipped line is appended there."""
     out: list[dict] = []
-    for number, line in enumerate(data.splitlines(), start=first_line):
+    rows = data.splitlines() if isinstance(data, bytes) else data
+    for number, line in enumerate(rows, start=first_line):
+        if line is None:
+            if warnings is not None:
+                warnings.append(f"{where}:{number}: longer than {MAX_LINE_BYTES} bytes, skipped")
+            continue
         if not line.strip():
             continue
         try:
@@ -200,7 +232,7 @@ def read(paths: Iterable[str | os.PathLike[str]], *, warnings: list[str] | None 
     records: list[dict] = []
     for path in paths:
         with inputfile.open_regular(path) as fh:
-            records.extend(parse_lines(fh.read(), str(path), warnings=warnings))
+            records.extend(parse_lines(lines(fh), str(path), warnings=warnings))
     if by_time:
         records.sort(key=_time)
     return records
@@ -251,11 +283,11 @@ class Cursor:
             try:
                 with inputfile.open_regular(path) as fh:
                     fh.seek(lo)
-                    data = fh.read() if hi is None else fh.read(hi - lo)
+                    records.extend(parse_lines(lines(fh, None if hi is None else hi - lo),
+                                               str(path)))
             except OSError as exc:
                 logger.warning("sglang-warmup: cannot read %s: %s", path, exc)
                 continue
-            records.extend(parse_lines(data, str(path)))
         records.sort(key=_time)
         return records
 

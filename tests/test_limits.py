@@ -473,18 +473,32 @@ def test_html_chart_rows():
 
 
 # --- compile events (bounded memory, never a refusal) ------------------------------------------
-def test_generated_source_bytes(tmp_path):
-    """An Inductor module above 256 KiB is left out of its compile-log line."""
-    def function(size: int) -> Any:
-        path = tmp_path / f"gen{size}.py"
-        path.write_text("#" * size)
-        ns = {"__spec__": None, "__name__": f"made.gen{size}", "__file__": str(path)}
-        return type("F", (), {"__globals__": ns})()
+def test_compile_log_line_and_kernel_module_bytes(tmp_path, monkeypatch):
+    """A compile-log line at its limit is read, one byte longer is skipped with its warning;
+    a kernel module at its limit is checked, one byte larger is not read."""
+    from cache_tools import compile_log
+    from cache_tools.replay import kernels
 
-    assert triton_record._MAX_SOURCE_BYTES == 256 * 1024
-    got = triton_record.generated_source(function(triton_record._MAX_SOURCE_BYTES))
-    assert got is not None and len(got["text"]) == 256 * 1024
-    assert triton_record.generated_source(function(triton_record._MAX_SOURCE_BYTES + 1)) is None
+    assert compile_log.MAX_LINE_BYTES == 4 * 1024 * 1024
+    assert kernels.MAX_MODULE_BYTES == 4 * 1024 * 1024
+    monkeypatch.setattr(compile_log, "MAX_LINE_BYTES", 100)
+    empty = len(json.dumps({"event": "gc", "pad": ""}))
+    at = json.dumps({"event": "gc", "pad": "x" * (100 - empty)})
+    above = json.dumps({"event": "gc", "pad": "x" * (101 - empty)})
+    assert (len(at), len(above)) == (100, 101)
+    path = tmp_path / "compiles-1.jsonl"
+    path.write_text(at + "\n" + above + "\n")
+    warnings: list[str] = []
+    assert len(compile_log.read([path], warnings=warnings)) == 1
+    assert warnings == [f"{path}:2: longer than 100 bytes, skipped"]
+
+    monkeypatch.setattr(kernels, "MAX_MODULE_BYTES", 100)
+    (tmp_path / "limit_at.py").write_text("#" * 100)
+    (tmp_path / "limit_above.py").write_text("#" * 101)
+    assert kernels.read_module(tmp_path / "limit_at.py") == "#" * 100
+    with pytest.raises(kernels.Unresolved, match=r"limit_above.py is 101 bytes, more than a "
+                                                 r"kernel module \(100\)"):
+        kernels.read_module(tmp_path / "limit_above.py")
 
 
 def test_pending_jit_records_and_load_starts():

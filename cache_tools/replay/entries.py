@@ -7,17 +7,21 @@ A damaged line is a skipped entry with its reason, never an error and never run.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from cache_tools import compile_log
+from cache_tools import compile_log, groups
 from cache_tools.errors import CacheError
-from cache_tools.replay.report import (IR_SOURCE, MISSING_FIELDS, NESTED, NOT_IMPORTABLE,
-                                       OTHER_TARGET, TRITON_VERSION, KernelResult)
+from cache_tools.replay import kernels
+from cache_tools.replay.report import (GENERATED, IR_SOURCE, MISSING_FIELDS, NESTED,
+                                       NOT_INSTALLED, OTHER_TARGET, PLANNED, PRESENT, SKIPPED,
+                                       TRITON_VERSION, KernelResult)
 
 # The fields without which no record rebuilds (besides kernel.module/qualname), and the JSON
 # type each must have.
@@ -173,20 +177,27 @@ def precheck(record: dict, *, target: tuple[str, int | str, int | None] | None,
         return IR_SOURCE, (f"compiled from the IR file {kernel['path']}, not from a Python "
                            "kernel: nothing to re-import")
     missing = [f"kernel.{k}" for k in ("module", "qualname") if not kernel.get(k)]
+    if not missing and (kernel.get("generated") or kernel.get("source") is not None):
+        return GENERATED, (f"{kernel_label(record)} was generated at run time (Inductor): "
+                           "replay never runs code from a compile log; the Inductor and Triton "
+                           "cache entries travel in a cache archive (cache pack / restore)")
     missing += [k for k in REQUIRED if record.get(k) in (None, "", {})
                 and not (k in ("constexprs", "attrs") and record.get(k) == [])]
     t = record.get("target")
     if isinstance(t, dict) and not all(t.get(k) is not None for k in ("backend", "arch",
                                                                      "warp_size")):
         missing.append("target.backend/arch/warp_size")
+    if not _SHA256.fullmatch(str(kernel.get("source_sha256") or "")):
+        missing.append("kernel.source_sha256 (older compile logs lack it: re-record)")
+    missing += [f"constexprs: {v['jit_function']}.source_sha256"
+                for v in _jit_function_constants(record)
+                if not _SHA256.fullmatch(str(v.get("source_sha256") or ""))]
     if missing:
         return MISSING_FIELDS, f"the record lacks {', '.join(missing)}"
     wrong = [f"kernel.{k}" for k in ("module", "qualname") if not isinstance(kernel[k], str)]
     wrong += [k for k, kind in _TYPES.items() if not isinstance(record[k], kind)]
     wrong += [k for k, kind in _OPTIONAL_TYPES.items()
               if record.get(k) is not None and not isinstance(record[k], kind)]
-    if kernel.get("source") is not None and not isinstance(kernel["source"], dict):
-        wrong.append("kernel.source")
     if wrong:
         return MISSING_FIELDS, (f"the record's {', '.join(wrong)} "
                                 f"{'has' if len(wrong) == 1 else 'have'} the wrong JSON type")
@@ -195,7 +206,7 @@ def precheck(record: dict, *, target: tuple[str, int | str, int | None] | None,
         return NESTED, (f"{qualname} is defined inside a function (a closure or nested "
                         "kernel): it cannot be imported by name")
     if module == "__main__":
-        return NOT_IMPORTABLE, (f"{qualname} was defined in a script run as __main__: move "
+        return NOT_INSTALLED, (f"{qualname} was defined in a script run as __main__: move "
                                 "it into an importable module")
     if target is not None:
         backend, arch, warp = target
@@ -210,3 +221,52 @@ def precheck(record: dict, *, target: tuple[str, int | str, int | None] | None,
                                 "hashes Triton itself; replay with an interpreter that has "
                                 f"Triton {record['triton_version']} (--python)")
     return None
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _jit_function_constants(record: dict) -> list[dict]:
+    constexprs = record.get("constexprs")
+    out = []
+    for constant in constexprs if isinstance(constexprs, list) else ():
+        value = constant.get("value") if isinstance(constant, dict) else None
+        if isinstance(value, dict) and isinstance(value.get("jit_function"), str):
+            out.append(value)
+    return out
+
+
+def dry_run(record: dict, cache_dir: Path) -> tuple[str, str, str]:
+    """(status, reason, detail) of a dry run for a record that passed :func:`precheck`,
+    found without running anything: the installed kernel checked on disk (never imported),
+    and the entry looked up in ``cache_dir`` by its recorded key."""
+    kernel = record["kernel"]
+    try:
+        kernels.find(kernel["module"], kernel["qualname"], kernel["source_sha256"])
+        for value in _jit_function_constants(record):
+            module, _, qualname = value["jit_function"].partition(":")
+            kernels.find(module, qualname, value["source_sha256"])
+    except kernels.Unresolved as exc:
+        return SKIPPED, exc.reason, exc.detail
+    recorded = record.get("hash")
+    if not (isinstance(recorded, str) and _SHA256.fullmatch(recorded)):
+        return PLANNED, "", "no key was recorded: a dry run cannot look the entry up"
+    if _present_on_disk(cache_dir, recorded, str(kernel.get("name") or "")):
+        return PRESENT, "", ""
+    return PLANNED, "", ""
+
+
+def _present_on_disk(cache_dir: Path, key: str, name: str) -> bool:
+    """Triton's own lookup, read only: the entry's group file lists files that all exist."""
+    entry = base64.b32encode(bytes.fromhex(key)).decode("ascii").rstrip("=")
+    group = cache_dir / entry / f"__grp__{name[:150]}.json"
+    try:
+        if group.stat().st_size > groups.MAX_GROUP_BYTES:
+            return False
+        with open(group, "rb") as f:
+            children = json.loads(f.read(groups.MAX_GROUP_BYTES)).get("child_paths")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if not isinstance(children, dict) or f"{name[:150]}.json" not in children:
+        return False
+    return all(isinstance(p, str) and os.path.isfile(p) for p in children.values())

@@ -72,7 +72,7 @@ class Pool:
         self.workers = workers
         self.kind = pool_kind(workers, todo)
 
-    def run(self, records: Sequence[dict], *, cache_dir: str, dry_run: bool,
+    def run(self, records: Sequence[dict], *, cache_dir: str,
             toolchain: Toolchain) -> Iterator[tuple[int, dict[str, Any]]]:
         """Replay ``records``; yields (index into ``records``, outcome of ``replay_record``)
         as each finishes."""
@@ -89,7 +89,7 @@ class Pool:
         if self.kind == IN_PROCESS:
             with locations.environment(cache_environment(cache_dir)), _frozen_heap():
                 for index, record in enumerate(records):
-                    yield index, _worker(record, cache_dir, dry_run, toolchain)
+                    yield index, _worker(record, cache_dir, toolchain)
             return
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -104,7 +104,7 @@ class Pool:
                 # that torch starts at import hold no lock a compile needs (torch's own
                 # DataLoader forks the same way).  fork_is_safe() refused Python threads.
                 warnings.simplefilter("ignore", DeprecationWarning)
-                futures = {pool.submit(_worker, record, cache_dir, dry_run): index
+                futures = {pool.submit(_worker, record, cache_dir): index
                            for index, record in enumerate(records)}
             for future in as_completed(futures):
                 try:
@@ -129,11 +129,9 @@ def _worker_init(cache_dir: str, toolchain: Toolchain) -> None:
     locations.apply(cache_environment(cache_dir))
 
 
-def _worker(record: dict, cache_dir: str, dry_run: bool,
-            toolchain: Toolchain | None = None) -> dict[str, Any]:
+def _worker(record: dict, cache_dir: str, toolchain: Toolchain | None = None) -> dict[str, Any]:
     try:
-        return replay_record(record, cache_dir=cache_dir, dry_run=dry_run,
-                             toolchain=toolchain or _toolchain)
+        return replay_record(record, cache_dir=cache_dir, toolchain=toolchain or _toolchain)
     except Exception as exc:  # a bug of ours must not lose the other results
         return {"status": FAILED, "reason": COMPILE_ERROR,
                 "detail": f"replay error: {type(exc).__name__}: {exc}", "seconds": 0.0}

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from cache_tools import locations
 from cache_tools.errors import CacheError
+from cache_tools.replay import entries as recorded
 from cache_tools.replay.entries import (Entry, distinct_entries, is_triton_compile,
                                         kernel_label, log_files, parse_target, precheck,
                                         read_records)
@@ -91,12 +92,16 @@ def replay(logs: Sequence[str | os.PathLike[str]], *,
         else:
             todo.append(index)
 
+    if dry_run:  # nothing is imported, compiled or executed: checks on disk only
+        for index in todo:
+            status, reason, detail = recorded.dry_run(entries[index].record, directory)
+            finish(index, entries[index].result(status=status, reason=reason, detail=detail))
+        todo = []
     workers = jobs if jobs is not None else default_jobs(len(todo), fork=fork_is_safe())
     pool = Pool(workers, len(todo))
     tuning: dict[int, dict] = {}
     for position, outcome in pool.run([entries[i].record for i in todo],
-                                      cache_dir=str(directory), dry_run=dry_run,
-                                      toolchain=toolchain):
+                                      cache_dir=str(directory), toolchain=toolchain):
         index = todo[position]
         if outcome.get("autotune"):
             tuning[index] = outcome["autotune"]

@@ -90,3 +90,34 @@ def test_what_counts_as_compiled_now_and_which_kernel():
     assert [compile_log.is_compile_event(r) for r in (miss, cached, hit, {"event": "load"})] == [
         True, True, True, False]
     assert [compile_log.kernel_name(r) for r in (miss, built, hit, {})] == ["k", "m", "q", "?"]
+
+
+def test_a_huge_line_is_skipped_without_being_held(tmp_path, monkeypatch):
+    """A compile log that is one line of many megabytes: read past in pieces, the records
+    around it kept, memory bounded by the line limit (was read whole: 2 GB for a 1 GiB line)."""
+    import tracemalloc
+
+    monkeypatch.setattr(compile_log, "MAX_LINE_BYTES", 64 * 1024)
+    path = tmp_path / compile_log.DIR / "compiles-1.jsonl"
+    path.parent.mkdir()
+    good = json.dumps(compile_log.record("miss", phase="init", shape_class=None, request=None,
+                                         compiler="triton"))
+    with open(path, "wb") as f:
+        f.write(good.encode() + b"\n")
+        f.write(b'{"x": "' + b"a" * (8 * 1024 * 1024) + b'"}\n')
+        f.write(good.encode() + b"\n")
+        f.write(b"b" * (3 * 1024 * 1024))  # a torn, endless last line
+    warnings: list[str] = []
+    tracemalloc.start()
+    try:
+        records = compile_log.read([path], warnings=warnings)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(records) == 2
+    assert warnings == [f"{path}:2: longer than 65536 bytes, skipped",
+                        f"{path}:4: longer than 65536 bytes, skipped"]
+    assert peak < 4 * 1024 * 1024
+    # The cursor reads the same way between marks.
+    cursor = compile_log.Cursor(tmp_path)
+    assert len(cursor.read({})) == 2

@@ -256,6 +256,8 @@ def test_skips_name_their_reason(recorded, tmp_path):
         variant(options=None, target=None),
         variant(kernel={"module": None, "name": "k", "qualname": None, "path": "/x/k.ttir"}),
         variant(options={**base[0]["options"], "extern_libs": [["mylib", "/nowhere/lib.bc"]]}),
+        variant(kernel={**base[0]["kernel"], "source_sha256": "0" * 64}),
+        variant(kernel={k: v for k, v in base[0]["kernel"].items() if k != "source_sha256"}),
     ]
     changed = json.loads(json.dumps(base[0]))
     changed["constexprs"][1]["value"] = 64  # BLOCK differs from what gave the recorded key
@@ -270,17 +272,19 @@ def test_skips_name_their_reason(recorded, tmp_path):
         ("skipped", "triton-version",
          f"recorded with Triton 3.6.0, this interpreter has Triton {TRITON}: the cache key "
          "hashes Triton itself; replay with an interpreter that has Triton 3.6.0 (--python)"),
-        ("skipped", "not-importable",
-         "import no_such_module_for_replay failed: ModuleNotFoundError: No module named "
-         "'no_such_module_for_replay'"),
-        ("skipped", "not-importable",
-         f"{__name__} has no gone_kernel (a different release of its package than recorded?)"),
+        ("skipped", "not-installed",
+         "no_such_module_for_replay is not installed here (looked on the installed search "
+         "path, never in the working directory)"),
         ("skipped", "not-a-kernel",
-         f"{__name__}.make_nested_kernel is a function, not a @triton.jit kernel"),
+         "no def of gone_kernel in the installed module (a different release of its package "
+         "than recorded?)"),
+        ("skipped", "not-a-kernel",
+         "make_nested_kernel is not decorated as a Triton kernel (@triton.jit, "
+         "@triton.autotune, @triton.heuristics)"),
         ("skipped", "nested-function",
          "make.<locals>.inner is defined inside a function (a closure or nested kernel): it "
          "cannot be imported by name"),
-        ("skipped", "not-importable",
+        ("skipped", "not-installed",
          "spec_kernel was defined in a script run as __main__: move it into an importable "
          "module"),
         ("skipped", "missing-fields", "the record lacks options, target"),
@@ -289,8 +293,14 @@ def test_skips_name_their_reason(recorded, tmp_path):
         ("skipped", "extern-lib",
          "extern library mylib was /nowhere/lib.bc on the recording machine and is not there "
          "here"),
+        ("skipped", "source-mismatch", got[9][2]),
+        ("skipped", "missing-fields",
+         "the record lacks kernel.source_sha256 (older compile logs lack it: re-record)"),
         ("skipped", "key-mismatch", got[-1][2]),
     ]
+    assert got[9][2] == (f"the installed {__name__}:spec_kernel ({Path(__file__)}) hashes to "
+                         f"{base[0]['kernel']['source_sha256'][:12]}, recorded 000000000000: "
+                         "another release of its package than the recording machine's")
     assert got[-1][2].startswith("the cache key here is ")
     assert got[-1][2].endswith(f", recorded {base[0]['hash'][:12]}: the kernel source or what "
                                "it calls, the Triton build (Python version), ptxas or the "
@@ -298,9 +308,9 @@ def test_skips_name_their_reason(recorded, tmp_path):
                                "machine")
     assert not list((tmp_path / "out").glob("*/__grp__*.json"))
     assert report.skip_reasons == {"extern-lib": 1, "ir-source": 1, "key-mismatch": 1,
-                                   "missing-fields": 1, "nested-function": 1,
-                                   "not-a-kernel": 1, "not-importable": 3,
-                                   "triton-version": 1}
+                                   "missing-fields": 2, "nested-function": 1,
+                                   "not-a-kernel": 2, "not-installed": 2,
+                                   "source-mismatch": 1, "triton-version": 1}
 
 
 def test_a_nested_kernel_is_recorded_and_skipped(tmp_path):
@@ -315,15 +325,20 @@ def test_a_nested_kernel_is_recorded_and_skipped(tmp_path):
         f"{__name__}:make_nested_kernel.<locals>.nested_kernel")
 
 
-def test_changed_kernel_source_is_a_key_mismatch_not_a_useless_entry(tmp_path, monkeypatch):
-    """What a compile log from another SGLang release looks like: same module, other source."""
+def test_another_release_is_refused_before_import_or_at_the_key(tmp_path, monkeypatch):
+    """What a compile log from another SGLang release looks like: same module, other source.
+    The kernel's own source changed: refused on disk, the module is never imported.  Only a
+    helper it calls changed: the kernel's source matches, the module is imported (installed
+    code), and the recomputed key differs."""
     package = tmp_path / "pkg"
     package.mkdir()
     source = ("import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+              "def helper(v):\n"
+              "    return v + {helper}\n\n\n@triton.jit\n"
               "def k(x_ptr, BLOCK: tl.constexpr):\n"
               "    offs = tl.arange(0, BLOCK)\n"
-              "    tl.store(x_ptr + offs, tl.load(x_ptr + offs) + {add})\n")
-    (package / "replay_release.py").write_text(source.format(add="1.0"))
+              "    tl.store(x_ptr + offs, helper(tl.load(x_ptr + offs)) + {add})\n")
+    (package / "replay_release.py").write_text(source.format(helper="1.0", add="1.0"))
     monkeypatch.syspath_prepend(str(package))
     import replay_release
 
@@ -331,7 +346,13 @@ def test_changed_kernel_source_is_a_key_mismatch_not_a_useless_entry(tmp_path, m
     jit_compile(tmp_path / "c", [lambda: replay_release.k.warmup(F32, BLOCK=32, grid=(1,))],
                 state_dir=state)
     monkeypatch.delitem(sys.modules, "replay_release")
-    (package / "replay_release.py").write_text(source.format(add="2.0"))
+    (package / "replay_release.py").write_text(source.format(helper="1.0", add="2.0"))
+    report = replay.replay([state], cache_dir=tmp_path / "out", jobs=1)
+    assert [(r.status, r.reason) for r in report.results] == [("skipped", "source-mismatch")]
+    assert "replay_release" not in sys.modules
+    assert entries(tmp_path / "out") == set()
+
+    (package / "replay_release.py").write_text(source.format(helper="2.0", add="1.0"))
     report = replay.replay([state], cache_dir=tmp_path / "out", jobs=1)
     assert [(r.status, r.reason) for r in report.results] == [("skipped", "key-mismatch")]
     assert entries(tmp_path / "out") == set()
@@ -453,7 +474,7 @@ def test_another_interpreter_runs_the_same_replay(recorded, tmp_path):
     # sys.path of this test run (the test module holds the kernel) for the other interpreter.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     report = replay.replay([state], cache_dir=out, jobs=1, python=sys.executable)
-    assert [r.status for r in report.results] == ["rebuilt"] * 3
+    assert [r.status for r in report.results] == ["rebuilt"] * 3, report.results[0].detail
     assert report.python == sys.executable
     assert entries(out) == entries(jit_cache)
 
@@ -528,13 +549,16 @@ def test_damaged_records_are_skipped_with_their_reason_never_run(recorded, tmp_p
     log.write_text("".join(json.dumps(c) + "\n" for c in cases))
     report = replay.replay([log], cache_dir=tmp_path / "out", jobs=2)
     assert [(r.status, r.reason, r.detail) for r in report.results] == [
-        ("skipped", "missing-fields", "the record lacks kernel.module, kernel.qualname"),
+        ("skipped", "missing-fields", "the record lacks kernel.module, kernel.qualname, "
+         "kernel.source_sha256 (older compile logs lack it: re-record)"),
         ("skipped", "missing-fields", "the record's kernel.qualname has the wrong JSON type"),
         ("skipped", "missing-fields", "the record's options, target have the wrong JSON type"),
         ("skipped", "missing-fields", "the record's constexprs has the wrong JSON type"),
         ("skipped", "missing-fields", "the record's env has the wrong JSON type"),
         ("skipped", "missing-fields", "the record's toolchain has the wrong JSON type"),
-        ("skipped", "missing-fields", "the record's kernel.source has the wrong JSON type"),
+        ("skipped", "generated", f"{__name__}:spec_kernel was generated at run time "
+         "(Inductor): replay never runs code from a compile log; the Inductor and Triton cache "
+         "entries travel in a cache archive (cache pack / restore)"),
         ("skipped", "missing-fields", "the record's hash has the wrong JSON type"),
     ]
     assert [r.kernel for r in report.results][:2] == ["?:?", f"{__name__}:7"]
@@ -565,9 +589,13 @@ def test_the_default_job_count_rule(tmp_path, monkeypatch):
 
 
 def test_a_python_thread_makes_the_workers_spawned_and_the_default_one_job(recorded,
-                                                                          tmp_path):
+                                                                          tmp_path,
+                                                                          monkeypatch):
     import threading
 
+    # Spawned workers import this test module (its kernels) afresh; it imports the project,
+    # found here through the working directory, which replay leaves out of its search path.
+    monkeypatch.chdir(tmp_path)
     state, jit_cache, _ = recorded
     assert replay.fork_is_safe()
     go = threading.Event()
@@ -582,7 +610,7 @@ def test_a_python_thread_makes_the_workers_spawned_and_the_default_one_job(recor
         go.set()
         thread.join()
     assert (spawned.jobs, spawned.pool) == (2, "spawn")
-    assert [r.status for r in spawned.results] == ["rebuilt"] * 3
+    assert [r.status for r in spawned.results] == ["rebuilt"] * 3, spawned.results[0].detail
     assert entries(tmp_path / "out") == entries(jit_cache)
 
 

@@ -2,10 +2,11 @@
 
 One listener call of Triton (joined with the ``jit_cache_hook`` record of the same compile,
 when the compile came through ``@triton.jit``) becomes one record: the kernel's module and
-qualified name, the ``ASTSource`` it was compiled from (signature, constexprs, attributes),
-every backend option, the target, the cache-invalidating environment, the ptxas whose version
-the key hashed, and the cache key.  A kernel defined in a module made at run time (Inductor's
-generated kernels) carries that module's text.  ``cache_tools.replay`` reads these records;
+qualified name and the sha256 of its source (``JITFunction.src``), the ``ASTSource`` it was
+compiled from (signature, constexprs, attributes), every backend option, the target, the
+cache-invalidating environment, the ptxas whose version the key hashed, and the cache key.  A
+kernel defined in a module made at run time (Inductor's generated kernels) is marked
+``generated``; its text is never copied into the log.  ``cache_tools.replay`` reads these records;
 the field names are listed in :mod:`cache_tools.compile_log`.
 
 Nothing here raises into the host for a value it does not know: unknown values are written as
@@ -16,13 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
-# A kernel module made at run time (Inductor's generated kernels) is copied into its compile-log
-# lines so that replay can rebuild it elsewhere; larger sources are left out.
-_MAX_SOURCE_BYTES = 256 * 1024
 # Fields of the jit_cache_hook's ``compile`` dict that describe the specialization.
 _SPECIALIZATION_FIELDS = ("device", "num_warps", "num_ctas", "num_stages", "enable_fp_fusion",
                           "launch_cooperative_grid", "extern_libs", "is_warmup",
@@ -45,9 +42,11 @@ def build(record: dict, src: Any, metadata: dict, metadata_group: dict | None, t
     }
     if fn is None and getattr(src, "path", None) is not None:
         kernel["path"] = str(src.path)  # an IR source: replayable from that file only
-    source = generated_source(inner)
-    if source is not None:
-        kernel["source"] = source
+    digest = source_sha256(fn)
+    if digest is not None:
+        kernel["source_sha256"] = digest
+    if is_generated(inner):
+        kernel["generated"] = True
     metadata = dict(metadata or {})
     target = metadata.get("target")
     options = {}
@@ -105,42 +104,28 @@ def _specialization(pending: dict, fn: Any) -> dict:
     return specialization
 
 
-# --- sources made at run time ---------------------------------------------------------------
+# --- the kernel's source --------------------------------------------------------------------
 
-_sources: dict[str, dict | None] = {}
-_sources_lock = threading.Lock()
-
-
-def generated_source(function: Any) -> dict | None:
-    """The module text of a kernel defined in a module made at run time, or None.
-
-    Inductor writes each generated kernel to a file in its cache and executes it as a module
-    that has no import spec (``torch._inductor.runtime.compile_tasks.<key>``), so no other
-    process can import it by name.  Its text goes into the compile-log line:
-    ``{"file": basename, "sha256": hex, "text": source}``.  Modules that import normally,
-    ``__main__`` scripts and sources over 256 KiB give None.  Read once per file; never
-    raises."""
+def source_sha256(fn: Any) -> str | None:
+    """The sha256 of a JITFunction's source as Triton holds it (``fn.src``), which replay
+    checks against the installed kernel before importing it; None when there is none."""
     try:
-        namespace = getattr(function, "__globals__", None)
-        if not isinstance(namespace, dict) or namespace.get("__spec__", True) is not None:
-            return None
-        name, path = namespace.get("__name__"), namespace.get("__file__")
-        if not name or name == "__main__" or not isinstance(path, str):
-            return None
-        with _sources_lock:
-            if path in _sources:
-                return _sources[path]
-        result = None
-        if os.path.isfile(path) and os.path.getsize(path) <= _MAX_SOURCE_BYTES:
-            text = Path(path).read_text(encoding="utf-8")
-            result = {"file": os.path.basename(path),
-                      "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
-                      "text": text}
-        with _sources_lock:
-            _sources[path] = result
-        return result
+        src = getattr(fn, "src", None)
+        return hashlib.sha256(src.encode("utf-8")).hexdigest() if isinstance(src, str) else None
     except Exception:
         return None
+
+
+def is_generated(function: Any) -> bool:
+    """Whether a kernel was defined in a module made at run time, which no other process can
+    import by name: Inductor executes each generated kernel file as a module without an import
+    spec (``torch._inductor.runtime.compile_tasks.<key>``).  Never raises."""
+    try:
+        namespace = getattr(function, "__globals__", None)
+        return isinstance(namespace, dict) and namespace.get("__spec__", True) is None \
+            and namespace.get("__name__") != "__main__"
+    except Exception:
+        return False
 
 
 # --- the toolchain the key hashed ------------------------------------------------------------
@@ -224,7 +209,8 @@ def encode_constant(value: Any) -> Any:
     if cls == "constexpr":
         return {"constexpr": jsonable(value.value)}
     if cls == "JITFunction":
-        return {"jit_function": f"{value.module}:{value.fn.__qualname__}"}
+        return {"jit_function": f"{value.module}:{value.fn.__qualname__}",
+                "source_sha256": source_sha256(value)}
     return jsonable(value)
 
 

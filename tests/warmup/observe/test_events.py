@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import hashlib
 import os
 import subprocess
 import sys
@@ -184,7 +185,9 @@ def test_a_miss_then_a_disk_hit_are_counted_in_their_phase(registry, state_dir):
     assert miss["cache_hit"] is False
     assert miss["pid"] == os.getpid()
     assert miss["kernel"] == {"module": __name__, "name": "scale_kernel",
-                              "qualname": "scale_kernel"}
+                              "qualname": "scale_kernel",
+                              "source_sha256": hashlib.sha256(
+                                  scale_kernel.src.encode()).hexdigest()}
     assert miss["hash"] == first.hash
     assert miss["signature"] == SIGNATURE
     assert miss["constexprs"] == [{"path": [3], "name": "BLOCK", "value": 128}]
@@ -199,7 +202,7 @@ def test_a_miss_then_a_disk_hit_are_counted_in_their_phase(registry, state_dir):
 
     assert miss["toolchain"] == {"ptxas": nvidia.get_ptxas(90).path,
                                  "ptxas_version": nvidia.get_ptxas_version(90)}
-    assert "source" not in miss["kernel"]  # an importable module: replay imports it
+    assert "generated" not in miss["kernel"]  # an importable module: replay imports it
     assert sorted(miss) == sorted([
         "v", "event", "time", "pid", "phase", "shape_class", "request", "compiler", "kernel", "key",
         "hash", "signature", "constexprs", "attrs", "options", "env", "target", "toolchain",
