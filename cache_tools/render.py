@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # annotations only: importing the archive machinery here woul
                                      VerifyReport)
     from cache_tools.fingerprint import Compatibility, Fingerprint
     from cache_tools.locations import Exports, SGLangProfile
+    from cache_tools.oci import OciPullPlan, OciPushResult
     from cache_tools.prune import PruneResult, PruneStrategy
     from cache_tools.remote import PullPlan, PushResult
     from cache_tools.scan import CacheInfo
@@ -240,10 +241,12 @@ def verify_json(r: VerifyReport) -> dict[str, Any]:
             "notes": list(r.compatibility.notes)}
 
 
-def plan_text(plan: RestorePlan | PullPlan, source: str) -> str:
+def plan_text(plan: RestorePlan | PullPlan | OciPullPlan, source: str) -> str:
     if getattr(plan, "namespace", None) is not None and plan.fingerprint is None:  # a PullPlan
         return f"Nothing to pull: the shared store holds no entries under {plan.namespace}."
     items = plan.items
+    if not items and getattr(plan, "layers", None) is not None:     # an OciPullPlan
+        return f"Nothing to pull: {source} holds no entries of the kinds asked for."
     if not items:
         return f"Nothing to restore: {source} holds no entries."
     count = {a: len(plan.by_action(a)) for a in ("add", "fill", "skip", "blocked", "nowhere")}
@@ -377,3 +380,28 @@ def push_json(r: PushResult) -> dict[str, Any]:
             "bytes_sent": r.bytes_sent, "conflicts": list(r.conflicts),
             "too_large": list(r.too_large), "seconds": round(r.seconds, 3),
             "warnings": _warnings_json(r.warnings)}
+
+
+
+def oci_push_text(r: OciPushResult, archive: str) -> str:
+    """What ``cache push ARCHIVE oci://...`` did, and how to pull exactly that artifact."""
+    if not r.layers:
+        return f"Nothing to push: {archive} holds no entries."
+    sent = [b for b in r.layers if b.sent]
+    rows = [(b.blob.kind, size_str(b.blob.size), "sent" if b.sent else "already there",
+             b.blob.digest[:19]) for b in r.layers]
+    return "\n".join([
+        f"Pushed {archive} to {r.reference}: {len(sent)} of {len(r.layers)} layers sent "
+        f"({size_str(sum(b.blob.size for b in sent))}), the others unchanged; "
+        f"{r.seconds:.1f}s.",
+        table(["kind", "size", "sent", "digest"], rows),
+        f"tags: {', '.join(r.tags)}",
+        f"pull with: sglang-warmup cache pull {r.pinned}"])
+
+
+def oci_push_json(r: OciPushResult) -> dict[str, Any]:
+    return {"reference": r.reference, "digest": r.digest, "pinned": r.pinned,
+            "tags": list(r.tags), "fingerprint": r.fingerprint, "bytes_sent": r.bytes_sent,
+            "layers": [{"kind": b.blob.kind, "digest": b.blob.digest, "bytes": b.blob.size,
+                        "media_type": b.blob.media_type, "sent": b.sent} for b in r.layers],
+            "seconds": round(r.seconds, 3)}

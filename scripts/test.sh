@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README; .ci/run calls exactly this).  Sets up the pinned CPU profile,
-# starts a loopback Redis for the shared-cache tests, installs Debian's Chromium for the HTML
-# report test and runs pytest on every core.
+# starts a loopback Redis and an OCI registry (Debian's docker-registry) for the shared-cache
+# tests, installs Debian's Chromium for the HTML report test and runs pytest on every core.
 # No GPU needed.  pytest's own exit code is ours: a run that collects nothing exits 5.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,12 @@ if ! command -v redis-server >/dev/null 2>&1; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
     || echo "test: redis-server could not be installed; the Redis tests will fail"
 fi
+# Debian's registry (the distribution project's registry:2) for the OCI store's tests.
+if ! command -v docker-registry >/dev/null 2>&1; then
+  echo "test: installing docker-registry (Debian package)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null) \
+    || echo "test: docker-registry could not be installed; the OCI registry tests will be skipped"
+fi
 # Debian's Chromium, headless, for the HTML report test (the page as a user sees it).
 if ! command -v chromium >/dev/null 2>&1; then
   echo "test: installing chromium (Debian package, for the HTML report test)"
@@ -22,9 +28,11 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 REDIS_PORT=${WARMUP_TEST_REDIS_PORT:-6391}
 redis_dir=$(mktemp -d)
+registry_dir=$(mktemp -d)
 cleanup() {
   [ -n "${redis_pid:-}" ] && kill "$redis_pid" 2>/dev/null || true
-  rm -rf "$redis_dir"
+  [ -n "${registry_pid:-}" ] && kill "$registry_pid" 2>/dev/null || true
+  rm -rf "$redis_dir" "$registry_dir"
 }
 trap cleanup EXIT
 if command -v redis-server >/dev/null 2>&1; then
@@ -36,6 +44,22 @@ if command -v redis-server >/dev/null 2>&1; then
     sleep 0.1
   done
   export WARMUP_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+fi
+# The OCI registry on loopback, plain HTTP (the tests' oci+http:// references), its storage in a
+# temporary directory; the TLS and login variants are started by the tests themselves.
+REGISTRY_PORT=${WARMUP_TEST_REGISTRY_PORT:-5391}
+if command -v docker-registry >/dev/null 2>&1; then
+  printf '%s\n' 'version: 0.1' 'log: {level: warn}' \
+    "storage: {filesystem: {rootdirectory: $registry_dir/data}, delete: {enabled: true}}" \
+    "http: {addr: 127.0.0.1:$REGISTRY_PORT}" >"$registry_dir/config.yml"
+  docker-registry serve "$registry_dir/config.yml" >"$registry_dir/log" 2>&1 &
+  registry_pid=$!
+  for _ in $(seq 50); do
+    "$PYBIN/python" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$REGISTRY_PORT/v2/', timeout=1)" \
+      >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  export WARMUP_TEST_REGISTRY="127.0.0.1:$REGISTRY_PORT"
 fi
 
 # Bytecode caches are written (into the gitignored __pycache__ directories) even where the

@@ -11,7 +11,8 @@ from typing import List, Literal, Optional
 
 import typer
 
-from cache_tools import archive, fingerprint, forks, locations, prune, remote, render, scan
+from cache_tools import (archive, fingerprint, forks, locations, oci, prune, remote, render,
+                         scan)
 from cache_tools import replay as replay_mod
 from cache_tools.errors import CacheError
 from warmup.cli import options, output
@@ -203,16 +204,53 @@ def merge_cmd(
         output.data(render.merge_text(result))
 
 
+#: click's UsageError, from whichever click this typer raises (exit 2, the usage as the hint)
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def _usage(ctx: typer.Context, message: str) -> None:
+    raise _UsageError(message, ctx=ctx)
+
+
+def _redis_only(ctx: typer.Context, root, kinds, namespace: str) -> None:
+    """--root, --kinds (push) and --namespace are the Redis store's."""
+    used = [name for name, value in (("--root", root), ("--kinds", kinds)) if value] + \
+        (["--namespace"] if namespace != remote.NAMESPACE else [])
+    if used:
+        _usage(ctx, f"{', '.join(used)}: for --url redis://... only (an OCI artifact is the "
+                    "archive's, tagged by its fingerprint)")
+
+
 @app.command("push")
 def push_cmd(
-    url: str = typer.Option(..., "--url", help="redis://HOST:PORT/DB"),
-    root: Optional[Path] = options.root("push the --root layout under DIR"),
+    ctx: typer.Context,
+    archive_path: Optional[Path] = typer.Argument(None, metavar="ARCHIVE",
+                                                  help="an archive to push to an OCI registry"),
+    ref: Optional[str] = typer.Argument(None, metavar="REF",
+                                        help="oci://HOST[:PORT]/REPO[:TAG] (oci+http:// for a "
+                                             "plain-HTTP registry on loopback)"),
+    url: Optional[str] = typer.Option(None, "--url", help="redis://HOST:PORT/DB: push the "
+                                      "complete local entries instead"),
+    root: Optional[Path] = options.root("push the --root layout under DIR (Redis)"),
     kinds: Optional[List[str]] = options.KINDS,
-    namespace: str = typer.Option(remote.NAMESPACE, "--namespace", help="key prefix"),
+    namespace: str = typer.Option(remote.NAMESPACE, "--namespace", help="key prefix (Redis)"),
     fmt: Format = options.FORMAT,
     quiet: bool = options.QUIET,
 ) -> None:
-    """Publish complete local entries to a shared Redis store (create-if-absent)."""
+    """Publish caches: an archive to an OCI registry (ARCHIVE oci://...), one layer per kind,
+    tagged by its fingerprint; or complete local entries to a Redis store (--url, create-if-absent)."""
+    if url is None:
+        if archive_path is None or ref is None:
+            _usage(ctx, "give ARCHIVE and an oci://... REF, or --url redis://...")
+        _redis_only(ctx, root, kinds, namespace)
+        pushed = oci.push(archive_path, ref, progress=output.progress(quiet))
+        if fmt == "json":
+            _json(render.oci_push_json(pushed))
+        else:
+            output.data(render.oci_push_text(pushed, str(archive_path)))
+        return
+    if archive_path is not None:
+        _usage(ctx, "--url pushes the local caches; an ARCHIVE goes to an oci://... registry")
     result = remote.push(url, _locations(root, kinds), namespace=namespace,
                          progress=output.progress(quiet))
     if fmt == "json":
@@ -224,19 +262,35 @@ def push_cmd(
 
 @app.command("pull")
 def pull_cmd(
-    url: str = typer.Option(..., "--url", help="redis://HOST:PORT/DB"),
+    ctx: typer.Context,
+    ref: Optional[str] = typer.Argument(None, metavar="REF", help="oci://HOST[:PORT]/REPO"
+                                        "[:TAG|@sha256:DIGEST] (default tag: the toolchain's "
+                                        "fingerprint hash)"),
+    url: Optional[str] = typer.Option(None, "--url", help="redis://HOST:PORT/DB"),
     dest: Optional[Path] = typer.Option(None, "--dest", help="pull into the --root layout "
                                         "under DIR instead of where SGLang looks"),
     kinds: Optional[List[str]] = options.KINDS,
     fp: Optional[str] = typer.Option(None, "--fingerprint", help="toolchain hash to pull "
                                      "(default: this machine's)"),
-    namespace: str = typer.Option(remote.NAMESPACE, "--namespace", help="key prefix"),
+    namespace: str = typer.Option(remote.NAMESPACE, "--namespace", help="key prefix (Redis)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan and stop"),
     force: bool = typer.Option(False, "--force", help="pull entries of another toolchain"),
     fmt: Format = options.FORMAT,
     quiet: bool = options.QUIET,
 ) -> None:
-    """Fetch entries from a shared Redis store: verified, staged, atomic, never overwriting."""
+    """Fetch caches from an OCI registry (REF) or a Redis store (--url): verified, staged,
+    atomic, never overwriting."""
+    if url is not None and oci.is_reference(url) and ref is None:
+        ref, url = url, None
+    if (ref is None) == (url is None):
+        _usage(ctx, "give an oci://... REF or --url redis://..., one of them")
+    if ref is not None:
+        _redis_only(ctx, None, None, namespace)
+        with oci.plan_pull(ref, dest=dest, kinds=_chosen_kinds(kinds), fingerprint_hash=fp,
+                           force=force, progress=output.progress(quiet)) as oci_plan:
+            _install(oci_plan, oci_plan.reference, fmt == "json", dry_run, quiet,
+                     verb="Pulled", check_all=True)
+        return
     plan = remote.plan_pull(url, dest=dest, kinds=_chosen_kinds(kinds), fingerprint_hash=fp,
                             namespace=namespace, force=force)
     _install(plan, plan.namespace, fmt == "json", dry_run, quiet, verb="Pulled")
@@ -276,8 +330,8 @@ def replay_cmd(
                                        "forked, else 1)"),
     python: Optional[Path] = typer.Option(None, "--python", help="run the replay in this "
                                           "interpreter (one with the recorded Triton)"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="check every record, compile "
-                                                          "nothing"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="check every record on disk; "
+                                                          "import, compile and run nothing"),
     strict: bool = typer.Option(False, "--strict", help="exit 1 when a kernel was skipped"),
     fmt: Format = options.FORMAT,
     json_alias: bool = options.JSON_ALIAS,

@@ -1,0 +1,12 @@
+"""An OCI registry as a cache store: ``cache push ARCHIVE oci://HOST[:PORT]/REPO[:TAG]`` and
+``cache pull oci://...`` (docs/cache.md, "OCI registries").  ``reference`` parses the
+references, ``auth`` finds credentials and reads challenges, ``client`` speaks the registry's
+HTTP API, ``artifact`` is the artifact's layout (one layer per cache kind), ``push`` and
+``pull`` are the two directions."""
+
+from cache_tools.oci.pull import OciPullPlan, plan_pull
+from cache_tools.oci.push import OciPushResult, push
+from cache_tools.oci.reference import Reference, is_reference, parse
+
+__all__ = ["OciPullPlan", "OciPushResult", "Reference", "is_reference", "parse", "plan_pull",
+           "push"]
