@@ -95,7 +95,7 @@ class OciPullPlan(EntryPlanView):
             for installer in installers:
                 outcomes.extend(installer.commit_all(on_entry))
         finally:
-            for installer in installers:
+            for installer in reversed(installers):   # the first made the directories above
                 installer.cleanup()
         return RestoreResult(tuple(outcomes), time.monotonic() - started, read)
 

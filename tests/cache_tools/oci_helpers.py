@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
+
+import pytest
 
 from cache_tools.oci import artifact
 
@@ -329,3 +332,13 @@ class _Handler(BaseHTTPRequestHandler):
 def fetch(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=5) as r:
         return r.read()
+
+
+@pytest.fixture
+def spool(tmp_path, monkeypatch):
+    """TMPDIR for the downloads, checked empty afterwards (nothing left behind)."""
+    path = tmp_path / "tmp"
+    path.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    yield path
+    assert list(path.iterdir()) == []

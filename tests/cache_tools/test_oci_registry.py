@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 
 import pytest
 
@@ -19,7 +18,7 @@ from cache_tools.fingerprint import Fingerprint
 from cache_tools.locations import Location, kind
 from cache_tools.oci import artifact
 from oci_helpers import (BINARY, REGISTRY, RealRegistry, basic_auth, docker_config,
-                         self_signed, unique_repo)
+                         self_signed, spool, unique_repo)  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(
     not REGISTRY, reason="WARMUP_TEST_REGISTRY is unset: no OCI registry to test against "
@@ -27,16 +26,6 @@ pytestmark = pytest.mark.skipif(
                          "and sets it)")
 needs_binary = pytest.mark.skipif(not BINARY, reason="docker-registry is not installed "
                                                      "(scripts/test.sh installs it)")
-
-
-@pytest.fixture
-def spool(tmp_path, monkeypatch):
-    """TMPDIR for the downloads, checked empty afterwards (nothing left behind)."""
-    path = tmp_path / "tmp"
-    path.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(path))
-    yield path
-    assert list(path.iterdir()) == []
 
 
 def _two_kinds(base, fp, triton=None):
