@@ -2,12 +2,13 @@
 server that answers them without letting any client starve it.
 
 A probe must be answered even while other clients misbehave (idle connections, requests sent a
-byte at a time, oversized headers): one thread reads request heads for every connection with a
-selector, so an idle or slow client costs a buffer and a file descriptor, not a thread, and is
-closed when its head is not complete within ``head_timeout_s``; complete requests go to a fixed
-pool of worker threads.  Connections are bounded (the oldest one still sending its head is
-dropped for a new one), request heads are bounded (431, or 400 for a request line alone too
-long), and every answer closes its connection.  Standard library only.
+byte at a time, oversized headers, other protocols): one thread reads request heads for every
+connection with a selector, so an idle or slow client costs a buffer and a file descriptor, not
+a thread.  That thread also refuses, as soon as it can tell, what is no HTTP/1.x request (a TLS
+hello, an HTTP/0.9 line: 400), a head too large (431, or 400 for the request line), and a head
+not complete within ``head_timeout_s`` (408); complete requests go to a fixed pool of worker
+threads.  Connections are bounded (the oldest one still sending its head is dropped for a new
+one), and every answer closes its connection.  Standard library only.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import http
 import json
 import logging
 import queue
+import re
 import selectors
 import socket
 import threading
@@ -28,6 +30,15 @@ from typing import Any, Callable
 logger = logging.getLogger("sglang_warmup.sidecar")
 
 ENDPOINTS: tuple[str, ...] = ("/ready", "/live", "/metrics", "/report")
+#: A request line as this server reads it: a method token, a target, HTTP/1.x (a bare LF ends a
+#: line as well as CR LF does); the method alone, while the line is still arriving.
+_TOKEN = rb"[-!#$%&'*+.^_`|~0-9A-Za-z]"
+_REQUEST_LINE = re.compile(rb"(" + _TOKEN + rb"{1,32}) (\S+) HTTP/1\.[0-9]\r?")
+_METHOD_SO_FAR = re.compile(_TOKEN + rb"{0,32}")
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+#: How long a refused client may go on sending (read and dropped) before it is closed: closing
+#: with unread data would reset the connection before the client reads the answer.
+_LINGER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -118,8 +129,10 @@ class EndpointServer:
         self._stopping = threading.Event()
         self._running = threading.Event()
         self._stopped = threading.Event()
-        # Insertion order is accept order, so the first entry has the earliest deadline.
+        # Insertion order is accept order, so the first entry has the earliest deadline; the same
+        # for refused connections lingering until their client stops sending.
         self._pending: dict[socket.socket, _Pending] = {}
+        self._lingering: dict[socket.socket, _Pending] = {}
         self._accept_warned = 0.0  # when accept() failing was last logged (monotonic)
         self._busy = 0  # connections handed to the workers and not closed yet
         self._busy_lock = threading.Lock()
@@ -138,9 +151,10 @@ class EndpointServer:
         try:
             while not self._stopping.is_set():
                 timeout = 1.0
-                if self._pending:
-                    oldest = next(iter(self._pending.values()))
-                    timeout = min(timeout, max(0.0, oldest.deadline - time.monotonic()))
+                for waiting in (self._pending, self._lingering):
+                    if waiting:
+                        first = next(iter(waiting.values()))
+                        timeout = min(timeout, max(0.0, first.deadline - time.monotonic()))
                 for key, _ in sel.select(timeout):
                     if key.data == "accept":
                         self._accept(sel)
@@ -148,19 +162,25 @@ class EndpointServer:
                         _drain(self._wake_r)
                     else:
                         self._read(sel, key.data)
-                now = time.monotonic()
-                while self._pending:
-                    p = next(iter(self._pending.values()))
-                    if p.deadline > now:
-                        break
-                    logger.debug("%s: closing %s: no complete request within %g s", self.name,
-                                 p.peer, self.limits.head_timeout_s)
-                    self._drop(sel, p)
+                self._expire(sel, time.monotonic())
         finally:
-            for p in list(self._pending.values()):
+            for p in [*self._pending.values(), *self._lingering.values()]:
                 self._drop(sel, p)
             sel.close()
             self._stopped.set()
+
+    def _expire(self, sel: selectors.BaseSelector, now: float) -> None:
+        """A head not complete in time is answered 408; a refused client's time is up."""
+        while self._pending:
+            p = next(iter(self._pending.values()))
+            if p.deadline > now:
+                break
+            self._refuse(sel, p, 408, f"no complete request within {self.limits.head_timeout_s:g} s")
+        while self._lingering:
+            p = next(iter(self._lingering.values()))
+            if p.deadline > now:
+                break
+            self._drop(sel, p)
 
     def shutdown(self) -> None:
         """Stop :meth:`serve_forever` and wait until it returned (when it runs)."""
@@ -198,18 +218,29 @@ class EndpointServer:
                 return
             with self._busy_lock:
                 busy = self._busy
-            while self._pending and len(self._pending) + busy >= self.limits.max_connections:
-                oldest = next(iter(self._pending.values()))
+            while (oldest := self._oldest_waiting()) is not None and \
+                    self._open(busy) >= self.limits.max_connections:
                 logger.debug("%s: %d connections open; dropping %s, the oldest still sending "
-                             "its request", self.name, len(self._pending) + busy, oldest.peer)
+                             "its request", self.name, self._open(busy), oldest.peer)
                 self._drop(sel, oldest)
-            if len(self._pending) + busy >= self.limits.max_connections:
+            if self._open(busy) >= self.limits.max_connections:
                 sock.close()  # every slot answers a complete request right now
                 continue
             sock.setblocking(False)
             p = _Pending(sock, peer, time.monotonic() + self.limits.head_timeout_s)
             self._pending[sock] = p
             sel.register(sock, selectors.EVENT_READ, p)
+
+    def _open(self, busy: int) -> int:
+        return len(self._pending) + len(self._lingering) + busy
+
+    def _oldest_waiting(self) -> _Pending | None:
+        """The connection to drop for a new one: a refused one lingering, else the oldest still
+        sending its head."""
+        for waiting in (self._lingering, self._pending):
+            if waiting:
+                return next(iter(waiting.values()))
+        return None
 
     def _read(self, sel: selectors.BaseSelector, p: _Pending) -> None:
         try:
@@ -221,17 +252,38 @@ class EndpointServer:
         if not data:
             self._drop(sel, p)
             return
+        if p.sock in self._lingering:  # what a refused client still sends is dropped
+            return
         p.buf += data
+        refusal = self._refusal(p.buf)
+        if refusal is not None:
+            self._refuse(sel, p, *refusal)
+            return
+        if _HEAD_END.search(p.buf) is not None:
+            match = _REQUEST_LINE.match(p.buf)  # the whole line was checked by _refusal
+            assert match is not None
+            method, target = match.group(1).decode("ascii"), match.group(2).decode("latin-1")
+            self._dispatch(sel, p, lambda: self._answer(p, method, target))
+
+    def _refusal(self, buf: bytes) -> tuple[int, str] | None:
+        """Why the request head arriving in ``buf`` is refused now (status, reason); None while
+        it may still become a request.  A request line is judged as soon as its method (a TLS
+        hello's first byte) or its end (an HTTP/0.9 line) is there."""
         lim = self.limits
-        end = p.buf.find(b"\r\n\r\n")
-        line_end = p.buf.find(b"\n")
-        if (line_end < 0 and len(p.buf) > lim.max_request_line) or line_end > lim.max_request_line:
-            self._dispatch(sel, p, lambda: self._reject(p, 400, "request line too long"))
-        elif (end < 0 and len(p.buf) > lim.max_head_bytes) or end + 4 > lim.max_head_bytes:
-            self._dispatch(sel, p, lambda: self._reject(p, 431, "request headers too large"))
-        elif end >= 0:
-            head = p.buf[:end]
-            self._dispatch(sel, p, lambda: self._answer(p, head))
+        line_end = buf.find(b"\n")
+        line = buf if line_end < 0 else buf[:line_end]
+        if len(line) > lim.max_request_line:
+            return 400, "request line too long"
+        if line_end < 0:
+            if not _METHOD_SO_FAR.fullmatch(line.split(b" ", 1)[0]):
+                return 400, "malformed request line"
+            return None
+        if not _REQUEST_LINE.fullmatch(line):
+            return 400, "malformed request line (an HTTP/1.x request is expected)"
+        end = _HEAD_END.search(buf)
+        if (end.end() if end is not None else len(buf)) > lim.max_head_bytes:
+            return 431, "request headers too large"
+        return None
 
     def _dispatch(self, sel: selectors.BaseSelector, p: _Pending, job: Callable[[], None]) -> None:
         sel.unregister(p.sock)
@@ -246,7 +298,23 @@ class EndpointServer:
         except (KeyError, ValueError):
             pass
         self._pending.pop(p.sock, None)
+        self._lingering.pop(p.sock, None)
         p.sock.close()
+
+    def _refuse(self, sel: selectors.BaseSelector, p: _Pending, status: int, why: str) -> None:
+        """Answer ``status`` from this thread (an answer this small fits the socket's empty
+        buffer: no worker waits on a client that may never read), then linger: what the client
+        still sends is read and dropped for ``_LINGER_S`` at most, and the connection closed."""
+        logger.debug("%s: %s: %d %s", self.name, p.peer, status, why)
+        try:
+            p.sock.send(self._encode(Answer.json(status, {"error": why})))
+            p.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._drop(sel, p)
+            return
+        del self._pending[p.sock]
+        p.buf, p.deadline = b"", time.monotonic() + _LINGER_S
+        self._lingering[p.sock] = p
 
     # --- answering (worker threads) -----------------------------------------------------------
     def _work(self) -> None:
@@ -262,15 +330,7 @@ class EndpointServer:
                 with self._busy_lock:
                     self._busy -= 1
 
-    def _answer(self, p: _Pending, head: bytes) -> None:
-        try:
-            line = head.split(b"\n", 1)[0].decode("latin-1").strip()
-            method, target, version = line.split(" ")
-            if not version.startswith("HTTP/"):
-                raise ValueError(version)
-        except ValueError:
-            self._reject(p, 400, "malformed request line")
-            return
+    def _answer(self, p: _Pending, method: str, target: str) -> None:
         if method not in ("GET", "HEAD"):
             self._send(p, Answer.json(405, {"error": f"method {method[:16]} not allowed",
                                             "allowed": ["GET", "HEAD"]}),
@@ -285,31 +345,22 @@ class EndpointServer:
         logger.debug("%s: %s %s %s -> %d", self.name, p.peer, method, path, answer.status)
         self._send(p, answer, head_only=method == "HEAD")
 
-    def _reject(self, p: _Pending, status: int, why: str) -> None:
-        logger.debug("%s: %s: %d %s", self.name, p.peer, status, why)
-        self._send(p, Answer.json(status, {"error": why}), linger=True)
-
-    def _send(self, p: _Pending, answer: Answer, *, head_only: bool = False, extra: str = "",
-              linger: bool = False) -> None:
+    def _encode(self, answer: Answer, *, head_only: bool = False, extra: str = "") -> bytes:
         phrase = http.HTTPStatus(answer.status).phrase
         head = (f"HTTP/1.1 {answer.status} {phrase}\r\nServer: {self.name}\r\n"
                 f"Date: {formatdate(usegmt=True)}\r\nContent-Type: {answer.content_type}\r\n"
                 f"Content-Length: {len(answer.body)}\r\nCache-Control: no-store\r\n{extra}"
                 "Connection: close\r\n\r\n").encode("latin-1")
+        return head if head_only else head + answer.body
+
+    def _send(self, p: _Pending, answer: Answer, *, head_only: bool = False,
+              extra: str = "") -> None:
+        """Send a complete request's answer from a worker, within ``write_timeout_s``."""
         sock = p.sock
         try:
             sock.setblocking(True)
             sock.settimeout(self.limits.write_timeout_s)
-            sock.sendall(head if head_only else head + answer.body)
-            if linger:
-                # The client may still be sending what we refused; closing with unread data
-                # would reset the connection before it reads the answer.  Read for 1 s at most.
-                sock.shutdown(socket.SHUT_WR)
-                end = time.monotonic() + 1.0
-                while (left := end - time.monotonic()) > 0:
-                    sock.settimeout(left)
-                    if not sock.recv(4096):
-                        break
+            sock.sendall(self._encode(answer, head_only=head_only, extra=extra))
         except OSError:
             pass
         finally:

@@ -1,6 +1,7 @@
 """warmup.sidecar.endpoints: the sidecar's HTTP server under hostile clients (real sockets on
 127.0.0.1): hundreds of idle connections, a request sent a byte at a time, oversized request
-lines and headers, more connections than allowed; and the endpoints of a real Sidecar."""
+lines and headers, more connections than allowed, other protocols (a TLS hello, HTTP/0.9),
+bare-LF lines; and the endpoints of a real Sidecar."""
 
 from __future__ import annotations
 
@@ -94,11 +95,12 @@ def test_ready_and_live_answer_within_a_bound_while_hundreds_of_connections_sit_
 
 
 def test_idle_connections_are_closed_after_the_head_timeout(endpoint_server):
+    """A connection that sends nothing gets 408 at the head timeout and is closed."""
     srv = endpoint_server(head_timeout_s=0.5)
     idle = [connect(srv.server_address[1]) for _ in range(20)]
     t0 = time.monotonic()
     try:
-        assert all(read_all(s) == b"" for s in idle)
+        assert all(read_all(s).startswith(b"HTTP/1.1 408 Request Timeout\r\n") for s in idle)
         assert time.monotonic() - t0 < 3.0
     finally:
         for s in idle:
@@ -125,7 +127,8 @@ def test_a_request_sent_a_byte_at_a_time_is_closed_at_the_head_timeout(endpoint_
                 continue
             except ConnectionResetError:
                 data = b""
-            assert data == b""  # never an answer to a request that was not complete
+            # a request not complete in time: 408, never the answer to what it asked
+            assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
             closed_after = time.monotonic() - t0
             break
     finally:
@@ -223,3 +226,44 @@ def test_a_handler_error_is_a_500_and_the_server_goes_on():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+@pytest.mark.parametrize("raw, status", [
+    (b"GET /ready\r\n", 400),                                    # HTTP/0.9: no version
+    (b"GET /ready\n", 400),
+    (bytes.fromhex("1603010200010001fc0303") + bytes(64), 400),    # a TLS ClientHello
+    (b"\x00\x01\x02", 400),
+    (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),                  # HTTP/2 with prior knowledge
+    (b"GET /ready HTTP/1.1\nHost: x\n\n", 200),                    # bare LF line ends
+    (b"GET /ready HTTP/1.1\n\n", 200),
+    (b"GET /ready HTTP/1.0\r\n\n", 200),
+])
+def test_other_protocols_and_bare_lf_are_answered_at_once(endpoint_server, raw, status):
+    """What is no HTTP/1.x request is refused as soon as that shows (its first byte, or its
+    request line), not at the head timeout; bare-LF requests are answered."""
+    srv = endpoint_server(head_timeout_s=30.0)
+    s = connect(srv.server_address[1])
+    t0 = time.monotonic()
+    s.sendall(raw)
+    answer = read_all(s)
+    s.close()
+    assert answer.startswith(b"HTTP/1.1 %d " % status) and time.monotonic() - t0 < 2.0
+
+
+def test_refused_clients_hold_no_worker(endpoint_server):
+    """Clients refused at once that never read nor close (TLS hellos from a scanner, request
+    lines too long) cost the reading thread a second of lingering each, not a worker: /ready
+    answers at once."""
+    srv = endpoint_server(workers=1, head_timeout_s=30.0)
+    port = srv.server_address[1]
+    hellos = [connect(port) for _ in range(20)]
+    try:
+        for i, h in enumerate(hellos):
+            h.sendall(bytes.fromhex("160301020001") + bytes(64) if i % 2 else
+                      b"GET /" + b"a" * 5000)
+        time.sleep(0.1)
+        status, took = timed_get(f"http://127.0.0.1:{port}/ready")
+        assert status == 200 and took < READY_BOUND_S, took
+    finally:
+        for h in hellos:
+            h.close()
