@@ -389,7 +389,7 @@ def test_k8s_pod_meets_the_restricted_pod_security_standard():
     pod = spec["securityContext"]
     assert pod["runAsNonRoot"] is True and pod["runAsUser"] == 10001
     assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
-    for c in spec["containers"]:
+    for c in spec["initContainers"] + spec["containers"]:
         sec = c["securityContext"]
         assert sec["allowPrivilegeEscalation"] is False, c["name"]
         assert sec["capabilities"]["drop"] == ["ALL"], c["name"]
@@ -401,6 +401,41 @@ def test_k8s_pod_meets_the_restricted_pod_security_standard():
     # the runtime image runs SGLang as that user
     runtime = (DOCKER / "Dockerfile.runtime").read_text()
     assert "USER 10001" in runtime and "ARG CACHE_OWNER=10001:10001" in runtime
+
+
+def test_k8s_init_container_pulls_the_cache_from_a_registry():
+    """The initContainer runs the real `cache pull` arguments (parsed by the command) from an
+    oci:// reference, into the volume SGLang sees where the image's cache variables point,
+    downloading beside (never under) the destination, with Docker's login from a Secret."""
+    import typer.main
+
+    from cache_tools import oci
+    from warmup.cli import app
+
+    spec = next(d for d in _docs() if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    init = next(c for c in spec["initContainers"] if c["name"] == "jit-cache")
+    assert init["image"] == _containers()["sglang"]["image"]     # the same toolchain
+    assert init["command"][:2] == ["/bin/sh", "-c"] and \
+        init["command"][2].startswith('sglang-warmup cache pull "$@" ||')
+    pull = typer.main.get_command(app).commands["cache"].commands["pull"]
+    params = pull.make_context("pull", list(init["args"])).params
+    ref = oci.parse(params["ref"])
+    assert not ref.plain_http and not ref.tag       # TLS; tagged by the fingerprint
+    mounts = {m["name"]: m for m in init["volumeMounts"]}
+    volume = mounts["jit-cache"]["mountPath"]
+    assert str(params["dest"]) == f"{volume}/cache"
+    sglang = {m["name"]: m for m in _containers()["sglang"]["volumeMounts"]}["jit-cache"]
+    assert (sglang["mountPath"], sglang["subPath"]) == ("/opt/sglang-cache", "cache")
+    runtime = (DOCKER / "Dockerfile.runtime").read_text()
+    assert 'ENV SGLANG_CACHE_DIR="/opt/sglang-cache"' in runtime
+    env = _env(init)
+    assert env["TMPDIR"] == volume and not env["TMPDIR"].startswith(str(params["dest"]))
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    secret = volumes["registry-login"]["secret"]
+    assert secret["optional"] is True
+    assert secret["items"] == [{"key": ".dockerconfigjson", "path": "config.json"}]
+    assert env["DOCKER_CONFIG"] == mounts["registry-login"]["mountPath"]
+    assert "emptyDir" in volumes["jit-cache"]
 
 
 def test_both_metrics_endpoints_are_scraped():
