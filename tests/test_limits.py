@@ -220,6 +220,38 @@ def test_expression_magnitude(sign):
         f"x.yaml:3: let.M: value {sign}1099511627777 is beyond ±2^40")
 
 
+@pytest.mark.parametrize("shape, top, line, path, shown", [
+    ("{class: c, kind: extend, lengths: [%s]}", "", 6, "phases[0].shapes[0].lengths[0]", "`%s`: integer %s"),
+    ("{class: c, kind: extend, lengths: ['1 + %s']}", "", 6, "phases[0].shapes[0].lengths[0]",
+     "`1 + %s`: integer %s"),
+    ("{class: c, kind: extend, lengths: [M]}", "let: {M: '%s'}\n", 3, "let.M", "`%s`: integer %s"),
+    ("{class: c, kind: extend, lengths: [1]}", "defaults: {max_new_tokens: %s}\n", 3,
+     "defaults.max_new_tokens", "value %s%.0s"),
+])
+def test_an_integer_literal_past_the_magnitude_is_refused_at_load(shape, top, line, path, shown):
+    """Issue "hostile input round three" item 10: a literal beyond ±2^40 (a 29-digit number
+    passed `plan check`) is refused when the plan loads, not only skipped at expansion."""
+    at, over = 2 ** 40, 2 ** 40 + 1
+    fill = (lambda n: shape % n if "%" in shape else shape), (lambda n: top % n if top else "")
+    assert loader.loads(_plan(fill[0](at), top=fill[1](at)), "x.yaml").name == "x"
+    message = _plan_error(_plan(fill[0](over), top=fill[1](over))).message
+    assert message == f"x.yaml:{line}: {path}: " + (shown % (over, over)) + " is beyond ±2^40"
+    if "'" not in shape + top:  # a YAML integer past what int() converts: no traceback
+        huge = "9" * 5000
+        assert _plan_error(_plan(fill[0](huge), top=fill[1](huge))).message.endswith(
+            "an integer of 5,000 digits is beyond ±2^40")
+
+
+def test_sampling_variant_values():
+    top = "sampling_variants:\n  v: {temperature: %s}\n"
+    assert loader.loads(_plan(top=top % "1099511627776"), "x.yaml").sampling_variants["v"] == \
+        {"temperature": 2 ** 40}
+    for value, shown in (("1099511627777", "1099511627777"), (".nan", "nan"), ("-.inf", "-inf")):
+        assert _plan_error(_plan(top=top % value)).message == (
+            f"x.yaml:4: sampling_variants.v.temperature: expected a number from 0 to 2^40, got "
+            f"{shown}")
+
+
 def test_expression_list_items():
     """A list fact (``decode_graph_bs``) is checked where an expression reads it."""
     text = _plan(top="let: {M: 'max(decode_graph_bs)'}\n")

@@ -14,6 +14,7 @@ condition is then false and a size skips its shape, with the fact named in the r
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -213,6 +214,8 @@ def _check(node: ast.AST, depth: int, names: set[str], known: frozenset[str]) ->
         raise ExprSyntaxError(f"'{type(node).__name__}' is not allowed in plan expressions")
     if isinstance(node, ast.Constant) and not isinstance(node.value, (int, bool)):
         raise ExprSyntaxError(f"only integers and booleans are allowed, not {node.value!r}")
+    if isinstance(node, ast.Constant) and abs(node.value) > MAX_MAGNITUDE:
+        raise ExprSyntaxError(f"integer {digits(node.value)} is beyond ±2^40")
     if isinstance(node, ast.Name):
         if node.id not in known and node.id not in FUNCTIONS:
             raise ExprSyntaxError(f"unknown name {node.id!r}")
@@ -297,7 +300,7 @@ def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
 
 def _bounded(value: Any) -> Any:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_MAGNITUDE:
-        raise ExprEvalError(f"value {_digits(value)} is beyond ±2^40")
+        raise ExprEvalError(f"value {digits(value)} is beyond ±2^40")
     if isinstance(value, (list, tuple)):
         if len(value) > MAX_LIST:
             raise ExprEvalError(f"a list of {len(value)} items is above the limit of {MAX_LIST}")
@@ -306,7 +309,8 @@ def _bounded(value: Any) -> Any:
     return value
 
 
-def _digits(value: int) -> str:
+def digits(value: int) -> str:
     """An integer for an error line: short ones whole, long ones by their digit count."""
-    text = str(value) if value.bit_length() < 200 else f"of {len(str(abs(value)))} digits"
-    return text
+    if value.bit_length() < 200:
+        return str(value)
+    return f"of {math.floor(math.log10(abs(value))) + 1:,} digits"  # str() stops at 4,300

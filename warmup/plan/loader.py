@@ -164,7 +164,11 @@ def _scalar(ctx: _Ctx, node: yaml.Node, path: str) -> Any:
     if node.tag not in _SCALAR_TAGS:
         raise ctx.fail(node, path, f"YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')} is not allowed",
                        hint="plans hold plain values only")
-    return yaml.SafeLoader("").construct_object(node)
+    try:
+        return yaml.SafeLoader("").construct_object(node)
+    except ValueError:  # an integer of more digits than int() converts (4,300)
+        raise ctx.fail(node, path, f"an integer of {len(node.value):,} digits is beyond ±2^40",
+                       hint="write a whole number up to 2^40") from None
 
 
 def _mapping(ctx: _Ctx, node: yaml.Node, path: str, spec: dict[str, Field],
@@ -231,6 +235,9 @@ def _int(ctx: _Ctx, node: yaml.Node, path: str, *, minimum: int = 1) -> int:
                        hint="write a whole number")
     if v < minimum:
         raise ctx.fail(node, path, f"must be >= {minimum}, got {v}", hint="write a whole number")
+    if v > E.MAX_MAGNITUDE:
+        raise ctx.fail(node, path, f"value {E.digits(v)} is beyond ±2^40",
+                       hint="write a whole number up to 2^40")
     return v
 
 
@@ -279,6 +286,8 @@ def _size(ctx: _Ctx, node: yaml.Node, path: str, names: frozenset[str], *, boole
         hint = "expressions use integers, + - * // %, comparisons, and/or/not, x if c else y, " \
                "server facts and: " + ", ".join(sorted(E.FUNCTIONS))
         msg = str(exc)
+        if msg.endswith("is beyond ±2^40"):
+            hint = "plan values are whole numbers up to 2^40 (1,099,511,627,776)"
         if msg.startswith("unknown name"):
             bad = msg.split("'")[1]
             close = difflib.get_close_matches(bad, sorted(names), n=1)
@@ -328,8 +337,11 @@ def _build_plan(ctx: _Ctx, node: yaml.Node, sha: str) -> Plan:
             variants[vname] = {}
             for pk, (_, pv) in params.items():
                 val = _scalar(ctx, pv, f"{vpath}.{pk}")
-                if isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0:
-                    raise ctx.fail(pv, f"{vpath}.{pk}", f"expected a number >= 0, got {val!r}")
+                if isinstance(val, bool) or not isinstance(val, (int, float)) or \
+                        not 0 <= val <= E.MAX_MAGNITUDE:  # NaN is in no range
+                    raise ctx.fail(pv, f"{vpath}.{pk}", "expected a number from 0 to 2^40, got "
+                                   f"{E.digits(val) if isinstance(val, int) else repr(val)}",
+                                   hint="sampling parameters are numbers, e.g. {temperature: 0.7}")
                 variants[vname][pk] = val
     variant_names = tuple(SAMPLING_VARIANTS) + tuple(variants)
 

@@ -62,7 +62,7 @@ _KEYS = st.sampled_from(["version", "name", "phases", "shapes", "class", "kind",
                          "max_requests", "over_limit", "extends", "base", "prompt", "groups",
                          "when", "family", "decode_tokens", "running", "variants"])
 _VALUES = st.recursive(
-    st.one_of(st.integers(-5, 10**13), st.booleans(), st.none(),
+    st.one_of(st.integers(-5, 10**13), st.integers(-10**30, 10**30), st.booleans(), st.none(),
               st.sampled_from(["extend", "decode", "batch", "prefix", "x", "p", "skip", "fail",
                                "page_size * 2", "max_running_requests", "1 // 0",
                                "batch_buckets(decode_graph_bs, 1, 10**9)", "[0] * 10**9"])),
