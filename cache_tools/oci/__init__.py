@@ -5,8 +5,8 @@ HTTP API, ``artifact`` is the artifact's layout (one layer per cache kind), ``pu
 ``pull`` are the two directions."""
 
 from cache_tools.oci.pull import OciPullPlan, plan_pull
-from cache_tools.oci.push import OciPushResult, push
+from cache_tools.oci.push import OciPushResult, check_access, push
 from cache_tools.oci.reference import Reference, is_reference, parse
 
-__all__ = ["OciPullPlan", "OciPushResult", "Reference", "is_reference", "parse", "plan_pull",
-           "push"]
+__all__ = ["OciPullPlan", "OciPushResult", "Reference", "check_access", "is_reference", "parse",
+           "plan_pull", "push"]

@@ -71,6 +71,18 @@ def push(archive: str | os.PathLike[str], ref_text: str, *,
             shutil.rmtree(spool, ignore_errors=True)
 
 
+def check_access(ref_text: str, env: Mapping[str, str] | None = None) -> reference.Reference:
+    """Parse ``ref_text`` for a push and log in to its registry: a bad reference or a refused
+    login is found before a long job whose archive it would push (prebake)."""
+    ref = reference.parse(ref_text)
+    if ref.digest:
+        raise CacheError(f"{ref}: a push names a tag, not a digest",
+                         hint="drop @sha256:...; the artifact is tagged by its fingerprint "
+                              "(and by :TAG if given)")
+    Registry(ref, ("pull", "push"), env=env).login()
+    return ref
+
+
 def _push(archive: Path, ref: reference.Reference, spool: Path,
           env: Mapping[str, str] | None, progress: Progress, registry: Registry | None,
           started: float) -> OciPushResult:

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from cache_tools import oci, render
+from cache_tools.errors import CacheError
 from warmup.cli import options, output
 from warmup.cli.options import Format
 from warmup.sidecar import prebake
@@ -28,6 +30,10 @@ def prebake_command(
                                                  "server log (default: a temporary one)"),
     keep: bool = typer.Option(False, "--keep", help="keep the temporary work directory"),
     zstd: bool = typer.Option(False, "--zstd", help="compress the archive with zstd"),
+    push_to: Optional[str] = typer.Option(None, "--push", metavar="REF",
+                                          help="then push the archive to an OCI registry: "
+                                               "oci://HOST[:PORT]/REPO[:TAG] (tagged by its "
+                                               "fingerprint too; login checked before the bake)"),
     fmt: Format = options.FORMAT,
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (directories, "
                                  "environment, command) and stop"),
@@ -36,22 +42,39 @@ def prebake_command(
     """Run SGLang once with a plan against empty caches and pack what it compiled:
     prebake --plan P --out A -- <sglang launch_server args>."""
     output.configure_logging()
+    if push_to and dry_run:
+        oci.parse(push_to)
+    elif push_to:   # a bad reference or a refused login: found before, not after, the bake
+        oci.check_access(push_to)
     spec = prebake.prepare(plan, out, list(ctx.args), port=port, deadline_s=deadline,
                            stop_timeout_s=stop_timeout, work_dir=work_dir, zstd=zstd, keep=keep,
                            overwrite=yes)
     if dry_run:
         try:
             if fmt == "json":
-                output.data_json(spec.to_dict())
+                output.data_json({**spec.to_dict(), **({"push": push_to} if push_to else {})})
             else:
-                output.data(spec.describe())
+                output.data(spec.describe() + (f"\nthen push to: {push_to}" if push_to else ""))
                 output.warn(f"warning: {w}" for w in spec.warnings)
         finally:
             spec.discard()
         return
     result = spec.execute(progress=output.progress(), echo=output.note)
+    pushed = _push(result.archive, push_to) if push_to else None
     if fmt == "json":
-        output.data_json(result.to_dict())
+        output.data_json({**result.to_dict(),
+                          **({"pushed": render.oci_push_json(pushed)} if pushed else {})})
     else:
-        output.data(result.render())
+        output.data(result.render() + (f"\n{render.oci_push_text(pushed, str(result.archive))}"
+                                       if pushed else ""))
         output.warn(f"warning: {w}" for w in result.warnings)
+
+
+def _push(archive: Path, ref: str) -> oci.OciPushResult:
+    """The baked archive to the registry; a failure says that the archive is kept."""
+    try:
+        return oci.push(archive, ref, progress=output.progress())
+    except CacheError as exc:
+        exc.hint = (f"the archive {archive} is kept: push it with `sglang-warmup cache push "
+                    f"{archive} {ref}`; " + exc.hint)
+        raise

@@ -111,6 +111,37 @@ def test_prebake_bakes_an_archive_that_restores_into_disk_cache_hits(env, tmp_pa
     assert compile_hits(tmp_path / "cold") == [False, False, False]  # the control
 
 
+@pytest.mark.skipif(not os.environ.get("WARMUP_TEST_REGISTRY"),
+                    reason="WARMUP_TEST_REGISTRY is unset: no OCI registry (scripts/test.sh "
+                           "starts Debian's docker-registry and sets it)")
+def test_prebake_pushes_the_archive_to_a_registry(env, tmp_path):
+    from cache_tools import oci
+
+    ref = f"oci+http://{os.environ['WARMUP_TEST_REGISTRY']}/sgw-test/prebake-{os.getpid()}:baked"
+    out = tmp_path / "a.tar"
+    r = run_prebake(env, "--out", str(out), "--port", str(free_port()), "--push", ref,
+                    "--format", "json")
+    assert r.returncode == 0, r.stderr
+    pushed = json.loads(r.stdout)["pushed"]
+    assert [layer["kind"] for layer in pushed["layers"]] == ["triton"]
+    dest = tmp_path / "pulled"
+    with oci.plan_pull(pushed["pinned"], dest=dest) as plan:
+        plan.execute()
+    assert compile_hits(dest / "triton") == [True, True, True]
+
+
+def test_a_push_that_cannot_happen_stops_before_the_bake(env, tmp_path):
+    out = tmp_path / "a.tar"
+    r = run_prebake(env, "--out", str(out), "--push", "oci://h/Bad")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr.startswith("error: oci://h/Bad: repository 'Bad' is not a valid name")
+    ref = f"oci+http://127.0.0.1:{free_port()}/x/y"          # nothing listens there
+    r = run_prebake(env, "--out", str(out), "--push", ref)
+    assert (r.returncode, r.stdout) == (5, "")
+    assert r.stderr.splitlines()[0] == f"error: {ref}: GET /v2/: connection refused"
+    assert not out.exists() and "server" not in r.stderr
+
+
 def test_the_table_names_every_kind_and_the_temporary_work_dir_is_removed(env, tmp_path):
     out = tmp_path / "a.tar"
     r = run_prebake(env, "--out", str(out), "--port", str(free_port()))
