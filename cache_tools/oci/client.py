@@ -108,6 +108,8 @@ class Registry:
 
     def refusal(self, answer: Answer, what: str) -> RemoteError:
         """The error for an answer of an unexpected status (its body read for the reason)."""
+        if answer.status == 401:        # a body that could not be sent twice, or after login
+            return self._refused(what)
         said = answer.message()
         status = f"{answer.status}" + (f" {said}" if said else "")
         if answer.status == 403:

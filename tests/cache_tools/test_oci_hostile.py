@@ -358,3 +358,30 @@ def test_the_cli_says_one_line_and_the_documented_status(fake, published, tmp_pa
         f"error: {ref}: layer triton: missing from the registry (404 BLOB_UNKNOWN: blob "
         "unknown to registry)", "hint: the artifact is incomplete; push it again"]
     assert not (tmp_path / "dest").exists() and tree(tmp_path / "dest") == {}
+
+
+def test_a_push_refused_mid_way_is_one_line(fake, valid_archive, tmp_path, spool):
+    """A 401 to the upload's PUT (whose body is not sent twice) or a 403 to the manifest."""
+    def refuse_put(handler):
+        if handler.command == "POST":
+            handler._send(202, b"", {"Location": "/v2/x/blobs/uploads/1"})
+        else:
+            handler._send(401, b"", {"WWW-Authenticate": 'Basic realm="fake"'})
+
+    fake.override["upload"] = refuse_put
+    ref = fake.ref(suffix=":p")
+    env = docker_config(tmp_path / "none", {})
+    with pytest.raises(RemoteError) as err:
+        push(valid_archive, ref, env=env)
+    assert err.value.message.startswith(f"{ref}: upload layer triton sha256:")
+    assert err.value.message.endswith(f": the registry requires a login and "
+                                      f"{tmp_path / 'none' / 'config.json'} holds no "
+                                      f"credentials for {fake.netloc}")
+    del fake.override["upload"]
+    fake.override["manifest"] = lambda h: h._error(403, "DENIED", "requested access to the "
+                                                                  "resource is denied")
+    with pytest.raises(RemoteError) as err:
+        push(valid_archive, ref, env=env)
+    assert err.value.message.startswith(f"{ref}: PUT manifest ")
+    assert err.value.message.endswith(": access denied (403 DENIED: requested access to the "
+                                      "resource is denied)")
