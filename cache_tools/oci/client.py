@@ -199,7 +199,7 @@ class Registry:
         target = urljoin(url, location)
         parts = urlsplit(target)
         if not location or parts.scheme not in ("https", "http") or not parts.hostname:
-            raise self.error(f"{what}: a redirect to {printable(location[:120])!r}, not a URL")
+            raise self.error(f"{what}: a redirect to '{printable(location[:120])}', not a URL")
         if parts.scheme == "http" and not (self.ref.plain_http and is_loopback(parts.hostname)):
             raise self.error(f"{what}: a redirect to plain HTTP ({_where(target)}) refused",
                              hint="a registry over TLS must send its blobs over TLS too")
@@ -235,15 +235,16 @@ class Registry:
             answer.close()
 
     def _answer_challenge(self, answer: Answer, what: str) -> None:
+        """A fresh token for a Bearer challenge (also when one was sent: tokens expire, and a
+        pull of large layers outlives them), Basic credentials once."""
         found = auth.challenges(answer.headers("WWW-Authenticate"))
         answer.close()
-        if self._auth is not None:
-            raise self._refused(what)
         creds = self.credentials()
         bearer = next((c for c in found if c.scheme == "bearer"), None)
         if bearer is not None:
             self._auth = "Bearer " + (creds.registry_token or self._token(bearer, creds))
-        elif any(c.scheme == "basic" for c in found) and creds.username:
+        elif any(c.scheme == "basic" for c in found) and creds.username and \
+                self._auth != creds.basic():
             self._auth = creds.basic()
         elif any(c.scheme == "basic" for c in found):
             raise self._refused(what)
@@ -256,7 +257,7 @@ class Registry:
         realm = challenge.params.get("realm", "")
         parts = urlsplit(realm)
         if parts.scheme not in ("https", "http") or not parts.hostname:
-            raise self.error(f"the registry's token realm {printable(realm[:120])!r} is not a "
+            raise self.error(f"the registry's token realm '{printable(realm[:120])}' is not a "
                              "URL")
         if parts.scheme == "http" and not is_loopback(parts.hostname):
             raise self.error(f"the registry's token realm {_where(realm)} is plain HTTP off "

@@ -143,6 +143,9 @@ class FakeRegistry:
     override: dict[str, Callable] = field(default_factory=dict)
     seen: list[tuple[str, str, str]] = field(default_factory=list)
     released: threading.Event = field(default_factory=threading.Event)
+    #: how many requests one token serves (then it has expired)
+    token_uses: int = 1000
+    tokens: dict[str, int] = field(default_factory=dict)
 
     def start(self) -> "FakeRegistry":
         fake = self
@@ -258,7 +261,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return True
             self._send(401, b"", {"WWW-Authenticate": 'Basic realm="fake"'})
             return False
-        if given == "Bearer good-token":
+        token = given.removeprefix("Bearer ")
+        if given.startswith("Bearer ") and reg.tokens.get(token, reg.token_uses) < reg.token_uses:
+            reg.tokens[token] += 1
             return True
         self._send(401, b"", {"WWW-Authenticate": f'Bearer realm="{reg.realm}",'
                                                   'service="fake",scope="repository:x:pull"'})
@@ -292,7 +297,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.headers.get("Authorization") not in good:
             self._error(401, "UNAUTHORIZED", "bad credentials")
             return
-        self._send(200, json.dumps({"token": "good-token"}).encode(), {}, "token")
+        token = f"token-{len(reg.tokens)}"
+        reg.tokens[token] = 0
+        self._send(200, json.dumps({"token": token}).encode(), {}, "token")
 
     def _do_manifest(self, what: str, body: bytes) -> None:
         found = self.registry.manifests.get(what)

@@ -282,6 +282,21 @@ def test_a_login_refused_or_missing(fake, published, tmp_path, fp, spool):
     assert tokens, fake.seen
 
 
+def test_an_expired_token_is_renewed(fake, published, tmp_path, fp, spool):
+    """Tokens expire (a pull of large layers outlives them): a Bearer challenge to a request
+    that sent a token gets a fresh one, once."""
+    ref, _ = published
+    fake.auth = "bearer"
+    fake.token_uses = 1                          # every request needs a new token
+    good = docker_config(tmp_path / "good", {fake.netloc: basic_auth("alice", "secret")})
+    assert len(_pull(ref, tmp_path / "dest", fp, env=good).outcomes) == 3
+    assert len(fake.tokens) == 3                 # manifest, config, layer
+    fake.token_uses = 0                          # a token that never works: refused, no loop
+    assert _refused(ref, tmp_path / "other", fp, env=good) == (
+        f"{ref}: GET manifest: the registry refused the credentials for {fake.netloc} from "
+        f"{tmp_path / 'good' / 'config.json'} (401)")
+
+
 def test_a_token_realm_in_clear_off_loopback_is_refused(fake, published, tmp_path, fp, spool):
     ref, _ = published
     fake.auth = "bearer"

@@ -101,7 +101,7 @@ def test_the_manifest_bytes(fake, monkeypatch, fp):
 def test_a_token_answer(fake, monkeypatch, tmp_path):
     fake.auth = "bearer"
     env = docker_config(tmp_path / "c", {fake.netloc: basic_auth("alice", "secret")})
-    size = len(json.dumps({"token": "good-token"}))
+    size = len(json.dumps({"token": "token-0"}))
     monkeypatch.setattr(client, "MAX_TOKEN_BYTES", size)
     Registry(parse(fake.ref()), env=env).login()
     monkeypatch.setattr(client, "MAX_TOKEN_BYTES", size - 1)
