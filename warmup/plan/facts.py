@@ -15,9 +15,12 @@ default listed in ``ServerFacts.assumed`` with the reason.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shlex
+import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -29,6 +32,7 @@ from warmup.errors import FactsError, shown
 DEFAULT_PAGE_SIZE = 1
 #: Vocabulary assumed when the model config is unknown; warm-up token ids stay below it.
 DEFAULT_VOCAB_SIZE = 32000
+_FLAGS_HINT = "run `python -m sglang.launch_server --help` for the valid flags"
 
 
 @dataclass(frozen=True)
@@ -259,19 +263,16 @@ def _setting_int(name: str, v: Any) -> int | None:
 
 
 def _setting_ints(name: str, v: Any) -> tuple[int, ...]:
-    """A server setting that is a list of integers."""
-    if isinstance(v, (list, tuple)):
-        items = tuple(_setting_int(name, x) for x in v)
-        if None not in items:
-            return items  # type: ignore[return-value]
-    raise FactsError(f"server setting {name}={shown(v)} is not a list of integers",
-                     hint="check the facts source")
+    items = tuple(_setting_int(name, x) for x in v) if isinstance(v, (list, tuple)) else (None,)
+    if None in items:
+        raise FactsError(f"server setting {name}={shown(v)} is not a list of integers",
+                         hint="check the facts source")
+    return items  # type: ignore[return-value]
 
 
 def _setting_mapping(name: str, v: Any) -> Mapping[str, Any]:
     if not isinstance(v, Mapping):
-        raise FactsError(f"server setting {name}={shown(v)} is not a mapping",
-                         hint="check the facts source")
+        raise FactsError(f"server setting {name}={shown(v)} is not a mapping", hint="check the facts source")
     return v
 
 
@@ -292,7 +293,7 @@ def from_launch_flags(flags: str | list[str], *, model_config: str | None = None
     memory, so memory-derived values (KV capacity, the running-request cap when not given) are
     unknown and listed as such.
     """
-    argv = shlex.split(flags) if isinstance(flags, str) else list(flags)
+    argv = _split_flags(flags) if isinstance(flags, str) else list(flags)
     assumed: list[str] = []
     model_path = _flag_value(argv, "--model-path") or _flag_value(argv, "--model")
     if model_config:
@@ -337,17 +338,42 @@ def from_launch_flags(flags: str | list[str], *, model_config: str | None = None
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # import-time notes about absent accelerators
-                sa = prepare_server_args(argv)
+                sa = _parse_quietly(prepare_server_args, argv)
                 sa.resolve_once()
         except SystemExit as exc:
-            raise FactsError(f"SGLang rejected the launch flags (argparse exit {exc.code})",
-                             hint="run `python -m sglang.launch_server --help` for the valid "
-                                  "flags") from None
+            raise FactsError(f"SGLang refused the launch flags (exit {exc.code})",
+                             hint=_FLAGS_HINT) from None
+        except FactsError:
+            raise
         except Exception as exc:
             raise FactsError(f"SGLang could not resolve the launch flags: "
                              f"{type(exc).__name__}: {exc}",
                              hint="fix the flags; SGLang's own message is above") from None
         return from_server_args(sa, source="launch_flags", assumed=assumed)
+
+
+def _split_flags(flags: str) -> list[str]:
+    """``--server-args`` split as a shell would; an unbalanced quote is one line."""
+    try:
+        return shlex.split(flags)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise FactsError(f"--server-args: {str(exc).lower()} in {shown(flags)}",
+                         hint='close the quote, e.g. --server-args "--model-path /m --tp 2"') from None
+
+
+def _parse_quietly(parse: Any, argv: list[str]) -> Any:
+    """SGLang's parser with stderr kept aside: argparse prints its whole usage (some 466 lines)
+    before the one ``error:`` line, the only one told."""
+    kept = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(kept):
+            args = parse(argv)
+    except SystemExit as exc:
+        said = [line.partition(": error: ")[2] for line in kept.getvalue().splitlines()
+                if ": error: " in line] or [f"argparse exit {exc.code}"]
+        raise FactsError(f"SGLang rejected the launch flags: {said[-1]}", hint=_FLAGS_HINT) from None
+    sys.stderr.write(kept.getvalue())
+    return args
 
 
 def from_server_args(server_args: Any, *, source: str = "server_args",

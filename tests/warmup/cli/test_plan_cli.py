@@ -101,3 +101,12 @@ def test_the_readme_main_command_prints_the_expansion_and_nothing_of_sglangs(cap
     assert err == ""
     assert logging.getLogger().handlers == handlers
     assert logging.getLogger("sglang").level == logging.NOTSET
+
+
+@pytest.mark.parametrize("command", [("plan", "show", "default"), ("plan", "facts")])
+def test_an_unbalanced_quote_in_the_server_args_is_one_line(capsys, command):
+    code, out, err = run(capsys, *command, "--server-args", '--model-path "/models/llama --tp 2')
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "error: --server-args: no closing quotation in '--model-path \"/models/llama --tp 2'",
+        'hint: close the quote, e.g. --server-args "--model-path /m --tp 2"']

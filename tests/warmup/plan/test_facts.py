@@ -79,10 +79,22 @@ def test_hub_model_without_stand_in_is_refused():
                                   "offline expansion cannot download its config")
 
 
-def test_bad_flags_are_sglangs_error(tiny_dir):
+def test_bad_flags_are_sglangs_one_line_without_its_usage(tiny_dir, capfd):
+    """argparse prints SGLang's whole usage (466 lines) before its one error line: only that
+    line is told, nothing else reaches stderr."""
     with pytest.raises(FactsError) as info:
         F.from_launch_flags(["--model-path", str(tiny_dir), "--no-such-flag"])
-    assert info.value.message == "SGLang rejected the launch flags (argparse exit 2)"
+    assert info.value.message == ("SGLang rejected the launch flags: unrecognized arguments: "
+                                  "--no-such-flag")
+    assert "usage:" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("flags, problem", [('--model-path "/m', "no closing quotation"),
+                                            ("--model-path /m\\", "no escaped character")])
+def test_a_shell_slip_in_the_flags_is_one_line(flags, problem):
+    with pytest.raises(FactsError) as info:
+        F.from_launch_flags(flags)
+    assert info.value.message == f"--server-args: {problem} in {flags!r}"
 
 
 def test_server_info_round_trip(pr_facts):
