@@ -441,6 +441,25 @@ def test_sglang_log_token_bounds(tmp_path):
     assert conv.skipped == {"above 10,000,000 prompt or 1,000,000 completion tokens": 2}
 
 
+def test_converted_bursts_and_steps_stay_what_a_traffic_file_holds(tmp_path, monkeypatch):
+    """traffic convert never writes what traffic files refuse: a burst of concurrent requests
+    is cut at MAX_PROMPTS prompts, and steps past MAX_STEPS are left out and counted."""
+    def line(i: int) -> str:
+        return json.dumps({"event": "request.finished", "rid": str(i), "out": {"meta_info": {
+            "prompt_tokens": 10, "completion_tokens": 2, "request_received_ts": 100.0}}})
+
+    p = tmp_path / "sglang.log"
+    p.write_text("\n".join(line(i) for i in range(traffic.MAX_PROMPTS + 1)) + "\n")
+    conv = request_logs.convert("sglang-log", p)
+    assert [len(s.prompts) for s in conv.steps] == [traffic.MAX_PROMPTS, 1]
+    traffic.load(_traffic(tmp_path, *traffic.dump(conv.steps).splitlines()))
+    monkeypatch.setattr(request_logs, "MAX_STEPS", 2)
+    p.write_text("\n".join(json.dumps({"prompt": "abc"}) for _ in range(3)) + "\n")
+    conv = request_logs.convert("openai", p)
+    assert (len(conv.steps), conv.requests) == (2, 2)
+    assert conv.skipped == {"past the 2 steps a traffic file holds": 1}
+
+
 def test_sglang_text_log_sampling_params_length(tmp_path):
     """``sampling_params={...}`` of a text log line is parsed only up to 16,384 characters."""
     def line(size: int) -> str:

@@ -28,7 +28,8 @@ def audit_command(
         None, "--out", help="where audit-<time>.json goes: a directory or a .json path "
         "(default: the state directory, else the current directory)"),
     yes: bool = options.yes("overwrite --out when it is an existing .json file"),
-    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="seconds one HTTP call to the server may take"),
+    timeout: float = typer.Option(600.0, "--timeout", min=1.0, callback=options.finite,
+                                  help="seconds one HTTP call to the server may take"),
     api_key: Optional[str] = options.API_KEY,
 ) -> None:
     """Replay traffic twice on a ready server; name the step behind every post-ready compile.

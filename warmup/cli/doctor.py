@@ -13,6 +13,7 @@ def doctor_command(
     fmt: Format = options.FORMAT,
     json_alias: bool = options.JSON_ALIAS,
     timeout: float = typer.Option(doctor.DEFAULT_TIMEOUT_S, "--timeout", min=1.0,
+                                  callback=options.finite,
                                   help="Seconds the check process may take."),
     keep_dir: str = typer.Option("", "--keep-dir", metavar="DIR",
                                  help="Keep the check's Triton cache, phase file, compile log, "

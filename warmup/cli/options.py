@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+import math
+from typing import Any, Callable, Literal, Optional, Sequence
 
 import typer
 
-from cache_tools.locations import KIND_NAMES
+from cache_tools.errors import CacheError
+from cache_tools.locations import KIND_NAMES, parse_kinds
 from warmup import settings
 
 #: ``--format`` of every command that prints data: a table (or sentences) for people, JSON
@@ -20,8 +22,34 @@ FORMAT: Any = typer.Option("table", "--format", help="table (for people) | json 
 #: The ``--json`` flag that eight commands had before ``--format``; kept for scripts, hidden.
 JSON_ALIAS: Any = typer.Option(False, "--json", hidden=True, help="same as --format json")
 
-KINDS: Any = typer.Option(None, "--kinds", help="cache kinds (repeat or comma-separate): "
-                          + ", ".join(KIND_NAMES))
+
+def one_of(choices: Sequence[str]) -> Callable[[Optional[str]], Optional[str]]:
+    """A callback: the option's value is one of ``choices``, else a usage error (exit 2)."""
+    def check(value: Optional[str]) -> Optional[str]:
+        if value is not None and value not in choices:
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(choices)}")
+        return value
+    return check
+
+
+def finite(value: Optional[float]) -> Optional[float]:
+    """A callback: a number option is finite (``inf`` passes a minimum), else a usage error."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value!r} is not a finite number")
+    return value
+
+
+def _known_kinds(values: Optional[list[str]]) -> Optional[list[str]]:
+    """A callback: every ``--kinds`` value names a cache kind, else a usage error (exit 2)."""
+    try:
+        parse_kinds(values)
+    except CacheError as exc:
+        raise typer.BadParameter(f"{exc.message}; known: {', '.join(KIND_NAMES)}") from None
+    return values
+
+
+KINDS: Any = typer.Option(None, "--kinds", callback=_known_kinds,
+                          help="cache kinds (repeat or comma-separate): " + ", ".join(KIND_NAMES))
 
 QUIET: Any = typer.Option(False, "-q", "--quiet", help="no progress lines on stderr")
 

@@ -77,12 +77,16 @@ def sglang_step(label: str, *, quiet: bool = False, verbose: bool = False) -> It
 
 
 def refuse_overwrite(path: str | os.PathLike[str] | None, yes: bool, name: str) -> None:
-    """Refuse, before any work starts, to overwrite an existing file without ``-y``.  ``name``
-    is how the command line names the path (``--out``, ``--write``, ``OUT``)."""
-    if path is None or yes:
+    """Refuse, before any work starts, a directory where a file is written, and an existing
+    file without ``-y``.  ``name`` is how the command line names the path (``--out``,
+    ``--write``, ``OUT``)."""
+    if path is None:
         return
     p = Path(path)
-    if p.exists() and not p.is_dir():
+    if p.is_dir():
+        raise WarmupError(f"{name} {path} is a directory",
+                          hint=f"{name} names the file to write, e.g. {p / 'NAME'}")
+    if p.exists() and not yes:
         raise WarmupError(f"{name} {path} exists",
                           hint=f"pass -y to overwrite it, or choose another {name}")
 

@@ -18,12 +18,13 @@ def prebake_command(
     ctx: typer.Context,
     plan: Path = typer.Option(..., "--plan", help="the plan SGLang runs before it listens"),
     out: Path = typer.Option(..., "--out", help="the archive to write (.tar, or .tar.zst with --zstd)"),
-    port: Optional[int] = typer.Option(None, "--port", help="SGLang's port (default: its --port, "
-                                       "else 30000)"),
-    deadline: float = typer.Option(1800.0, "--deadline",
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535,
+                                       help="SGLang's port (default: its --port, else 30000)"),
+    deadline: float = typer.Option(1800.0, "--deadline", callback=options.finite,
                                    help="seconds for SGLang to load, warm and answer "
                                         "/health_generate"),
     stop_timeout: float = typer.Option(60.0, "--stop-timeout",
+                                       callback=options.finite,
                                        help="seconds between SIGTERM and SIGKILL"),
     work_dir: Optional[Path] = typer.Option(None, "--work-dir",
                                             help="empty directory for cache/, state/ and the "

@@ -12,17 +12,18 @@ from typing import Optional
 import typer
 
 from warmup import settings
-from warmup.cli import output
+from warmup.cli import options, output
 from warmup.sidecar.config import DEFAULT_HOST, DEFAULT_PORT
 
 
 def sidecar_command(
     plan: Path = typer.Option(..., "--plan", help="the plan to warm"),
     url: str = typer.Option(..., "--url", help="the SGLang server, e.g. http://127.0.0.1:30000"),
-    port: int = typer.Option(DEFAULT_PORT, "--port", help="port of /ready /live /metrics /report"),
+    port: int = typer.Option(DEFAULT_PORT, "--port", min=0, max=65535,
+                             help="port of /ready /live /metrics /report (0: any free one)"),
     host: str = typer.Option(DEFAULT_HOST, "--host", "--bind",
                              help="address to listen on (0.0.0.0: every interface)"),
-    deadline: float = typer.Option(1800.0, "--deadline",
+    deadline: float = typer.Option(1800.0, "--deadline", callback=options.finite,
                                    help="seconds to wait for the server's /health_generate"),
     second_pass: bool = typer.Option(False, "--second-pass",
                                      help="ready only once a second pass of the plan compiles "
@@ -38,16 +39,19 @@ def sidecar_command(
                                              help="the WARMUP_STATE_DIR SGLang writes to "
                                                   "(default: WARMUP_STATE_DIR)"),
     startup_budget: Optional[float] = typer.Option(None, "--startup-budget",
+                                                   callback=options.finite,
                                                    help="seconds the orchestrator allows for the "
                                                         "start; the projected finish is logged "
                                                         "against it"),
     request_timeout: Optional[float] = typer.Option(None, "--request-timeout",
+                                                    callback=options.finite,
                                                     help="seconds one warm-up request may take "
                                                          "(default: WARMUP_REQUEST_TIMEOUT_S)"),
     flush_timeout: Optional[float] = typer.Option(None, "--flush-timeout",
+                                                  callback=options.finite,
                                                   help="seconds SGLang may wait for idle before "
                                                        "the flush (default: WARMUP_FLUSH_TIMEOUT_S)"),
-    watch_interval: float = typer.Option(10.0, "--watch-interval",
+    watch_interval: float = typer.Option(10.0, "--watch-interval", callback=options.finite,
                                          help="seconds between /health probes once ready "
                                               "(0: do not watch)"),
 ) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from warmup.cli import output
+from warmup.cli import options, output
 from warmup.coverage import request_logs, traffic
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
@@ -15,10 +15,13 @@ app = typer.Typer(no_args_is_help=True, add_completion=False)
 
 @app.command("synth")
 def synth_command(
-    kind: str = typer.Option(..., "--kind", help="chat | rag | agent | batch"),
-    steps: int = typer.Option(24, "--steps", min=1, help="number of steps"),
+    kind: str = typer.Option(..., "--kind", callback=options.one_of(traffic.KINDS),
+                             help=" | ".join(traffic.KINDS)),
+    steps: int = typer.Option(24, "--steps", min=1, max=traffic.MAX_STEPS,
+                              help="number of steps"),
     seed: int = typer.Option(0, "--seed", help="same seed, same sample"),
-    max_prompt: int = typer.Option(12000, "--max-prompt",
+    max_prompt: int = typer.Option(12000, "--max-prompt", min=traffic.MIN_SYNTH_PROMPT,
+                                   max=traffic.MAX_PROMPT_TOKENS,
                                    help="longest prompt in tokens (keep it below the server's)"),
 ) -> None:
     """Write a synthetic traffic sample (JSON lines) to stdout."""
@@ -28,10 +31,11 @@ def synth_command(
 
 @app.command("convert")
 def convert_command(
-    fmt: str = typer.Option(..., "--from", help="openai | sglang-log"),
+    fmt: str = typer.Option(..., "--from", callback=options.one_of(request_logs.CONVERT_FORMATS),
+                            help=" | ".join(request_logs.CONVERT_FORMATS)),
     path: Path = typer.Argument(..., help="the request log"),
     burst_window_ms: float = typer.Option(
-        10.0, "--burst-window-ms", min=0.0,
+        10.0, "--burst-window-ms", min=0.0, callback=options.finite,
         help="sglang-log: requests arriving within this many ms are one concurrent burst"),
 ) -> None:
     """Convert a request log into a traffic sample (JSON lines on stdout; lengths only)."""

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmup.coverage.traffic import (MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, MAX_PROMPTS, TrafficStep,
-                                     _count, _json_line, _number, _read_lines, check_features)
+from warmup.coverage.traffic import (MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, MAX_PROMPTS, MAX_STEPS,
+                                     TrafficStep, _count, _json_line, _number, _read_lines,
+                                     check_features)
 from warmup.errors import WarmupError
 from warmup.plan.model import MAX_FEATURE_IDS, MAX_PARALLEL_SAMPLES, SAMPLING_KEYS
 
@@ -36,6 +37,16 @@ class Conversion:
     skipped: dict[str, int]
     notes: tuple[str, ...] = ()
 
+    def within(self, max_steps: int) -> "Conversion":
+        """At most ``max_steps`` steps (what a traffic file holds); the requests of the steps
+        past them are counted as left out."""
+        if len(self.steps) <= max_steps:
+            return self
+        dropped = sum(len(s.prompts) for s in self.steps[max_steps:])
+        why = f"past the {max_steps:,} steps a traffic file holds"
+        return Conversion(self.steps[:max_steps], self.requests - dropped,
+                          {**self.skipped, why: dropped}, self.notes)
+
     def summary(self) -> str:
         text = f"converted {self.requests} request(s) into {len(self.steps)} traffic step(s)"
         if self.skipped:
@@ -50,8 +61,8 @@ def convert(fmt: str, path: str | Path, *, burst_window_ms: float = 10.0) -> Con
         raise WarmupError(f"unknown log format {fmt!r}", hint="one of: " + ", ".join(CONVERT_FORMATS))
     p = Path(path)
     lines = _read_lines(p, "request log", errors="replace")
-    conv = _from_openai(lines, str(p)) if fmt == "openai" else \
-        _from_sglang_log(lines, burst_window_ms / 1000.0)
+    conv = (_from_openai(lines, str(p)) if fmt == "openai" else
+            _from_sglang_log(lines, burst_window_ms / 1000.0)).within(MAX_STEPS)
     if not conv.steps:
         raise WarmupError(f"{p}: no request could be converted"
                           + (f" ({', '.join(f'{n} {w}' for w, n in sorted(conv.skipped.items()))})"
@@ -397,7 +408,8 @@ def _from_sglang_log(lines: list[str], window_s: float) -> Conversion:
     while i < len(rows):
         group = [rows[i]]
         if rows[i][1] and rows[i][0] is not None:
-            while (i + len(group) < len(rows) and rows[i + len(group)][1]
+            while (i + len(group) < len(rows) and len(group) < MAX_PROMPTS
+                   and rows[i + len(group)][1]
                    and rows[i + len(group)][0] - rows[i][0] <= window_s):
                 group.append(rows[i + len(group)])
         i += len(group)

@@ -153,3 +153,55 @@ def test_ctrl_c_in_a_command_is_one_line_and_status_130(capsys, monkeypatch):
 
     monkeypatch.setattr(traffic, "synth", interrupted)
     assert cli(capsys, "traffic", "synth", "--kind", "chat") == (130, "", "error: interrupted\n")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("traffic", "synth", "--kind", "bogus"),
+     "invalid value for '--kind': 'bogus' is not one of chat, rag, agent, batch, features"),
+    (("traffic", "convert", "--from", "csv", "log.txt"),
+     "invalid value for '--from': 'csv' is not one of openai, sglang-log"),
+    (("cache", "ls", "--kinds", "triton,bogus"),
+     "invalid value for '--kinds': unknown cache kind 'bogus'; known: triton, inductor, "
+     "sglang_jit, tvm_ffi, flashinfer, deep_gemm, tilelang, cuda_ptx, cute_aot, cute_dsl, "
+     "flash_attn_4"),
+    (("cache", "pack", "out.tar", "--kinds", "nvcc"), "invalid value for '--kinds': unknown "
+                                                       "cache kind 'nvcc'; known: triton, "
+                                                       "inductor, sglang_jit, tvm_ffi, "
+                                                       "flashinfer, deep_gemm, tilelang, "
+                                                       "cuda_ptx, cute_aot, cute_dsl, "
+                                                       "flash_attn_4"),
+    (("traffic", "synth", "--kind", "chat", "--steps", "200001"),
+     "invalid value for '--steps': '200001': input should be less than or equal to 200000"),
+    (("traffic", "synth", "--kind", "chat", "--max-prompt", "1599"),
+     "invalid value for '--max-prompt': '1599': input should be greater than or equal to 1600"),
+    (("traffic", "convert", "--from", "openai", "log.txt", "--burst-window-ms", "inf"),
+     "invalid value for '--burst-window-ms': inf is not a finite number"),
+    (("audit", "--url", "http://127.0.0.1:9", "--traffic", "t.jsonl", "--timeout", "inf"),
+     "invalid value for '--timeout': inf is not a finite number"),
+    (("sidecar", "--plan", "default", "--url", "http://127.0.0.1:9", "--watch-interval", "nan"),
+     "invalid value for '--watch-interval': nan is not a finite number"),
+    (("sidecar", "--plan", "default", "--url", "http://127.0.0.1:9", "--port", "65536"),
+     "invalid value for '--port': '65536': input should be less than or equal to 65535"),
+    (("prebake", "--plan", "default", "--out", "a.tar", "--deadline", "inf"),
+     "invalid value for '--deadline': inf is not a finite number"),
+])
+def test_a_bad_value_is_a_usage_error(capsys, argv, message):
+    """Issue "hostile input round three" item 11: a bad --kind or --kinds value, or a number
+    out of its range, is a usage error (exit 2, the usage line), as documented; --kind and
+    --kinds exited 1."""
+    code, out, err = cli(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert err.splitlines()[0] == f"error: {message}"
+    assert err.splitlines()[1].startswith("hint: usage: sglang-warmup ")
+
+
+@pytest.mark.parametrize("argv", [("cache", "pack", "{d}", "-y"), ("cache", "merge", "{d}", "{d}/a.tar"),
+                                  ("report", "{d}/r.json", "--html", "{d}")])
+def test_an_output_that_is_a_directory_is_named(capsys, tmp_path, argv):
+    """`cache pack DIR -y` failed on its temporary file's path; the directory is named, before
+    any work starts."""
+    code, _, err = cli(capsys, *(a.format(d=tmp_path) for a in argv))
+    name = {"pack": "OUT", "merge": "OUT", "report": "--html"}[argv[0] if argv[0] == "report" else argv[1]]
+    assert code == 1
+    assert err.splitlines() == [f"error: {name} {tmp_path} is a directory",
+                                f"hint: {name} names the file to write, e.g. {tmp_path / 'NAME'}"]
