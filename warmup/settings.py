@@ -104,6 +104,31 @@ SKIP_FAMILIES = EnvVar("WARMUP_SKIP_FAMILIES", (), _names,
                        "comma-separated shape families to leave out of the warm-up (a class's "
                        "family, else its kind), e.g. logprobs,stream")
 
+def _lets(text: str) -> tuple[tuple[str, str], ...]:
+    """``NAME=EXPR;NAME=EXPR`` (expressions may hold commas) as ordered pairs."""
+    out: list[tuple[str, str]] = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        name, eq, expr = item.partition("=")
+        if not eq or not name.strip() or not expr.strip():
+            raise ValueError(f"{item!r} is not NAME=EXPRESSION")
+        out.append((name.strip(), expr.strip()))
+    return tuple(out)
+
+
+LETS = EnvVar("WARMUP_LET", (), _lets,
+              "semicolon-separated NAME=EXPRESSION overrides of the plan's let values, e.g. "
+              "long_cap=65536")
+
+CACHE_WATCH_S = EnvVar("WARMUP_CACHE_WATCH_S", 1.0, _float,
+                       "seconds between two looks of the server's main process at the JIT "
+                       "cache directories of the libraries without a hook (DeepGEMM, TileLang, "
+                       "FlashInfer, ...); 0: not watched")
+
+#: SGLang's own switch (read, never written): with it off, DeepGEMM builds a kernel the first
+#: time a GEMM meets a new M range, after ready as well; no plan can send every M.
+DEEPGEMM_PRECOMPILE = EnvVar("SGLANG_JIT_DEEPGEMM_PRECOMPILE", True, _bool,
+                             "SGLang's DeepGEMM precompile at startup (SGLang's default: on)")
+
 GEMM_SWEEP_S = EnvVar("WARMUP_GEMM_SWEEP_S", 4.0, _float,
                       "seconds each scheduler may spend after loading the model running its "
                       "dense GEMM shapes at every row count that picks a new cuBLAS kernel "
@@ -178,7 +203,8 @@ def plugin_entry_point() -> metadata.EntryPoint | None:
 def activation_env(*, state_dir: str, multiprocess_dir: str, plan: str | None = None,
                    name: str | None = None, lenient: bool = False, second_pass: bool = False,
                    report: str | None = None, skip_families: tuple[str, ...] = (),
-                   freeze_gc: bool = True) -> dict[str, str]:
+                   freeze_gc: bool = True,
+                   lets: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
     """The variables that turn sglang-warmup on in every SGLang process: the plugin gate, the
     state directory and the Prometheus multiprocess directory they share, and (with a plan)
     what the ``--warmups`` entry runs.  ``serve``, ``prebake`` and ``doctor`` all use this."""
@@ -194,4 +220,6 @@ def activation_env(*, state_dir: str, multiprocess_dir: str, plan: str | None = 
             env[REPORT.name] = report
         if skip_families:
             env[SKIP_FAMILIES.name] = ",".join(skip_families)
+        if lets:
+            env[LETS.name] = ";".join(f"{k}={v}" for k, v in lets)
     return env

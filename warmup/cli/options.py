@@ -1,6 +1,6 @@
 """The options several commands share, spelled and explained once: ``--format`` (and its hidden
 ``--json`` alias), ``--kinds``, ``--root``, ``-y/--yes``, ``--api-key``, ``-q/--quiet``,
-``-v/--verbose``."""
+``-v/--verbose``, ``--let``."""
 
 from __future__ import annotations
 
@@ -58,6 +58,22 @@ VERBOSE: Any = typer.Option(False, "-v", "--verbose",
 
 API_KEY: Any = typer.Option(None, "--api-key", help="the server's --api-key (default: "
                             "WARMUP_API_KEY, which keeps it out of process listings)")
+
+
+LET: Any = typer.Option(None, "--let", metavar="NAME=EXPR",
+                        help="override one of the plan's let values (repeat), e.g. "
+                             "--let long_cap=65536 (default: WARMUP_LET)")
+
+
+def lets(values: Optional[list[str]]) -> tuple[tuple[str, str], ...]:
+    """``--let NAME=EXPR`` values as pairs; a value without ``=`` is a usage error."""
+    out = []
+    for value in values or ():
+        name, eq, expr = value.partition("=")
+        if not eq or not name.strip() or not expr.strip():
+            raise typer.BadParameter(f"{value!r}: expected NAME=EXPRESSION", param_hint="--let")
+        out.append((name.strip(), expr.strip()))
+    return tuple(out)
 
 
 def root(help: str) -> Any:

@@ -19,6 +19,7 @@ from warmup.plan import loader, shipped
 from warmup.plan import schema as schema_mod
 from warmup.plan.model import Expansion
 from warmup.plan.expand import expand
+from warmup.plan.lets import with_lets
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -76,11 +77,13 @@ def show(
     skip_family: Optional[List[str]] = typer.Option(
         None, "--skip-family", help="leave a family of classes out (repeat or comma-separate; "
                                     "default: WARMUP_SKIP_FAMILIES)"),
+    let: Optional[List[str]] = options.LET,
     quiet: bool = options.QUIET,
     verbose: bool = options.VERBOSE,
 ) -> None:
     """Expand a plan against a server's facts: requests grouped by class, with token counts."""
-    p = loader.load(plan)
+    p = with_lets(loader.load(plan), options.lets(let) if let else settings.LETS.get(),
+                         source="--let" if let else settings.LETS.name)
     f = get_facts(server_args, facts_file, url, model_config, api_key, quiet=quiet,
                   verbose=verbose)
     families = (tuple(x.strip() for v in skip_family for x in v.split(",") if x.strip())

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from warmup import settings
-from warmup.cli import output
+from warmup.cli import options, output
 from warmup.serve import launch
 
 
@@ -33,16 +33,19 @@ def serve_command(
                                              help="freeze SGLang's Python GC once the warm-up is "
                                                   "done (SGLang's /freeze_gc; default: "
                                                   "WARMUP_FREEZE_GC, on)"),
+    let: Optional[List[str]] = options.LET,
     dry_run: bool = typer.Option(False, "--dry-run", help="print the command and environment, "
                                  "write nothing, do not start"),
 ) -> None:
     """Run ``python -m sglang.launch_server`` with the plan registered in ``--warmups``."""
     args = [a for a in ctx.args if a != "--"]
+    lets = options.lets(let)
     families = tuple(f.strip() for v in (skip_family or ()) for f in v.split(",") if f.strip())
     spec = launch.plan_launch(str(plan), args, report=str(report) if report else None,
                               lenient=lenient, state_dir=str(state_dir) if state_dir else None,
                               name=name, second_pass=second_pass, skip_families=families,
-                              freeze_gc=settings.FREEZE_GC.get() if freeze_gc is None else freeze_gc)
+                              freeze_gc=settings.FREEZE_GC.get() if freeze_gc is None else freeze_gc,
+                              lets=lets)
     shown = {k: v for k, v in spec.env.items() if k.startswith("WARMUP_") or k == "PROMETHEUS_MULTIPROC_DIR"}
     output.note("sglang-warmup: " + " ".join(f"{k}={_shown_value(k, v)}"
                                              for k, v in sorted(shown.items())))

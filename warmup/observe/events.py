@@ -8,8 +8,14 @@ process it runs in (the plugin calls it first thing in every SGLang process):
   :mod:`warmup.observe.triton_record`);
 * SGLang's nvcc JIT and tvm-ffi's ninja builds (:mod:`warmup.observe.jit_hooks`), patched when
   their modules get imported, so nothing heavy is imported here;
+* ``torch.compile`` (Dynamo) compiles (:mod:`warmup.observe.dynamo_hooks`), armed for when
+  torch._dynamo is imported;
 * long Python garbage collections (:mod:`warmup.observe.gc_pauses`), written to the compile log
   so that a slow step with no compile can still be explained.
+
+The libraries without a hook (DeepGEMM, TileLang, FlashInfer, ...) are watched through their
+cache directories by :mod:`warmup.observe.cache_watch`, a thread the plugin starts in the
+server's main process only.
 
 Single slots are wrapped, never replaced: our wrapper calls the previous hook, returns its
 result, and records after it.  A hook installed later that chains (SGLang's
@@ -34,7 +40,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cache_tools import compile_log
-from warmup.observe import gc_pauses, jit_hooks, metrics, triton_hooks, triton_record
+from warmup.observe import (dynamo_hooks, gc_pauses, jit_hooks, metrics, triton_hooks,
+                            triton_record)
 from warmup.observe import phase as _phase
 
 logger = logging.getLogger("sglang_warmup.events")
@@ -169,6 +176,16 @@ def status() -> InstallReport | None:
     return inst.current_report()
 
 
+def record_build(outcome: str, module_name: str | None, duration_s: float | None, *,
+                 compiler: str, path: str | None = None, error: str | None = None) -> None:
+    """Count and log one JIT build of ``compiler`` (``built``, ``hit`` or ``failed``) in the
+    current phase and write its compile-log line (nothing when the recorders are not
+    installed); never raises."""
+    inst = _installation
+    if inst is not None:
+        inst.build(outcome, module_name, duration_s, compiler=compiler, path=path, error=error)
+
+
 def note(event: str, compiler: str, **fields: Any) -> None:
     """Append one record of ``event``, stamped with the current phase and holding ``fields``,
     to this process's compile log (nothing when the recorders are not installed); never
@@ -196,6 +213,7 @@ class _Installation:
         self.triton = triton_hooks.TritonHooks(self)
         self.jit = jit_hooks.JitHooks(self)
         self.gc = gc_pauses.GcPauses(self)
+        self.dynamo = dynamo_hooks.DynamoHooks(self)
 
     # --- what the sources share ---------------------------------------------------------------
     @property
@@ -223,6 +241,27 @@ class _Installation:
             self.write(rec)
         except Exception as exc:
             self.failed(event, exc)
+
+    def build(self, outcome: str, module_name: str | None, duration_s: float | None, *,
+              compiler: str, path: str | None = None, error: str | None = None) -> None:
+        """Count and log one JIT build (``built``, ``hit`` or ``failed``) and write its
+        compile-log line; a failure of ours is counted, never raised."""
+        try:
+            state = self.phase()
+            self.metrics.jit_build(state.phase, outcome, duration_s, compiler=compiler)
+            if outcome != "hit":
+                log = logger.warning if state.phase == "serving" or outcome == "failed" \
+                    else logger.debug
+                log("sglang-warmup: %s build %s %s in %.3f s (phase %s)", compiler,
+                    module_name, outcome, duration_s or 0.0, state.phase)
+            rec = self.new_record(compile_log.JIT_BUILD, state, compiler)
+            rec.update({"outcome": outcome, "module_name": module_name,
+                        "duration_s": duration_s, "path": path, "cache_hit": outcome == "hit"})
+            if error is not None:
+                rec["error"] = error
+            self.write(rec)
+        except Exception as exc:  # a guest never raises into its host
+            self.failed(compiler, exc)
 
     def failed(self, hook: str, exc: BaseException) -> None:
         """Log and count a failure of our own recording; never raises."""
@@ -264,6 +303,7 @@ class _Installation:
         triton_version = self.triton.install()
         layout = self.jit.install()
         self.gc.install()
+        self.dynamo.install()
         self.report = InstallReport(
             triton_version=triton_version,
             sglang_jit_layout=layout,

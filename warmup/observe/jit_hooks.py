@@ -120,25 +120,9 @@ class JitHooks:
     def record(self, outcome: str, module_name: str | None, duration_s: float | None, *,
                compiler: str = "sglang_jit", path: str | None = None,
                error: str | None = None) -> None:
-        """Count and log one JIT build (``built``, ``hit`` or ``failed``) and write its
-        compile-log line; a failure of ours is counted, never raised."""
-        inst = self.inst
-        try:
-            state = inst.phase()
-            inst.count("jit_build", state.phase, outcome, duration_s, compiler=compiler)
-            if outcome != "hit":
-                log = logger.warning if state.phase == "serving" or outcome == "failed" \
-                    else logger.debug
-                log("sglang-warmup: JIT module %s %s in %.3f s (phase %s)", module_name,
-                    outcome, duration_s or 0.0, state.phase)
-            rec = inst.new_record(compile_log.JIT_BUILD, state, compiler)
-            rec.update({"outcome": outcome, "module_name": module_name,
-                        "duration_s": duration_s, "path": path, "cache_hit": outcome == "hit"})
-            if error is not None:
-                rec["error"] = error
-            inst.write(rec)
-        except Exception as exc:
-            inst.failed("sglang_jit", exc)
+        """One JIT build, counted and written by the installation."""
+        self.inst.build(outcome, module_name, duration_s, compiler=compiler, path=path,
+                        error=error)
 
 
 # --------------------------------------------------------------------------------------------

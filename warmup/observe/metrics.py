@@ -31,8 +31,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 PREFIX = "sglang_warmup_"
 
-#: Who compiled: Triton, SGLang's own nvcc JIT (``load_jit``), or a tvm-ffi build outside it.
-COMPILERS: tuple[str, ...] = ("triton", "sglang_jit", "tvm_ffi")
+#: Who compiled: Triton, SGLang's own nvcc JIT (``load_jit``), a tvm-ffi build outside it, a
+#: library whose builds are seen as new entries in its cache directory (DeepGEMM, TileLang,
+#: FlashInfer, Inductor's on-disk graphs, CuTe, the driver's PTX cache), or an in-memory
+#: ``torch.compile`` (Dynamo) compile.
+COMPILERS: tuple[str, ...] = ("triton", "sglang_jit", "tvm_ffi", "deep_gemm", "tilelang",
+                              "flashinfer", "inductor", "cute_aot", "cute_dsl", "flash_attn_4",
+                              "cuda_ptx", "dynamo")
 #: A compile event either built the artifact (miss) or reused one from the disk cache (hit).
 COMPILE_OUTCOMES: tuple[str, ...] = ("miss", "hit")
 #: A JIT build of SGLang's nvcc kernels: built now, reused from the cache, or failed to build.
@@ -43,8 +48,8 @@ PLAN_REQUEST_OUTCOMES: tuple[str, ...] = ("ok", "failed", "skipped")
 PLAN_CLASS_STATES: tuple[str, ...] = ("done", "skipped", "failed")
 #: The hook (or our own step) whose recording failed.
 HOOKS: tuple[str, ...] = ("compilation_listener", "jit_cache_hook", "jit_post_compile_hook",
-                          "kernel_load_start_hook", "kernel_load_end_hook", "sglang_jit",
-                          "compile_log", "metrics")
+                          "kernel_load_start_hook", "kernel_load_end_hook", "compile_log",
+                          "metrics", "cache_watch") + COMPILERS
 
 #: The sidecar's states, in the order a successful start goes through them.
 SIDECAR_STATES: tuple[str, ...] = ("starting", "waiting", "warming", "verifying", "ready",
@@ -166,7 +171,8 @@ class Metrics:
 
     def jit_build(self, phase: str, outcome: str, duration_s: float | None = None,
                   compiler: str = "sglang_jit") -> None:
-        """Count one nvcc JIT module build (or cache hit); builds also count as compile events."""
+        """Count one JIT build (or cache hit) of ``compiler``; builds also count as compile
+        events."""
         _check("phase", phase, PHASES)
         _check("outcome", outcome, JIT_BUILD_OUTCOMES)
         _check("compiler", compiler, COMPILERS)

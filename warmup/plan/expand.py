@@ -6,6 +6,9 @@ would reject (longer than the context, a batch above the request cap, a KV footp
 capacity) is dropped with a stated reason, and whole shapes whose feature is off, whose family
 is turned off or that no longer fit the request limit are skipped with theirs.  Same plan and
 facts, same steps: nothing here reads the clock, the environment or a random source.
+
+Longer than 500 lines: the expansion state and its one generator per shape kind share the
+state's helpers (fits, room, skip) and read best side by side.
 """
 
 from __future__ import annotations
@@ -222,6 +225,7 @@ def expand(plan: Plan, facts: ServerFacts, *, max_requests: int | None = None,
                 if shape.when is not None and not x.truth(shape.when):
                     raise _SkipShape(f"condition `{shape.when.expr.text}` is false on this server")
                 _GENERATORS[shape.kind](x, phase.name, shape)
+                _name_uncovered(x, phase.name, shape, x.steps[mark[0]:])
             except _SkipShape as s:
                 if isinstance(s, _OverLimit) and policy == "fail":
                     raise PlanError(f"{plan.file}:{shape.where.line}: {shape.where.path}: class "
@@ -235,6 +239,22 @@ def expand(plan: Plan, facts: ServerFacts, *, max_requests: int | None = None,
     return Expansion(plan=plan.name, steps=_alternate(x), skipped=tuple(x.skipped),
                      flush=plan.flush, facts=facts, plan_sha256=plan.source_sha256,
                      warnings=tuple(dict.fromkeys(x.warnings)))
+
+
+def _name_uncovered(x: _Expander, phase: str, shape: Shape, steps: list[WarmupStep]) -> None:
+    """A class with ``covers_up_to``: the prompt lengths past its longest warmed prompt, up to
+    that value, are a skip of their own (the log and the report name them)."""
+    if shape.covers_up_to is None:
+        return
+    try:
+        wanted = int(x.value(shape.covers_up_to))
+    except _SkipShape:
+        return  # the server does not say how long a prompt may be
+    longest = max((r.input_len for s in steps for r in s.requests), default=0)
+    if longest < wanted:
+        x.skip(phase, shape, f"prompts of {longest + 1}..{wanted} tokens are not warmed: the "
+                             f"class stops at {longest} (a cap in the plan or --let); they "
+                             "compile at serving time", item=f"{longest + 1}..{wanted}")
 
 
 def _alternate(x: _Expander) -> tuple[WarmupStep, ...]:

@@ -135,6 +135,8 @@ class Shape:
     request: tuple[tuple[str, "Size | bool"], ...] = ()
     #: the family a user can turn off as a whole (default: the kind)
     family: str = ""
+    #: the longest prompt the class means to cover (lengths past what it warmed are named)
+    covers_up_to: Size | None = None
 
     @property
     def family_name(self) -> str:

@@ -62,6 +62,9 @@ SHAPE_COMMON = {
                      + ", ".join(REQUEST_FEATURES)),
     "family": Field("ident", False, "the family the class belongs to (default: its kind); a "
                     "user can turn a family off at launch"),
+    "covers_up_to": Field("int_expr", False, "the longest prompt the class means to cover; "
+                          "prompt lengths past its longest warmed one up to this are named as "
+                          "not warmed (a cap the operator set, a server limit)"),
 }
 SHAPE_KIND = {
     "extend": {"lengths": Field("expr_list", True, "prompt lengths, each one forward (<= chunk)")},

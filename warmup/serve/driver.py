@@ -87,7 +87,8 @@ class Driver:
                          transport=type(self.transport).__name__, started_at=time.time(),
                          facts=exp.facts.to_dict(),
                          skipped=tuple({"phase": s.phase, "class": s.shape_class, "item": s.item,
-                                        "reason": s.reason} for s in exp.skipped))
+                                        "reason": s.reason} for s in exp.skipped),
+                         warnings=tuple(exp.warnings))
         if exp.facts.disaggregation:
             reason = (f"PD disaggregation ({exp.facts.disaggregation_mode}): "
                       "warm-up requests would need a bootstrap peer")

@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -221,16 +222,17 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
     """The registered warm-up: facts from the live server, expansion, driver, report."""
     from warmup.plan import facts as facts_mod
     from warmup.plan.expand import expand
+    from warmup.plan.lets import with_lets
     from warmup.serve.driver import Driver
     from warmup.serve.transport import InProcessTransport
 
     t0 = time.perf_counter()
+    plan = with_lets(plan, settings.LETS.get())
     facts = await facts_mod.from_tokenizer_manager(tokenizer_manager)
     if disaggregation_mode and disaggregation_mode != facts.disaggregation_mode:
-        from dataclasses import replace
-
         facts = replace(facts, disaggregation_mode=str(disaggregation_mode))
     exp = expand(plan, facts, skip_families=settings.SKIP_FAMILIES.get())
+    exp = replace(exp, warnings=exp.warnings + launch_warnings())
     logger.info("sglang-warmup: %s: %d steps, %d requests (%d items skipped by the expansion)",
                 entry, len(exp.steps), exp.num_requests, len(exp.skipped))
     for skip in exp.skipped:
@@ -268,6 +270,18 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
         await _freeze_gc(transport)
     serving_when_up(tokenizer_manager, driver.mark_serving)
     logger.info("sglang-warmup: %s finished in %.1f s", entry, time.perf_counter() - t0)
+
+
+def launch_warnings() -> tuple[str, ...]:
+    """What this launch will compile after ready that no plan class can warm."""
+    out = []
+    if not settings.DEEPGEMM_PRECOMPILE.get():
+        out.append("SGLANG_JIT_DEEPGEMM_PRECOMPILE is off: where the model runs DeepGEMM GEMMs "
+                   "(FP8 block-quantized models on SM90+, DeepSeek-V3/V4 among them), DeepGEMM "
+                   "builds a kernel with nvcc (2-4 s on an H200) the first time a GEMM meets a "
+                   "new M range, after ready too, and no plan can send every M; keep SGLang's "
+                   "default (on) and prebake SGLANG_DG_CACHE_DIR (docs/first-hits.md)")
+    return tuple(out)
 
 
 def _http_app(tokenizer_manager: Any) -> Any:

@@ -9,6 +9,7 @@ must never raise into SGLang: each step logs its own failure and the others stil
 from __future__ import annotations
 
 import logging
+import sys
 
 from warmup import settings
 
@@ -47,6 +48,24 @@ def _install_events() -> None:
     from warmup.observe import inductor
 
     inductor.arm()  # Inductor compiles torch.compile kernels in workers of its own
+    _start_cache_watch()
+
+
+def _is_main_process() -> bool:
+    import multiprocessing
+
+    return multiprocessing.parent_process() is None
+
+
+def _start_cache_watch() -> None:
+    """In the server's main process only (one watcher per server): the cache directories of
+    the libraries whose builds no hook sees."""
+    interval = settings.CACHE_WATCH_S.get()
+    if interval <= 0 or not _is_main_process():
+        return
+    from warmup.observe import cache_watch, events
+
+    cache_watch.CacheWatch(events.record_build, interval).start()
 
 
 def _arm_serving_marker() -> None:
@@ -59,6 +78,9 @@ def _arm_serving_marker() -> None:
     try:
         from sglang.srt.utils import triton_load_watch as watch
     except ImportError:
+        watch = None
+    if watch is None or not hasattr(watch, "mark_serving_started"):
+        _serving_when_sglang_is_up()  # SGLang < 0.5.19
         return
     original = watch.mark_serving_started
     if getattr(original, "__sglang_warmup__", False):
@@ -74,6 +96,32 @@ def _arm_serving_marker() -> None:
 
     mark_serving_started.__sglang_warmup__ = True  # type: ignore[attr-defined]
     watch.mark_serving_started = mark_serving_started
+
+
+def _serving_when_sglang_is_up() -> None:
+    """The ``serving`` phase for a launch without a plan on an SGLang without
+    ``mark_serving_started``: in the main process, once SGLang's tokenizer manager reports
+    itself up (after its own warm-up request), as the hook does after a plan."""
+    if not _is_main_process():
+        return
+    import threading
+    import time
+
+    def wait() -> None:
+        from warmup.observe import phase
+        from warmup.serve import hook
+
+        deadline = time.monotonic() + hook.ready_wait_s()
+        while time.monotonic() < deadline:
+            http = sys.modules.get("sglang.srt.entrypoints.http_server")
+            state = getattr(http, "_global_state", None) if http is not None else None
+            manager = getattr(state, "tokenizer_manager", None)
+            if manager is not None:
+                hook.serving_when_up(manager, lambda: phase.set_phase("serving"))
+                return
+            time.sleep(0.5)
+
+    threading.Thread(target=wait, name="sglang-warmup-serving", daemon=True).start()
 
 
 def _activate_patches() -> None:

@@ -74,7 +74,9 @@ class RunReport:
     ``compiles_by_phase``: compile misses per phase over the records counted;
     ``gemm_sweeps``: each scheduler's GEMM sweep after loading the model (its ``gemm_sweep``
     record's fields and ``pid``); ``allocator_kept``: each scheduler whose caching allocator
-    kept its blocks across this run's flush (``pid``, ``kept_bytes``).
+    kept its blocks across this run's flush (``pid``, ``kept_bytes``); ``warnings``: what the
+    expansion and the launch's checks found that no plan class warms (a JIT precompile turned
+    off, a family named but absent).
     """
 
     plan: str
@@ -94,6 +96,7 @@ class RunReport:
     compiles_by_phase: Mapping[str, int] = field(default_factory=dict)
     gemm_sweeps: tuple[Mapping[str, Any], ...] = ()
     allocator_kept: tuple[Mapping[str, Any], ...] = ()
+    warnings: tuple[str, ...] = ()
 
     @property
     def requests(self) -> int:
@@ -199,6 +202,11 @@ def render(report: RunReport) -> str:
     if report.skipped:
         out.append(f"{len(report.skipped)} item(s) skipped by the expansion "
                    "(`sglang-warmup plan show` lists them)")
+    for skip in report.skipped:
+        if ".." in str(skip.get("item", "")):  # a range a class did not reach
+            out.append(f"not warmed: {skip.get('class')}: {skip.get('reason')}")
+    for w in report.warnings:
+        out.append(f"warning: {w}")
     for f in report.failures:
         out.append(f"failure: {f}")
     return "\n".join(out)

@@ -32,6 +32,7 @@ from warmup.observe import metrics
 from warmup.observe import phase as phase_mod
 from warmup.plan.model import Expansion, Plan, WarmupStep
 from warmup.plan.expand import expand
+from warmup.plan.lets import with_lets
 from warmup.serve.driver import Driver
 from warmup.serve.http import HttpClient, Probe, wait_for_health
 from warmup.serve.transport import HttpTransport, Outcome
@@ -324,7 +325,8 @@ class Sidecar:
         except WarmupError as exc:
             return self._fail(f"reading the server's settings failed: {exc.message}", exc.hint)
         try:
-            exp = expand(self.plan, facts, skip_families=settings.SKIP_FAMILIES.get())
+            exp = expand(with_lets(self.plan, settings.LETS.get()), facts,
+                         skip_families=settings.SKIP_FAMILIES.get())
         except WarmupError as exc:
             return self._fail(f"the plan does not expand on this server: {exc.message}", exc.hint)
         passes = 2 if cfg.second_pass else 1

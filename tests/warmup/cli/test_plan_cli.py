@@ -23,8 +23,8 @@ def test_check_ok(capsys):
     code, out, _ = run(capsys, "plan", "check", "default", "warmup/plans/deepseek_v4_serving_shapes.yaml")
     assert code == 0
     assert out.splitlines() == [
-        "default: ok (default: 7 phases, 21 shape classes)",
-        "warmup/plans/deepseek_v4_serving_shapes.yaml: ok (deepseek_v4_serving_shapes: 6 phases, 14 shape classes)"]
+        "default: ok (default: 8 phases, 25 shape classes)",
+        "warmup/plans/deepseek_v4_serving_shapes.yaml: ok (deepseek_v4_serving_shapes: 8 phases, 19 shape classes)"]
 
 
 def test_check_bad_plan_is_one_line_and_exit_2(capsys, tmp_path):
@@ -41,11 +41,31 @@ def test_check_bad_plan_is_one_line_and_exit_2(capsys, tmp_path):
 def test_show_table_lists_every_pr_class(capsys, pr_facts_file):
     code, out, _ = run(capsys, "plan", "show", "deepseek_v4_serving_shapes", "--facts", str(pr_facts_file))
     assert code == 0
-    assert out.splitlines()[0] == "plan deepseek_v4_serving_shapes: 59 steps, 168 requests, 1,317,794 prompt tokens; then flush the cache"
+    assert out.splitlines()[0] == "plan deepseek_v4_serving_shapes: 141 steps, 345 requests, 4,319,395 prompt tokens; then flush the cache"
     for cls in ("extend_int_classes", "chunked_prompt", "prefix_hits", "concurrent_prefills", "batched_extends",
-                "eager_decode", "past_context_bucket", "mixed_batches"):
+                "eager_decode", "past_context_bucket", "mixed_batches", "c128_widths",
+                "sampling_families", "sampler_x_input_logprobs", "sampler_x_token_ids_logprobs"):
         assert cls in out
     assert "1, 219, 256, 4096, 5000, 8192" in out
+    assert "524453, 1048485" in out  # c128 widths up to the 1M context
+
+
+def test_a_capped_let_names_the_prompt_lengths_left_unwarmed(capsys, pr_facts_file):
+    code, out, _ = run(capsys, "plan", "show", "deepseek_v4_serving_shapes", "--facts",
+                       str(pr_facts_file), "--let", "long_cap=65536")
+    assert code == 0
+    assert "65573" in out and "1048485" not in out
+    line = next(x for x in out.splitlines() if x.startswith("long_context") and "65574.." in x)
+    assert line.split(None, 3)[2] == "65574..1048448"
+    assert line.split(None, 3)[3] == (
+        "prompts of 65574..1048448 tokens are not warmed: the class stops at 65573 (a cap in "
+        "the plan or --let); they compile at serving time")
+    code, _, err = run(capsys, "plan", "show", "deepseek_v4_serving_shapes", "--facts",
+                       str(pr_facts_file), "--let", "nope=1")
+    assert code == 2
+    assert err.splitlines() == ["error: --let: nope: the plan deepseek_v4_serving_shapes "
+                                "defines no let 'nope'",
+                                "hint: its lets: K, C, small_odd, above_K, long_cap"]
 
 
 def test_show_json_is_the_expansion(capsys, pr_facts_file):

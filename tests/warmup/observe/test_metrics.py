@@ -103,7 +103,7 @@ def test_plan_coverage_ready_and_hook_errors(registry, m):
     (lambda m: m.compile_event("startup", "triton", "miss"),
      "label phase='startup' is not one of init, warmup, serving"),
     (lambda m: m.compile_event("init", "nvcc", "miss"),
-     "label compiler='nvcc' is not one of triton, sglang_jit, tvm_ffi"),
+     "label compiler='nvcc' is not one of " + ", ".join(metrics.COMPILERS)),
     (lambda m: m.compile_event("init", "triton", "load"),
      "label outcome='load' is not one of miss, hit"),
     (lambda m: m.jit_build("init", "cached"),

@@ -275,3 +275,26 @@ def test_python_m_sglang_launch_server_registers_and_lists_the_plan(tiny_plan_pa
         "in_registry": True,
         "guarded": True,
     }
+
+
+def test_let_overrides_are_checked_at_launch_and_reach_the_server(tiny_plan_path, tmp_path):
+    from warmup.errors import PlanError
+
+    spec = launch.plan_launch(str(tiny_plan_path), ["--model-path", "m"], state_dir=str(tmp_path),
+                              environ={}, lets=(("C", "min(chunked_prefill_size, 128)"),))
+    assert spec.env["WARMUP_LET"] == "C=min(chunked_prefill_size, 128)"
+    with pytest.raises(PlanError) as err:
+        launch.plan_launch(str(tiny_plan_path), ["--model-path", "m"], state_dir=str(tmp_path),
+                           environ={}, lets=(("D", "1"),))
+    assert err.value.message == "--let: D: the plan tiny_plan defines no let 'D'"
+
+
+def test_a_jit_precompile_turned_off_is_a_warning_of_the_run(monkeypatch):
+    from warmup.serve import hook
+
+    monkeypatch.delenv("SGLANG_JIT_DEEPGEMM_PRECOMPILE", raising=False)
+    assert hook.launch_warnings() == ()
+    monkeypatch.setenv("SGLANG_JIT_DEEPGEMM_PRECOMPILE", "0")
+    [warning] = hook.launch_warnings()
+    assert warning.startswith("SGLANG_JIT_DEEPGEMM_PRECOMPILE is off: ")
+    assert "no plan can send every M" in warning

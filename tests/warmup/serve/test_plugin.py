@@ -38,3 +38,42 @@ def test_the_plugin_arms_a_step_unless_its_setting_is_off(monkeypatch, step):
     monkeypatch.setenv(*off)
     plugin.register()
     assert module not in finder().watched
+
+
+def test_without_a_plan_serving_begins_when_sglang_reports_itself_up(monkeypatch, tmp_path):
+    """SGLang 0.5.17 has no ``mark_serving_started``: the main process watches the tokenizer
+    manager's status instead, so that compiles after ready count as serving, not init."""
+    import types
+
+    from warmup.observe import phase
+
+    status = types.SimpleNamespace(name="Starting")
+    manager = types.SimpleNamespace(server_status=status)
+    http = types.ModuleType("sglang.srt.entrypoints.http_server")
+    monkeypatch.setitem(sys.modules, http.__name__, http)
+    monkeypatch.setenv("WARMUP_STATE_DIR", str(tmp_path))
+    monkeypatch.setattr(plugin, "_is_main_process", lambda: True)
+    phase.reset()
+    plugin._serving_when_sglang_is_up()
+    import time
+
+    time.sleep(0.7)
+    assert phase.current().phase == "init"  # no tokenizer manager yet
+    http._global_state = types.SimpleNamespace(tokenizer_manager=manager)
+    time.sleep(0.7)
+    assert phase.current().phase == "init"  # SGLang's own warm-up request still runs
+    status.name = "Up"
+    deadline = time.time() + 5
+    while phase.current().phase != "serving" and time.time() < deadline:
+        time.sleep(0.05)
+    assert phase.current().phase == "serving"
+    phase.reset()
+
+
+def test_a_child_process_does_not_watch_for_serving(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(plugin, "_is_main_process", lambda: False)
+    before = threading.active_count()
+    plugin._serving_when_sglang_is_up()
+    assert threading.active_count() == before

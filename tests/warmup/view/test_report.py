@@ -219,3 +219,20 @@ def test_chromium_draws_the_page(tmp_path):
     dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], check=True, capture_output=True,
                          text=True, timeout=120).stdout
     assert dom.count("<svg") == 5 and dom.count("<rect") > 10
+
+
+def test_the_run_report_names_what_no_plan_class_warms():
+    from warmup.serve.report import RunReport, render
+
+    report = RunReport(plan="p", plan_sha256="", expansion_digest="", transport="T",
+                       started_at=0.0,
+                       skipped=({"phase": "long_context", "class": "c128_widths",
+                                 "item": "65574..1048448", "reason": "prompts of 65574..1048448 "
+                                 "tokens are not warmed"},
+                                {"phase": "b", "class": "mixed", "item": "",
+                                 "reason": "mixed chunk is off"}),
+                       warnings=("SGLANG_JIT_DEEPGEMM_PRECOMPILE is off: ...",))
+    lines = render(report).splitlines()
+    assert "not warmed: c128_widths: prompts of 65574..1048448 tokens are not warmed" in lines
+    assert "warning: SGLANG_JIT_DEEPGEMM_PRECOMPILE is off: ..." in lines
+    assert report.to_dict()["warnings"] == ["SGLANG_JIT_DEEPGEMM_PRECOMPILE is off: ..."]

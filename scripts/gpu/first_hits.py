@@ -1,0 +1,747 @@
+#!/usr/bin/env python3
+"""Where the first requests after ready spend their time: SGLang 0.5.17 servers on one GPU
+(the tiny DeepSeek-V4 eager and with the breakable prefill graph, the tiny Qwen3-MoE with
+default graphs), random traffic sent twice, and for every step of both passes what each
+server process did while it ran.
+
+Probes, all outside the measured requests' path except the first:
+  * a stack sampler in every SGLang process (scheduler, detokenizer, HTTP main process),
+    loaded through a ``sitecustomize`` on PYTHONPATH: the main thread's Python stack every
+    4 ms, summed per step; a sample that comes late (the main thread held the GIL in native
+    code) is a *gap*, kept with the stacks before and after it;
+  * the server's process session watched every 50 ms: every new process (nvcc, cicc, ptxas,
+    ninja, a compile worker) with its command line and when it appeared;
+  * every JIT cache directory listed before and after each step: new files by kind;
+  * the compile log our plugin writes (``WARMUP_ENABLE=1``, no plan for ``A`` launches):
+    records by phase and step window;
+  * GPU memory in use (nvidia-smi) before and after each step.
+
+The script runs in phases, one device call each, on one machine kept warm between calls
+(servers run in their own sessions, so they outlive a call):
+
+    python3 scripts/gpu/first_hits.py setup --models qwen,dsv4 && \\
+      python3 scripts/gpu/first_hits.py launch qwen-default-C          # call 1: base carry
+    python3 scripts/gpu/first_hits.py setup && \\
+      python3 scripts/gpu/first_hits.py launch dsv4-eager-A,dsv4-bcg-A \\
+      && python3 scripts/gpu/first_hits.py traffic qwen-default-C --pause-others --budget 560
+    python3 scripts/gpu/first_hits.py traffic dsv4-eager-A,dsv4-bcg-A --pause-others --budget 580
+    python3 scripts/gpu/first_hits.py caches dsv4-eager-A                # JIT caches to $OUT
+
+A launch name is ``MODEL-GRAPHS-WARMUP``: MODEL ``dsv4`` or ``qwen``; GRAPHS ``eager``
+(``--disable-prefill-cuda-graph``), ``bcg`` (DeepSeek-V4's breakable prefill graph) or
+``default``; WARMUP ``A`` (none: the plugin records only) or ``C`` (``sglang-warmup serve
+--plan``, the shipped plan for the model, or ``--plan``).  ``--seed-cache FROM`` starts a
+launch from the caches under ``/tmp/fh/cache-FROM`` (see ``unpack-caches``).
+
+Everything measured goes to ``$OUT/<launch>.json`` (rewritten as it goes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+sys.path.append("/tmp/ours")
+SITE, SITE_TF, OURS = Path("/tmp/site"), Path("/tmp/site_tf"), Path("/tmp/ours")
+WORK = Path("/tmp/fh")
+PROBE_SITE = WORK / "probe_site"
+MODELS = {"dsv4": Path("/tmp/tinydsv4"), "qwen": Path("/tmp/tiny")}
+PLANS = {"dsv4": "deepseek_v4_serving_shapes", "qwen": "default"}
+OUT = Path(os.environ.get("OUT", "/tmp/fh-out"))
+T0 = time.time()
+
+# The JIT cache variables every launch gets, each a directory of its own under the cache root.
+CACHE_VARS = {"SGLANG_CACHE_DIR": "sglang", "SGLANG_JIT_CACHE_DIR": "sglang_jit",
+              "TRITON_CACHE_DIR": "triton", "TVM_FFI_CACHE_DIR": "tvm_ffi",
+              "FLASHINFER_WORKSPACE_BASE": "flashinfer", "TORCHINDUCTOR_CACHE_DIR": "inductor",
+              "SGLANG_DG_CACHE_DIR": "deep_gemm", "TILELANG_CACHE_DIR": "tilelang",
+              "CUDA_CACHE_PATH": "nv", "HOME": "home"}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:7.1f}s] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# the stack sampler, loaded into every SGLang process by sitecustomize
+# --------------------------------------------------------------------------------------------
+
+SAMPLER = r'''
+import os, sys, threading, time, json
+
+def _fh_sampler():
+    d = os.environ.get("FH_PROBE_DIR")
+    if not d:
+        return
+    def cmdline():
+        try:
+            with open("/proc/self/cmdline", "rb") as f:
+                return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            return ""
+    def short(path):
+        i = path.rfind("site-packages/")
+        if i >= 0:
+            return path[i + 14:]
+        parts = path.rsplit("/", 2)
+        return "/".join(parts[-2:])
+    def collapse(frame):
+        out = []
+        first = True
+        while frame is not None and len(out) < 48:
+            code = frame.f_code
+            name = short(code.co_filename) + ":" + code.co_name
+            if first:
+                name += ":" + str(frame.f_lineno)
+                first = False
+            out.append(name)
+            frame = frame.f_back
+        return ";".join(reversed(out))
+    def loop():
+        role = None
+        c = cmdline()
+        if "launch_server" in c:
+            role = "main"
+        elif "multiprocessing" in c or "spawn" in c:
+            for _ in range(2400):
+                c = cmdline()
+                spt = sys.modules.get("setproctitle")
+                if spt is not None:
+                    try:
+                        c += " " + spt.getproctitle()
+                    except Exception:
+                        pass
+                if "scheduler" in c:
+                    role = "scheduler"
+                    break
+                if "detokenizer" in c:
+                    role = "detokenizer"
+                    break
+                time.sleep(0.5)
+        if role is None:
+            return
+        main = threading.main_thread().ident
+        window_path = os.path.join(d, "window")
+        out = open(os.path.join(d, f"stacks-{role}-{os.getpid()}.jsonl"), "a", buffering=1)
+        agg, gaps = {}, []
+        window, mark, started = None, None, time.perf_counter()
+        last, last_stack, samples = time.perf_counter(), "", 0
+        while True:
+            time.sleep(0.004)
+            now = time.perf_counter()
+            try:
+                m = os.stat(window_path).st_mtime_ns
+            except OSError:
+                m = None
+            if m != mark:
+                if window and window != "idle":
+                    top = sorted(agg.items(), key=lambda kv: -kv[1])[:40]
+                    out.write(json.dumps({"window": window, "role": role, "pid": os.getpid(),
+                                          "wall_s": round(now - started, 4), "samples": samples,
+                                          "stacks": [[s, round(t, 4)] for s, t in top],
+                                          "gaps": gaps[:20]}) + "\n")
+                try:
+                    with open(window_path) as f:
+                        window = f.read().strip()
+                except OSError:
+                    window = None
+                mark, agg, gaps, samples, started = m, {}, [], 0, now
+            dt, last = now - last, now
+            frame = sys._current_frames().get(main)
+            stack = collapse(frame) if frame is not None else "<no frame>"
+            if window and window != "idle":
+                agg[stack] = agg.get(stack, 0.0) + dt
+                samples += 1
+                if dt > 0.05:
+                    gaps.append({"s": round(dt, 3), "before": last_stack[-600:],
+                                 "after": stack[-600:]})
+            last_stack = stack
+    threading.Thread(target=loop, daemon=True, name="fh-sampler").start()
+
+try:
+    _fh_sampler()
+except Exception:
+    pass
+'''
+
+
+# --------------------------------------------------------------------------------------------
+# setup
+# --------------------------------------------------------------------------------------------
+
+def base_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"{PROBE_SITE}:{SITE_TF}:{SITE}:{OURS}"
+    env["PATH"] = "/usr/local/cuda/bin:" + env.get("PATH", "")
+    env.setdefault("CUDA_HOME", "/usr/local/cuda")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["NCCL_NVLS_ENABLE"] = "0"
+    env["NVSHMEM_DISABLE_NVLS"] = "1"
+    env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+    return env
+
+
+def setup(models: list[str]) -> None:
+    """Unpack every carried tarball not unpacked yet, install this project from the checkout,
+    write the sampler, and the tiny models asked for."""
+    carry = ROOT / ".carry"
+    t = time.time()
+    jobs = []
+    for name, dest in (("site.tar.xz", SITE), ("tf.tar.xz", SITE_TF), ("dsv4.tar.xz", SITE)):
+        done = dest / f".unpacked-{name}"
+        if (carry / name).exists() and (carry / name).stat().st_size and not done.exists():
+            dest.mkdir(parents=True, exist_ok=True)
+            jobs.append((done, subprocess.Popen(["tar", "-xJf", str(carry / name), "-C", str(dest)])))
+    for done, p in jobs:
+        if p.wait() != 0:
+            raise SystemExit(f"unpacking for {done} failed")
+        done.touch()
+    log(f"unpacked {len(jobs)} tarballs in {time.time() - t:.1f} s")
+    if not OURS.exists():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                        "--no-build-isolation", "--target", str(OURS), str(ROOT)], check=True)
+        log("installed sglang-warmup from the checkout")
+    PROBE_SITE.mkdir(parents=True, exist_ok=True)
+    (PROBE_SITE / "sitecustomize.py").write_text(SAMPLER)
+    env = base_env()
+    gens = []
+    if "qwen" in models and not (MODELS["qwen"] / "config.json").exists():
+        gens.append(subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts/gpu/gen_tiny_model.py"), str(MODELS["qwen"]),
+             "--vocab", "65600"], env=dict(env, TINY_MAX_POS="40960", CUDA_VISIBLE_DEVICES="0")))
+    if "dsv4" in models and not (MODELS["dsv4"] / "config.json").exists():
+        gens.append(subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts/gpu/gen_tiny_dsv4.py"), str(MODELS["dsv4"]),
+             "--device", "cuda"], env=dict(env, CUDA_VISIBLE_DEVICES="0")))
+    for p in gens:
+        if p.wait() != 0:
+            raise SystemExit("model generation failed")
+    log(f"setup done in {time.time() - t:.1f} s")
+
+
+# --------------------------------------------------------------------------------------------
+# launches
+# --------------------------------------------------------------------------------------------
+
+def parse_name(name: str) -> tuple[str, str, str]:
+    m = re.fullmatch(r"(dsv4|qwen)-(eager|bcg|default)-(A|C)[A-Za-z0-9]*", name)
+    if not m:
+        raise SystemExit(f"{name}: expected MODEL-GRAPHS-WARMUP (dsv4|qwen)-(eager|bcg|default)-(A|C)")
+    return m.group(1), m.group(2), m.group(3)
+
+
+def state_path() -> Path:
+    return WORK / "state.json"
+
+
+def load_state() -> dict:
+    try:
+        return json.loads(state_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_state(state: dict) -> None:
+    WORK.mkdir(parents=True, exist_ok=True)
+    state_path().write_text(json.dumps(state, indent=1))
+
+
+def server_argv(model: str, graphs: str, port: int, frac: float) -> list[str]:
+    if model == "dsv4":
+        import dsv4_smoke
+        kind = {"eager": "eager", "bcg": "bcg", "default": "bcg"}[graphs]
+        argv = dsv4_smoke.server_argv(kind, port, frac)[3:]
+        return argv + ["--enable-metrics"]
+    import e2e_warmup
+    e2e_warmup.MODEL = MODELS["qwen"]
+    return e2e_warmup.server_args(str(frac), eager_prefill=graphs == "eager") + ["--port", str(port)]
+
+
+def launch(names: list[str], frac: dict[str, float], plan: str | None, seed_cache: str | None) -> None:
+    state = load_state()
+    env0 = base_env()
+    for name in names:
+        model, graphs, warm = parse_name(name)
+        port = 31000 + 10 * len(state)
+        base = WORK / name
+        for sub in ("state", "probe"):
+            (base / sub).mkdir(parents=True, exist_ok=True)
+        cache = base / "cache"
+        if seed_cache and not cache.exists():
+            src = WORK / f"cache-{seed_cache}"
+            subprocess.run(["cp", "-a", str(src), str(cache)], check=True)
+        env = dict(env0, CUDA_VISIBLE_DEVICES="0", WARMUP_ENABLE="1",
+                   WARMUP_STATE_DIR=str(base / "state"), FH_PROBE_DIR=str(base / "probe"))
+        for var, sub in CACHE_VARS.items():
+            (cache / sub).mkdir(parents=True, exist_ok=True)
+            env[var] = str(cache / sub)
+        env.setdefault("SGLANG_JIT_DEEPGEMM_PRECOMPILE", "0")
+        if warm == "A":
+            env["WARMUP_GEMM_SWEEP_S"] = "0"
+        args = server_argv(model, graphs, port, frac.get(model, 0.3))
+        if warm == "C":
+            argv = [sys.executable, "-m", "warmup", "serve", "--plan", plan or PLANS[model],
+                    "--lenient", "--state-dir", str(base / "state"),
+                    "--report", str(base / "report.json"), "--", *args]
+        else:
+            argv = [sys.executable, "-m", "sglang.launch_server", *args]
+        logf = open(base / "server.log", "w")
+        p = subprocess.Popen(argv, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                             start_new_session=True, cwd="/tmp")
+        state[name] = {"pid": p.pid, "port": port, "t0": time.time(), "model": model,
+                       "graphs": graphs, "warm": warm, "argv": " ".join(argv[1:]),
+                       "cache": str(cache), "base": str(base),
+                       "precompile": env["SGLANG_JIT_DEEPGEMM_PRECOMPILE"]}
+        log(f"launched {name} (pid {p.pid}, port {port})")
+        save_state(state)
+        if len(names) > 1:
+            time.sleep(20)  # let the first size its KV pool from the free memory it sees
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def ready(s: dict) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{s['port']}/health", timeout=5) as r:
+            return r.status == 200
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def wait_ready(names: list[str], budget: float) -> list[str]:
+    state = load_state()
+    up: list[str] = []
+    while time.time() - T0 < budget:
+        for name in names:
+            s = state[name]
+            if name in up:
+                continue
+            if not alive(s["pid"]):
+                log(f"{name} died; log tail:\n{tail(s, 40)}")
+                up.append(name)
+                s["died"] = True
+            elif ready(s):
+                s.setdefault("ready_s", round(time.time() - s["t0"], 1))
+                s.setdefault("artifacts_at_ready", artifacts(Path(s["cache"])))
+                log(f"{name} ready after {s['ready_s']} s")
+                up.append(name)
+        save_state(state)
+        if len(up) == len(names):
+            break
+        time.sleep(3)
+    return [n for n in up if not state[n].get("died")]
+
+
+def tail(s: dict, n: int) -> str:
+    try:
+        lines = (Path(s["base"]) / "server.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(line[:300] for line in lines[-n:])
+
+
+def session_pids(sid: int) -> dict[int, str]:
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) != sid:
+                continue
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                out[int(d)] = f.read().replace(b"\0", b" ").decode("utf-8", "replace")[:300]
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def pause(state: dict, names: list[str], stop: bool) -> None:
+    for name in names:
+        s = state[name]
+        if alive(s["pid"]):
+            try:
+                os.killpg(s["pid"], signal.SIGSTOP if stop else signal.SIGCONT)
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------------------------
+# per-step probes
+# --------------------------------------------------------------------------------------------
+
+def listing(cache: Path) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for sub in CACHE_VARS.values():
+        root = cache / sub
+        files: set[str] = set()
+        for dirpath, _dirs, names in os.walk(root):
+            rel = os.path.relpath(dirpath, root)
+            for n in names:
+                files.add(os.path.join(rel, n))
+        out[sub] = files
+    return out
+
+
+def artifacts(cache: Path) -> dict[str, int]:
+    return {k: len(v) for k, v in listing(cache).items()}
+
+
+def gpu_mem() -> dict[int, int]:
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                            "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                           timeout=10)
+        out = {}
+        for line in p.stdout.splitlines():
+            pid, mem = (x.strip() for x in line.split(","))
+            out[int(pid)] = int(mem)
+        return out
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+class Watcher:
+    """New processes of one session while a step runs, every 50 ms."""
+
+    def __init__(self, sid: int) -> None:
+        self.sid, self.seen = sid, set(session_pids(sid))
+        self.new: list[dict] = []
+        self.stop_ev = threading.Event()
+        self.t0 = time.time()
+        self.th = threading.Thread(target=self.run, daemon=True)
+        self.th.start()
+
+    def run(self) -> None:
+        while not self.stop_ev.is_set():
+            for pid, cmd in session_pids(self.sid).items():
+                if pid not in self.seen:
+                    self.seen.add(pid)
+                    self.new.append({"t": round(time.time() - self.t0, 3), "pid": pid,
+                                     "cmd": cmd[:240]})
+            self.stop_ev.wait(0.05)
+
+    def stop(self) -> list[dict]:
+        self.stop_ev.set()
+        self.th.join(2)
+        return self.new
+
+
+def compile_records(state_dir: Path) -> list[dict]:
+    out = []
+    for path in sorted((state_dir / "compile_log").glob("*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            kernel = rec.get("kernel")
+            name = kernel.get("name") if isinstance(kernel, dict) else rec.get("module_name")
+            out.append({"t": rec.get("time"), "event": rec.get("event"), "phase": rec.get("phase"),
+                        "compiler": rec.get("compiler"), "name": name,
+                        "seconds": rec.get("seconds") or rec.get("duration_s"),
+                        "pid": rec.get("pid")})
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# traffic
+# --------------------------------------------------------------------------------------------
+
+SAMPLERS = {
+    "greedy": {"temperature": 0},
+    "sampled": {"temperature": 0.8, "top_p": 0.9, "top_k": 40},
+    "minp": {"temperature": 1.0, "min_p": 0.05},
+    "repetition": {"temperature": 0.7, "repetition_penalty": 1.1},
+    "freq_presence": {"temperature": 0.7, "frequency_penalty": 0.3, "presence_penalty": 0.2},
+    "greedy_penalized": {"temperature": 0, "repetition_penalty": 1.05, "frequency_penalty": 0.1},
+}
+LOGPROBS = {
+    "none": {},
+    "output_top": {"return_logprob": True, "top_logprobs_num": 5},
+    "input_from_0": {"return_logprob": True, "logprob_start_len": 0},
+    "input_offset_top": {"return_logprob": True, "logprob_start_len": -1, "top_logprobs_num": 20},
+    "token_ids": {"return_logprob": True, "token_ids_logprob": 4},
+}
+
+
+def random_traffic(seed: int, steps: int, context: int, chunk: int) -> list:
+    """Random steps: single prompts of log-uniform length up to the context, bursts of 2-5
+    mixed-length prompts (one multi-request extend), and every sampler family crossed with
+    every logprob mode, ``n`` and streaming at random."""
+    from warmup.coverage.traffic import TrafficStep
+
+    rng = random.Random(seed)
+    out = []
+
+    def length(hi: int) -> int:
+        return max(1, int(math.exp(rng.uniform(0, math.log(hi)))))
+
+    for i in range(steps):
+        samp_name = rng.choice(list(SAMPLERS))
+        lp_name = rng.choice(list(LOGPROBS))
+        max_new = rng.choice([1, 4, 16, 32, 64])
+        r = rng.random()
+        if r < 0.45:
+            hi = context - max_new - 2
+            prompts = [rng.randint(1, hi) if rng.random() < 0.35 else length(hi)]
+            kind = "single"
+        else:
+            prompts = [length(min(chunk * 3, context // 2)) for _ in range(rng.randint(2, 5))]
+            kind = "burst"
+        feats = dict(LOGPROBS[lp_name])
+        if feats.get("logprob_start_len") == -1:
+            feats["logprob_start_len"] = max(0, min(prompts) // 2)
+        if feats.get("return_logprob") and feats.get("logprob_start_len", -1) == 0:
+            # input logprobs over the whole prompt: keep the rows bounded (the logits of
+            # every position are materialised)
+            prompts = [min(p, 6000) for p in prompts]
+        if rng.random() < 0.15 and SAMPLERS[samp_name]["temperature"] > 0:
+            feats["n"] = 2
+        if rng.random() < 0.15 and kind == "single":
+            feats["stream"] = True
+        label = f"{i:02d}-{kind}-{samp_name}-{lp_name}" + ("-n2" if feats.get("n") else "") \
+            + ("-stream" if feats.get("stream") else "")
+        out.append(TrafficStep(kind=kind, prompts=prompts, max_new_tokens=max_new,
+                               sampling=dict(SAMPLERS[samp_name]), features=feats, label=label))
+    return out
+
+
+def send_step(transport, step) -> dict:
+    t = time.perf_counter()
+    try:
+        outs = asyncio.run(transport.send(step))
+        known = [o.server_s for o in outs if o.server_s is not None]
+        return {"ms": round((time.perf_counter() - t) * 1000, 1),
+                "server_ms": round(max(known) * 1000, 1) if known else None}
+    except Exception as exc:  # noqa: BLE001
+        return {"ms": round((time.perf_counter() - t) * 1000, 1), "error": str(exc)[:300]}
+
+
+def set_window(base: Path, label: str) -> None:
+    p = base / "probe" / "window"
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(label)
+    os.replace(tmp, p)
+
+
+def flush(port: int) -> None:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/flush_cache", data=b"", method="POST")
+    with contextlib_suppress():
+        urllib.request.urlopen(req, timeout=60).read()
+    time.sleep(1)
+
+
+class contextlib_suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return True
+
+
+def run_traffic(name: str, steps_n: int, passes: int, seed: int, budget: float) -> None:
+    from warmup.serve.transport import HttpTransport
+
+    state = load_state()
+    s = state[name]
+    base, cache = Path(s["base"]), Path(s["cache"])
+    model = s["model"]
+    context = 131072 if model == "dsv4" else 40960
+    chunk = 4096 if model == "dsv4" else 8192
+    steps = random_traffic(seed, steps_n, context, chunk)
+    res: dict = {"name": name, "launch": {k: v for k, v in s.items()}, "seed": seed,
+                 "steps": [st.to_json() for st in steps], "passes": {}}
+    out_path = OUT / f"{name}.json"
+
+    def save() -> None:
+        OUT.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(res, indent=0, default=str))
+
+    res["compile_before"] = len(compile_records(base / "state"))
+    for p in range(1, passes + 1):
+        if p > 1:
+            flush(s["port"])
+        tr = HttpTransport(f"http://127.0.0.1:{s['port']}", timeout_s=300, seed=f"fh{seed}")
+        tr.tokens.salt = f"pass{p}"
+        tr.facts_sync()
+        tr.tokens.salt = f"pass{p}"
+        rows = []
+        res["passes"][str(p)] = rows
+        for i, st in enumerate(steps):
+            if time.time() - T0 > budget - 30:
+                rows.append({"i": i, "skipped": "budget"})
+                continue
+            before = listing(cache)
+            mem0 = gpu_mem()
+            crec0 = len(compile_records(base / "state"))
+            w = Watcher(s["pid"])
+            set_window(base, f"p{p}:s{i}")
+            t_wall = time.time()
+            row = {"i": i, "label": st.label, "t": round(t_wall - s["t0"], 2),
+                   **send_step(tr, st.to_step(i))}
+            set_window(base, "idle")
+            row["procs"] = w.stop()
+            after = listing(cache)
+            row["new_files"] = {k: sorted(after[k] - before[k])[:12] for k in after
+                                if after[k] - before[k]}
+            row["new_file_counts"] = {k: len(after[k] - before[k]) for k in after
+                                      if after[k] - before[k]}
+            mem1 = gpu_mem()
+            row["gpu_mib"] = [sum(mem0.values()), sum(mem1.values())]
+            recs = compile_records(base / "state")
+            row["compile_events"] = recs[crec0:][:30]
+            rows.append(row)
+            log(f"{name} p{p} s{i:02d} {st.label}: {row.get('ms')} ms"
+                + (f" new {row['new_file_counts']}" if row["new_file_counts"] else "")
+                + (f" procs {len(row['procs'])}" if row["procs"] else "")
+                + (f" ERROR {row['error']}" if row.get("error") else ""))
+            save()
+            time.sleep(0.05)
+    time.sleep(0.3)
+    res["stacks"] = read_stacks(base / "probe")
+    res["compile_log_tail"] = compile_records(base / "state")[-400:]
+    rep = base / "report.json"
+    if rep.exists():
+        try:
+            res["warmup_report"] = json.loads(rep.read_text())
+        except ValueError:
+            pass
+    res["log_tail"] = tail(s, 60)
+    save()
+    summarize(res)
+
+
+def read_stacks(probe: Path) -> list[dict]:
+    out = []
+    for path in sorted(probe.glob("stacks-*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def summarize(res: dict) -> None:
+    p1, p2 = res["passes"].get("1", []), res["passes"].get("2", [])
+    for a, b in zip(p1, p2):
+        if "ms" in a and "ms" in b and b["ms"]:
+            ratio = a["ms"] / b["ms"]
+            if ratio > 1.5:
+                log(f"SLOW {res['name']} s{a['i']:02d} {a['label']}: {a['ms']} vs {b['ms']} ms "
+                    f"({ratio:.1f}x) new={a.get('new_file_counts')} procs={len(a.get('procs') or [])}")
+
+
+# --------------------------------------------------------------------------------------------
+# caches in and out
+# --------------------------------------------------------------------------------------------
+
+def pack_caches(name: str, part_mb: int = 15) -> None:
+    """The launch's JIT caches as xz parts of at most ``part_mb`` MB under $OUT."""
+    state = load_state()
+    cache = Path(state[name]["cache"])
+    OUT.mkdir(parents=True, exist_ok=True)
+    tmp = WORK / "caches.tar.xz"
+    subprocess.run(f"tar -C {cache} -cf - . | xz -6 -T0 > {tmp}", shell=True, check=True)
+    data = tmp.read_bytes()
+    size = part_mb * 1024 * 1024
+    for i in range(0, len(data), size):
+        (OUT / f"cache-{name}.part{i // size}").write_bytes(data[i:i + size])
+    log(f"caches of {name}: {len(data) / 1e6:.1f} MB in {math.ceil(len(data) / size)} parts")
+
+
+def unpack_caches(name: str, src: Path) -> None:
+    parts = sorted(src.glob(f"cache-{name}.part*"), key=lambda p: int(p.suffix[5:]))
+    dest = WORK / f"cache-{name}"
+    dest.mkdir(parents=True, exist_ok=True)
+    p = subprocess.Popen(["tar", "-xJf", "-", "-C", str(dest)], stdin=subprocess.PIPE)
+    for part in parts:
+        p.stdin.write(part.read_bytes())
+    p.stdin.close()
+    if p.wait():
+        raise SystemExit("unpacking the caches failed")
+    log(f"caches of {name} unpacked to {dest}")
+
+
+# --------------------------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("phase", choices=("setup", "launch", "wait", "traffic", "caches",
+                                      "unpack-caches", "status", "stop"))
+    ap.add_argument("names", nargs="?", default="")
+    ap.add_argument("--models", default="qwen,dsv4")
+    ap.add_argument("--budget", type=float, default=560)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=20261203)
+    ap.add_argument("--plan", default=None)
+    ap.add_argument("--frac", default="dsv4=0.3,qwen=0.2")
+    ap.add_argument("--seed-cache", default=None)
+    ap.add_argument("--pause-others", action="store_true")
+    ap.add_argument("--from", dest="src", default=str(ROOT / ".carry" / "caches"))
+    a = ap.parse_args()
+    names = [n for n in a.names.split(",") if n]
+    if a.phase == "setup":
+        setup(a.models.split(","))
+    elif a.phase == "launch":
+        frac = {k: float(v) for k, v in (x.split("=") for x in a.frac.split(","))}
+        launch(names, frac, a.plan, a.seed_cache)
+    elif a.phase == "wait":
+        wait_ready(names, a.budget)
+    elif a.phase == "traffic":
+        for name in names:
+            up = wait_ready([name], a.budget - 60)
+            if not up:
+                log(f"{name} not ready: {tail(load_state()[name], 20)}")
+                continue
+            state = load_state()
+            others = [n for n in state if n != name] if a.pause_others else []
+            pause(state, others, True)
+            try:
+                run_traffic(name, a.steps, a.passes, a.seed, a.budget)
+            finally:
+                pause(state, others, False)
+    elif a.phase == "caches":
+        for name in names:
+            pack_caches(name)
+    elif a.phase == "unpack-caches":
+        for name in names:
+            unpack_caches(name, Path(a.src))
+    elif a.phase == "status":
+        state = load_state()
+        for name, s in state.items():
+            log(f"{name}: alive={alive(s['pid'])} ready={ready(s)} ready_s={s.get('ready_s')}\n"
+                + tail(s, 8))
+    elif a.phase == "stop":
+        state = load_state()
+        for name in names or list(state):
+            with contextlib_suppress():
+                os.killpg(state[name]["pid"], signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()

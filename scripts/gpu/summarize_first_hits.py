@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Attribute every slow first-pass step of a ``first_hits.py`` run to its cause, and keep a
+trimmed copy of the run for docs/data/.
+
+    python3 scripts/gpu/summarize_first_hits.py RUN.json [--out docs/data/first-hits-NAME.json]
+        [--ratio 1.5]
+
+For each step whose first pass took more than ``--ratio`` times its repeat, the cause is read
+off the probes that ran beside it, in this order: JIT cache files that appeared during the
+step (by library: DeepGEMM, Triton, Inductor, TileLang, FlashInfer, SGLang's and tvm-ffi's
+nvcc modules), the compiler processes the server started (nvcc, ptxas, ...), the compile-log
+events our hooks wrote, and the scheduler's Python stack samples (the frame the step spent
+most of its time under).  Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+from pathlib import Path
+
+LIBRARIES = {"deep_gemm": "DeepGEMM", "triton": "Triton", "inductor": "Inductor",
+             "tilelang": "TileLang", "flashinfer": "FlashInfer", "sglang_jit": "SGLang JIT",
+             "tvm_ffi": "tvm-ffi", "nv": "driver PTX"}
+COMPILERS = re.compile(r"\b(nvcc|ptxas|cicc|ninja|c\+\+|g\+\+|gcc)\b")
+
+
+def compilers(procs: list[dict]) -> collections.Counter:
+    out: collections.Counter = collections.Counter()
+    for p in procs or ():
+        words = p.get("cmd", "").split()
+        if not words:
+            continue
+        m = COMPILERS.search(words[0].rsplit("/", 1)[-1])
+        if m:
+            out[m.group(1)] += 1
+    return out
+
+
+def top_frame(stacks: list[dict], window: str) -> str:
+    """The scheduler's deepest frames the step spent most time under."""
+    for s in stacks:
+        if s.get("window") == window and s.get("role") == "scheduler" and s.get("stacks"):
+            stack, seconds = s["stacks"][0]
+            frames = stack.split(";")
+            return f"{';'.join(frames[-2:])} ({seconds:.2f} s of {s.get('wall_s', 0):.2f} s)"
+    return ""
+
+
+def cause(row: dict) -> str:
+    parts = []
+    counts = row.get("new_file_counts") or {}
+    procs = compilers(row.get("procs") or [])
+    if counts.get("deep_gemm"):
+        kernels = sorted({f.split("/")[1].split(".")[1] for f in row["new_files"]["deep_gemm"]
+                          if f.startswith("cache/kernel.")})
+        parts.append(f"DeepGEMM JIT: {counts['deep_gemm'] // 2} kernel(s) built with nvcc "
+                     f"({', '.join(kernels)})")
+    events = collections.Counter((e.get("event"), e.get("compiler")) for e in
+                                 row.get("compile_events") or ())
+    misses = events.get(("miss", "triton"), 0)
+    if counts.get("triton") or misses:
+        names = sorted({e.get("name") for e in row.get("compile_events") or ()
+                        if e.get("event") == "miss" and e.get("name")})
+        parts.append(f"Triton: {misses} compile(s)" + (f" ({', '.join(names[:4])})" if names else ""))
+    if counts.get("inductor"):
+        parts.append(f"Inductor: graph compiled ({counts['inductor']} cache files)")
+    for kind in ("tilelang", "flashinfer", "sglang_jit", "tvm_ffi", "nv"):
+        if counts.get(kind):
+            parts.append(f"{LIBRARIES[kind]}: {counts[kind]} new cache files")
+    if procs and not parts:
+        parts.append("compiler processes: " + ", ".join(f"{k} x{v}" for k, v in procs.items()))
+    return "; ".join(parts) or "no compile seen"
+
+
+def recorded(row: dict) -> str:
+    events = collections.Counter(f"{e.get('event')}/{e.get('compiler')}@{e.get('phase')}"
+                                 for e in row.get("compile_events") or ()
+                                 if e.get("event") in ("miss", "jit_build", "dynamo"))
+    return ", ".join(f"{k} x{v}" for k, v in sorted(events.items())) or "nothing"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run")
+    ap.add_argument("--out")
+    ap.add_argument("--ratio", type=float, default=1.5)
+    a = ap.parse_args()
+    run = json.loads(Path(a.run).read_text())
+    p1, p2 = run["passes"].get("1", []), run["passes"].get("2", [])
+    rows = []
+    total1 = sum(r.get("ms") or 0 for r in p1)
+    total2 = sum(r.get("ms") or 0 for r in p2)
+    for first, repeat in zip(p1, p2):
+        if "ms" not in first or "ms" not in repeat:
+            continue
+        ratio = first["ms"] / max(repeat["ms"], 0.001)
+        step = run["steps"][first["i"]]
+        rows.append({"i": first["i"], "label": first["label"], "prompts": step["prompts"],
+                     "max_new_tokens": step["max_new_tokens"], "first_ms": first["ms"],
+                     "repeat_ms": repeat["ms"], "ratio": round(ratio, 2),
+                     "slow": ratio > a.ratio, "cause": cause(first),
+                     "recorded": recorded(first), "repeat_cause": cause(repeat),
+                     "stack": top_frame(run.get("stacks") or [], f"p1:s{first['i']}"),
+                     "new_file_counts": first.get("new_file_counts"),
+                     "compilers": dict(compilers(first.get("procs") or [])),
+                     "gpu_mib": first.get("gpu_mib")})
+    launch = run["launch"]
+    print(f"{run['name']}: ready after {launch.get('ready_s')} s; pass 1 / pass 2 = "
+          f"{total1 / max(total2, 1):.2f} ({total1:.0f} / {total2:.0f} ms); "
+          f"{sum(r['slow'] for r in rows)} of {len(rows)} steps above {a.ratio}x\n")
+    print("| step | prompts | first / repeat ms | ratio | cause (probes) | compile log |")
+    print("|---|---|---:|---:|---|---|")
+    for r in rows:
+        if r["slow"]:
+            prompts = "+".join(map(str, r["prompts"]))
+            print(f"| {r['label']} | {prompts} | {r['first_ms']:.0f} / {r['repeat_ms']:.0f} | "
+                  f"{r['ratio']:.1f} | {r['cause']} | {r['recorded']} |")
+    if a.out:
+        keep = {"name": run["name"], "seed": run["seed"], "launch": launch,
+                "pass_ratio": round(total1 / max(total2, 1), 3), "steps": rows,
+                "log_tail": run.get("log_tail", "")[-3000:]}
+        Path(a.out).write_text(json.dumps(keep, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

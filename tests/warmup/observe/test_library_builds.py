@@ -1,0 +1,165 @@
+"""Builds of libraries without a hook (their cache directories watched) and in-memory
+``torch.compile`` compiles (Dynamo's callbacks): both recorded, phase-stamped, in the compile
+log and Prometheus, as the first hits they cause after ready are found on the GPU
+(docs/first-hits.md: DeepGEMM's nvcc builds, the penalties' Dynamo graphs)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from cache_tools import compile_log, locations
+from warmup.observe import cache_watch, events, metrics, phase
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+    """Our recorders in this process, with a state directory; taken off after."""
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    monkeypatch.setenv("WARMUP_GC_PAUSE_MS", "0")
+    phase.reset()
+    events.uninstall()
+    registry = CollectorRegistry()
+    state = tmp_path / "state"
+    events.install(registry=registry, state_dir=state)
+    yield state, registry
+    events.uninstall()
+    phase.reset()
+
+
+def builds(state: Path) -> list[dict]:
+    return [r for r in compile_log.read_dir(state) if r.get("event") == "jit_build"]
+
+
+def counted(registry, compiler: str, phase_name: str) -> float:
+    return registry.get_sample_value("sglang_warmup_compile_events_total",
+                                     {"phase": phase_name, "compiler": compiler,
+                                      "outcome": "miss"}) or 0.0
+
+
+def deep_gemm_watch(root: Path) -> cache_watch.KindWatch:
+    return cache_watch.KindWatch(locations.kind("deep_gemm"), root)
+
+
+def write(path: Path, text: str = "x", mtime: float | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+
+
+def test_new_cache_entries_are_builds_with_their_span(tmp_path):
+    root = tmp_path / "deep_gemm"
+    write(root / "cache" / "kernel.old.aaaa" / "kernel.cubin")
+    watch = deep_gemm_watch(root)
+    assert watch.poll() == []  # what is there at the start is the baseline
+    now = time.time()
+    # DeepGEMM compiles in tmp/ (never an entry) and renames the kernel directory into cache/
+    write(root / "tmp" / "814-x" / "kernel.cu")
+    write(root / "cache" / "kernel.sm90_fp8_gemm_1d2d.bbbb" / "kernel.cu", mtime=now - 2.5)
+    write(root / "cache" / "kernel.sm90_fp8_gemm_1d2d.bbbb" / "kernel.cubin", mtime=now)
+    write(root / "locks" / "x.lock")
+    assert watch.poll() == [("cache/kernel.sm90_fp8_gemm_1d2d.bbbb", pytest.approx(2.5, abs=0.01))]
+    assert watch.poll() == []
+
+
+def test_a_directory_being_filled_is_one_build_once_it_holds_a_file(tmp_path):
+    root = tmp_path / "deep_gemm"
+    (root / "cache").mkdir(parents=True)
+    watch = deep_gemm_watch(root)
+    watch.poll()
+    (root / "cache" / "kernel.k.cccc").mkdir()
+    assert watch.poll() == []
+    write(root / "cache" / "kernel.k.cccc" / "kernel.cubin")
+    assert [e for e, _ in watch.poll()] == ["cache/kernel.k.cccc"]
+    assert watch.poll() == []
+
+
+def test_a_cache_directory_made_after_the_start_is_watched(tmp_path):
+    root = tmp_path / "deep_gemm"
+    watch = deep_gemm_watch(root)
+    assert watch.poll() == []
+    write(root / "cache" / "kernel.k.dddd" / "kernel.cubin")
+    assert [e for e, _ in watch.poll()] == ["cache"]  # the first build makes cache/ itself
+
+
+def test_a_new_directory_is_one_build_and_a_new_file_in_a_known_one_is_one(tmp_path):
+    root = tmp_path / "inductor"
+    write(root / "fxgraph" / "2d" / "old" / "graph")
+    watch = cache_watch.KindWatch(locations.kind("inductor"), root)
+    watch.poll()
+    write(root / "fxgraph" / "2d" / "newkey" / "graph")
+    write(root / "as" / "cas.py")
+    write(root / "fxgraph" / "2d" / "old" / "second")
+    assert sorted(e for e, _ in watch.poll()) == ["as", "fxgraph/2d/newkey",
+                                                  "fxgraph/2d/old/second"]
+
+
+def test_the_watch_records_builds_in_the_current_phase(installed, tmp_path):
+    state, registry = installed
+    root = tmp_path / "deep_gemm"
+    (root / "cache").mkdir(parents=True)
+    watch = cache_watch.CacheWatch(events.record_build, 0.05, kinds=[deep_gemm_watch(root)])
+    watch.start()
+    try:
+        phase.set_phase("serving", state_dir=state)
+        write(root / "cache" / "kernel.k.eeee" / "kernel.cubin")
+        deadline = time.time() + 10
+        while not builds(state) and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        watch.stop()
+    [rec] = builds(state)
+    assert (rec["compiler"], rec["phase"], rec["outcome"], rec["module_name"]) == \
+        ("deep_gemm", "serving", "built", "cache/kernel.k.eeee")
+    assert rec["path"] == str(root / "cache" / "kernel.k.eeee")
+    assert compile_log.is_miss(rec)  # coverage, audit and the report count it as compiled now
+    assert counted(registry, "deep_gemm", "serving") == 1
+
+
+def test_every_watched_kind_is_a_metrics_compiler():
+    assert set(cache_watch.WATCHED) <= set(metrics.COMPILERS)
+    assert "dynamo" in metrics.COMPILERS
+
+
+def test_torch_compile_graphs_are_recorded_with_their_function(installed):
+    """A real ``torch.compile`` (Dynamo traces; the eager backend keeps it fast): a batch of
+    one and then of several compile two graphs, each one build of compiler ``dynamo``."""
+    import torch
+
+    state, registry = installed
+
+    def apply_scaling_penalties(logits, penalties):
+        return torch.where(logits < 0, logits * penalties, logits / penalties)
+
+    compiled = torch.compile(apply_scaling_penalties, backend="eager", dynamic=True)
+    phase.set_phase("serving", state_dir=state)
+    compiled(torch.randn(1, 8), torch.full((1, 8), 1.1))
+    compiled(torch.randn(4, 8), torch.full((4, 8), 1.1))
+    compiled(torch.randn(5, 8), torch.full((5, 8), 1.1))  # the same graph: no compile
+    recs = [r for r in builds(state) if r["compiler"] == "dynamo"]
+    assert len(recs) == 2
+    assert all(r["phase"] == "serving" and r["duration_s"] > 0 for r in recs)
+    assert all("apply_scaling_penalties" in r["module_name"] for r in recs)
+    assert counted(registry, "dynamo", "serving") == 2
+
+
+def test_the_main_process_alone_watches(monkeypatch):
+    from warmup.serve import plugin
+
+    started = []
+    monkeypatch.setattr(cache_watch.CacheWatch, "start", lambda self: started.append(self))
+    monkeypatch.setattr(plugin, "_is_main_process", lambda: False)
+    plugin._start_cache_watch()
+    assert started == []
+    monkeypatch.setattr(plugin, "_is_main_process", lambda: True)
+    monkeypatch.setenv("WARMUP_CACHE_WATCH_S", "0")
+    plugin._start_cache_watch()
+    assert started == []
+    monkeypatch.setenv("WARMUP_CACHE_WATCH_S", "0.5")
+    plugin._start_cache_watch()
+    assert len(started) == 1

@@ -1,0 +1,198 @@
+"""JIT builds of the libraries that offer no hook, seen as new entries in their cache directories.
+
+DeepGEMM builds its kernels inside its C++ extension (nvcc, one kernel per GEMM shape and
+M range), TileLang, FlashInfer, CuTe and Inductor write their own caches: none calls anything
+of ours.  What each build leaves is a new entry in that library's cache directory (the layouts
+of :mod:`cache_tools.locations`), so one thread of the server's main process lists the
+directories every ``WARMUP_CACHE_WATCH_S`` seconds (one ``stat`` per directory; a directory is
+listed again only when its mtime moved) and records every new entry as a ``jit_build`` of that
+library, stamped with the phase of the moment it was seen, in the compile log and Prometheus.
+A new directory with everything below it is one build (DeepGEMM's ``cache/<kernel>.<hash>/``,
+an Inductor FX graph's key directory), a new file in a directory already there is one build.
+Its duration is the span of the entry's file times (DeepGEMM writes the kernel's source first
+and its cubin last), a lower bound.  Triton, SGLang's own nvcc JIT and tvm-ffi have hooks
+of their own and are not watched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from cache_tools import locations
+
+logger = logging.getLogger("sglang_warmup.events")
+
+#: Kinds whose builds are seen here (the others have hooks: warmup.observe.triton_hooks and
+#: jit_hooks).
+WATCHED = ("deep_gemm", "tilelang", "flashinfer", "inductor", "cute_aot", "cute_dsl",
+           "flash_attn_4")
+#: Directories one watch follows at most (a cache that large is listed, never walked whole
+#: again): above it new entries in the directories past the limit are not seen.
+MAX_DIRS = 20_000
+
+Record = Callable[..., None]
+
+
+@dataclass
+class _Dir:
+    mtime_ns: int
+    children: set[str] = field(default_factory=set)
+
+
+class KindWatch:
+    """The directories of one cache kind, and the entries already there."""
+
+    def __init__(self, kind: locations.CacheKind, root: Path) -> None:
+        self.kind, self.root = kind, root
+        self.dirs: dict[Path, _Dir] = {}
+        self.baseline = True
+
+    def poll(self) -> list[tuple[str, float]]:
+        """New entries since the last poll (the first poll only learns what is there), each
+        as (its path below the root, the span of its files' mtimes in seconds)."""
+        found: dict[tuple[str, ...], list[float]] = {}
+        self._visit(self.root, (), found)
+        self.baseline = False
+        return [("/".join(parts), max(times) - min(times) if times else 0.0)
+                for parts, times in found.items()]
+
+    def _visit(self, path: Path, parts: tuple[str, ...],
+               found: dict[tuple[str, ...], list[float]]) -> None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            self.dirs.pop(path, None)
+            return
+        known = self.dirs.get(path)
+        if known is not None and known.mtime_ns == st.st_mtime_ns:
+            children = known.children
+            fresh: set[str] = set()
+        else:
+            children = self._list(path)
+            fresh = children - (known.children if known else set()) \
+                if known is not None or not self.baseline else set()
+            if known is None and len(self.dirs) >= MAX_DIRS:
+                return
+            self.dirs[path] = _Dir(st.st_mtime_ns, children)
+        for name in sorted(children):
+            if self.kind.layout.is_temp(name) or self.kind.layout.is_ignored(name):
+                continue
+            child, child_parts = path / name, parts + (name,)
+            if name in fresh:
+                if not self._new(child, child_parts, found):
+                    # an empty directory being filled now: look again at the next pass
+                    self.dirs[path].mtime_ns = -1
+                    self.dirs[path].children.discard(name)
+            elif child in self.dirs or (known is None and self._is_dir(child)):
+                self._visit(child, child_parts, found)
+
+    def _new(self, path: Path, parts: tuple[str, ...],
+             found: dict[tuple[str, ...], list[float]]) -> bool:
+        """A path that appeared: a new file is one entry, a new directory with everything
+        below it is one entry.  False for a directory that holds no file yet."""
+        if not self._is_dir(path):
+            found.setdefault(parts, []).append(_mtime(path))
+            return True
+        self._visit_new_tree(path, parts, found, parts)
+        if found[parts]:
+            return True
+        del found[parts]
+        for known in [d for d in self.dirs if d == path or path in d.parents]:
+            del self.dirs[known]
+        return False
+
+    def _visit_new_tree(self, path: Path, parts: tuple[str, ...],
+                        found: dict[tuple[str, ...], list[float]],
+                        entry: tuple[str, ...]) -> None:
+        try:
+            st = os.stat(path)
+            children = self._list(path)
+        except OSError:
+            return
+        if len(self.dirs) < MAX_DIRS:
+            self.dirs[path] = _Dir(st.st_mtime_ns, children)
+        times = found.setdefault(entry, [])
+        for name in sorted(children):
+            if self.kind.layout.is_temp(name) or self.kind.layout.is_ignored(name):
+                continue
+            child = path / name
+            if self._is_dir(child):
+                self._visit_new_tree(child, parts + (name,), found, entry)
+            else:
+                times.append(_mtime(child))
+
+    @staticmethod
+    def _list(path: Path) -> set[str]:
+        try:
+            return set(os.listdir(path))
+        except OSError:
+            return set()
+
+    @staticmethod
+    def _is_dir(path: Path) -> bool:
+        try:
+            return path.is_dir() and not path.is_symlink()
+        except OSError:
+            return False
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def watches(env: dict[str, str] | None = None) -> list[KindWatch]:
+    """One watch per watched kind whose directory this environment resolves."""
+    out = []
+    kinds = [locations.kind(name) for name in WATCHED]
+    for loc in locations.resolve(kinds, env=env):
+        if loc.path is not None:
+            out.append(KindWatch(loc.kind, Path(loc.path)))
+    return out
+
+
+class CacheWatch:
+    """The watching thread: every ``interval_s``, each kind's new entries become builds
+    recorded by ``record(outcome, entry, duration_s, compiler=kind, path=...)``."""
+
+    def __init__(self, record: Record, interval_s: float,
+                 kinds: list[KindWatch] | None = None) -> None:
+        self.record, self.interval_s = record, interval_s
+        self.kinds = watches() if kinds is None else kinds
+        self.stop_event = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def poll_once(self) -> int:
+        """One pass over every kind; returns how many builds were recorded."""
+        n = 0
+        for watch in self.kinds:
+            for entry, span in watch.poll():
+                self.record("built", entry, round(span, 3), compiler=watch.kind.name,
+                            path=str(watch.root / entry))
+                n += 1
+        return n
+
+    def start(self) -> None:
+        self.poll_once()  # what is there now is the baseline, not builds
+        self.thread = threading.Thread(target=self._run, name="sglang-warmup-cache-watch",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop_event.wait(self.interval_s):
+            try:
+                self.poll_once()
+            except Exception as exc:  # a guest's thread never takes its host down
+                logger.debug("sglang-warmup: cache watch pass failed: %r", exc)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)

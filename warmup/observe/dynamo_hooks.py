@@ -1,0 +1,116 @@
+"""``torch.compile`` compiles in this process, from Dynamo's compile callbacks.
+
+A function under ``torch.compile`` (SGLang's sampling penalties, among others) is traced and
+compiled again for every new guard set: a batch of one against several, another dtype or
+stride.  That costs tens to hundreds of milliseconds even when Inductor then finds every kernel
+in its caches, so no Triton compile is recorded.  Dynamo calls its start and end callbacks
+around each such compile (``torch._dynamo.callback.callback_handler``); each becomes a
+``jit_build`` of compiler ``dynamo`` with its duration and the function compiled.  Armed when
+``torch._dynamo.callback`` is imported: nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+import time
+import types
+from typing import TYPE_CHECKING, Any
+
+from warmup.observe import importer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from warmup.observe.events import _Installation
+
+MODULE = "torch._dynamo.callback"
+HOOK = f"{MODULE}.callback_handler"
+
+
+class DynamoHooks:
+    """Our start and end callbacks on Dynamo's handler, for one installation."""
+
+    def __init__(self, inst: "_Installation") -> None:
+        self.inst = inst
+        self.started: dict[int, tuple[float, str | None]] = {}
+
+    def install(self) -> None:
+        module = sys.modules.get(MODULE)
+        try:
+            if module is not None:
+                self._register(module)
+                self.inst.add(HOOK, "installed")
+                return
+            self.inst.on_uninstall(importer.finder().watch(
+                MODULE, functools.partial(self._register_on_import)))
+            self.inst.add(HOOK, "armed", "registered when torch._dynamo is imported")
+        except Exception as exc:  # a guest never raises into its host
+            self.inst.add(HOOK, "failed", repr(exc))
+
+    def _register_on_import(self, module: Any) -> None:
+        if not self.inst.active:
+            return
+        try:
+            self._register(module)
+        except Exception as exc:
+            self.inst.failed("dynamo", exc)
+
+    def _register(self, module: Any) -> None:
+        handler = getattr(module, "callback_handler", None)
+        if handler is None:
+            raise AttributeError(f"{MODULE} has no callback_handler")
+        handler.register_start_callback(self.start)
+        handler.register_end_callback(self.end)
+        self.inst.on_uninstall(functools.partial(_remove, handler, self.start, self.end))
+
+    def start(self, *args: Any) -> None:
+        """Dynamo begins compiling a frame (the outermost of nested compiles)."""
+        try:
+            self.started[threading.get_ident()] = (time.perf_counter(), _compiled_function())
+        except Exception as exc:
+            self.inst.failed("dynamo", exc)
+
+    def end(self, *args: Any) -> None:
+        """Dynamo is done: one build, named by the function it compiled."""
+        try:
+            began = self.started.pop(threading.get_ident(), None)
+            if began is None:
+                return
+            compile_id = getattr(args[0], "compile_id", None) if args else None
+            name = began[1] or "torch.compile"
+            if compile_id is not None:
+                name = f"{name} [{compile_id}]"
+            self.inst.build("built", name, round(time.perf_counter() - began[0], 4),
+                            compiler="dynamo")
+        except Exception as exc:
+            self.inst.failed("dynamo", exc)
+
+
+def _compiled_function() -> str | None:
+    """``file:function`` of the code object Dynamo is converting, read from the caller frames
+    (Dynamo's ``_compile(code, ...)``); None when it is not found."""
+    frame: types.FrameType | None = sys._getframe(2)
+    depth = 0
+    while frame is not None and depth < 40:
+        code = frame.f_locals.get("code") if frame.f_code.co_name in ("_compile",
+                                                                       "compile_inner") else None
+        if isinstance(code, types.CodeType):
+            return f"{_short(code.co_filename)}:{code.co_name}"
+        frame, depth = frame.f_back, depth + 1
+    return None
+
+
+def _short(path: str) -> str:
+    marker = f"site-packages{os.sep}"
+    i = path.rfind(marker)
+    return path[i + len(marker):] if i >= 0 else os.path.basename(path)
+
+
+def _remove(handler: Any, start: Any, end: Any) -> None:
+    for remove, callback in ((handler.remove_start_callback, start),
+                             (handler.remove_end_callback, end)):
+        try:
+            remove(callback)
+        except ValueError:
+            pass  # cleared by someone else
