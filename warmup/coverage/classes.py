@@ -13,6 +13,7 @@ the sidecar alike), which splits the records between them by byte offsets in the
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,48 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from cache_tools import compile_log, jsonfile
 from cache_tools.render import table
+from warmup.errors import shown
+
+#: The largest count or measure a saved record may hold (compile events, milliseconds).
+MAX_AMOUNT = 10 ** 12
+
+
+class RecordError(ValueError):
+    """A saved coverage record (coverage.json, a run report's) with a field that is not what it
+    should be: ``str()`` is ``FIELD: what`` (the caller names the file)."""
+
+
+def _object(v: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(v, Mapping):
+        raise RecordError(f"{where}: expected an object, not {shown(v)}")
+    return v
+
+
+def _objects(v: Any, where: str) -> list[Mapping[str, Any]]:
+    if v is not None and not isinstance(v, list):
+        raise RecordError(f"{where}: expected a list of objects, not {shown(v)}")
+    return [_object(x, f"{where}[{i}]") for i, x in enumerate(v or ())]
+
+
+def _amount(d: Mapping[str, Any], key: str, where: str, kind: type = int) -> Any:
+    """A count (``int``) or a measure (``float``) of a saved record, from 0 to MAX_AMOUNT."""
+    v = d.get(key) or 0
+    if not (isinstance(v, (int, float) if kind is float else int) and not isinstance(v, bool)
+            and math.isfinite(v) and 0 <= v <= MAX_AMOUNT):
+        what = "a number" if kind is float else "an integer"
+        raise RecordError(f"{where}.{key}: expected {what} from 0 to 10^12, not {shown(v)}")
+    return kind(v)
+
+
+def _list(d: Mapping[str, Any], key: str) -> list[Any]:
+    v = d.get(key) or []
+    if not isinstance(v, list):
+        raise RecordError(f"{key}: expected a list, not {shown(v)}")
+    return v
+
+
+def _text(v: Any) -> str | None:
+    return None if v is None else str(v)
 
 # --------------------------------------------------------------------------------------------
 # compile keys
@@ -79,13 +122,15 @@ class KeyEvents:
                 "seconds": round(self.seconds, 4)}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "KeyEvents":
+    def from_json(cls, d: Any, where: str = "key") -> "KeyEvents":
+        """A key read back from a saved record; RecordError names the field that is wrong."""
+        d = _object(d, where)
+        counts = {k: _amount(d, k, where) for k in ("compiled", "disk_hits", "device_loads",
+                                                      "failed", "processes")}
         return cls(compiler=str(d.get("compiler") or "triton"), name=str(d.get("name") or "?"),
-                   module=d.get("module"), hash=d.get("hash"),
-                   signature=str(d.get("signature") or ""),
-                   compiled=int(d.get("compiled") or 0), disk_hits=int(d.get("disk_hits") or 0),
-                   device_loads=int(d.get("device_loads") or 0), failed=int(d.get("failed") or 0),
-                   processes=int(d.get("processes") or 0), seconds=float(d.get("seconds") or 0.0))
+                   module=_text(d.get("module")), hash=_text(d.get("hash")),
+                   signature=str(d.get("signature") or ""), **counts,
+                   seconds=_amount(d, "seconds", where, float))
 
 
 def signature_text(record: Mapping[str, Any]) -> str:
@@ -213,9 +258,9 @@ class ClassLatency:
                 "worst_step_ratio": self.worst_step_ratio}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "ClassLatency":
-        return cls(float(d.get("first_ms") or 0.0), float(d.get("repeat_ms") or 0.0),
-                   float(d.get("worst_step_ratio") or 0.0))
+    def from_json(cls, d: Mapping[str, Any], where: str = "latency") -> "ClassLatency":
+        return cls(*(_amount(d, k, where, float)
+                     for k in ("first_ms", "repeat_ms", "worst_step_ratio")))
 
 
 @dataclass(frozen=True)
@@ -289,22 +334,29 @@ class Coverage:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Coverage":
-        def keys(items: Any) -> tuple[KeyEvents, ...]:
-            return tuple(KeyEvents.from_json(k) for k in items or ())
+        """A coverage record read back; RecordError names the field that is wrong."""
+        def keys(c: Mapping[str, Any], name: str, where: str) -> tuple[KeyEvents, ...]:
+            return tuple(KeyEvents.from_json(k, f"{where}{name}[{i}]")
+                         for i, k in enumerate(_objects(c.get(name), f"{where}{name}")))
 
-        gate = d.get("first_hit") or {}
+        def one(c: Mapping[str, Any], where: str) -> ClassCoverage:
+            latency = c.get("latency")
+            return ClassCoverage(str(c.get("class")), keys(c, "first", f"{where}."),
+                                 keys(c, "second", f"{where}."),
+                                 None if latency is None else
+                                 ClassLatency.from_json(_object(latency, f"{where}.latency"),
+                                                        f"{where}.latency"))
+
+        gate = _object(d.get("first_hit") or {}, "first_hit")
         return cls(plan=str(d.get("plan") or ""),
-                   classes=tuple(ClassCoverage(str(c.get("class")), keys(c.get("first")),
-                                               keys(c.get("second")),
-                                               ClassLatency.from_json(c["latency"])
-                                               if isinstance(c.get("latency"), dict) else None)
-                                 for c in d.get("classes") or ()),
-                   outside_first=keys(d.get("outside_first")),
-                   outside_second=keys(d.get("outside_second")),
-                   second_pass_failures=tuple(d.get("second_pass_failures") or ()),
+                   classes=tuple(one(c, f"classes[{i}]")
+                                 for i, c in enumerate(_objects(d.get("classes"), "classes"))),
+                   outside_first=keys(d, "outside_first", ""),
+                   outside_second=keys(d, "outside_second", ""),
+                   second_pass_failures=tuple(map(str, _list(d, "second_pass_failures"))),
                    note=str(d.get("note") or ""),
-                   max_ratio=float(gate.get("max_ratio") or FIRST_HIT_RATIO),
-                   min_ms=float(gate.get("min_ms") or FIRST_HIT_MIN_MS))
+                   max_ratio=_amount(gate, "max_ratio", "first_hit", float) or FIRST_HIT_RATIO,
+                   min_ms=_amount(gate, "min_ms", "first_hit", float) or FIRST_HIT_MIN_MS)
 
     def summary(self) -> str:
         measured = any(c.latency is not None for c in self.classes)
@@ -406,4 +458,7 @@ def load(path: str | os.PathLike[str]) -> Coverage:
         raise WarmupError(f"{p}: not a coverage record",
                           hint="pass coverage.json, a run report written with "
                                "WARMUP_SECOND_PASS=1, or the state directory")
-    return Coverage.from_json(data)
+    try:
+        return Coverage.from_json(data)
+    except RecordError as exc:
+        raise WarmupError(f"{p}: {exc}", hint="it is damaged or hand-edited; write it again") from None

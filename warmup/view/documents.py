@@ -54,7 +54,7 @@ def _identify(p: Path, data: Any) -> str:
     if not isinstance(data, dict):
         raise WarmupError(f"{p}: a JSON {type(data).__name__}, not a saved report", hint=_HINT)
     fmt = data.get("format")
-    if fmt in FORMATS:
+    if isinstance(fmt, str) and fmt in FORMATS:
         kind, newest = FORMATS[fmt]
         version = data.get("version")
         if not isinstance(version, int) or isinstance(version, bool) or version > newest:

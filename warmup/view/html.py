@@ -166,6 +166,12 @@ def _f(d: dict, key: str) -> float:
     return as_number(d.get(key))
 
 
+def _items(d: dict, key: str) -> list:
+    """A list field of a saved document (anything else: no items)."""
+    value = d.get(key)
+    return value if isinstance(value, list) else []
+
+
 def _run(doc: Document) -> str:
     d = doc.data
     classes = [c for c in d.get("classes") or [] if isinstance(c, dict)]
@@ -249,7 +255,7 @@ def _audit(doc: Document) -> str:
     body.append(section("Slow or compiling steps", table(
         ["step", "label", "prompts", "pass 1 ms", "pass 2 ms", "x", "misses", "slow because"],
         [(s.get("index"), s.get("label") or s.get("kind"),
-          "+".join(map(str, (s.get("prompts") or [])[:6])), num(ms(s, "pass1"), 1),
+          "+".join(map(str, _items(s, "prompts")[:6])), num(ms(s, "pass1"), 1),
           num(ms(s, "pass2"), 1), s.get("ratio"), s.get("misses"), s.get("cause") or "–")
          for s in steps if s.get("misses") or s.get("slow_first")], "nnnnnnn")))
     notes = [str(n) for n in d.get("notes") or []]
@@ -265,11 +271,11 @@ def _coverage(doc: Document) -> str:
     body = [cards([
         ("closed" if d.get("closed") else "NOT closed", "plan", "ok" if d.get("closed") else "bad"),
         (str(len(rows)), "classes", ""),
-        (str(len(d.get("open_classes") or [])), "classes still compiling", ""),
-        (str(len(d.get("slow_classes") or [])), "classes slow on first hit", ""),
+        (str(len(_items(d, "open_classes"))), "classes still compiling", ""),
+        (str(len(_items(d, "slow_classes"))), "classes slow on first hit", ""),
     ])]
     body.append(section("Compile keys per class: first replay, second replay", bars(
-        [(str(c.get("class")), [float(len(c.get("first") or [])), float(len(c.get("second") or []))])
+        [(str(c.get("class")), [float(len(_items(c, "first"))), float(len(_items(c, "second")))])
          for c in rows], [("first replay (the warm-up)", BLUE), ("second replay", RED)])))
     lat = [c for c in rows if isinstance(c.get("latency"), dict)]
     if lat:

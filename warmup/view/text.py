@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from cache_tools.render import bar, table
-from warmup.coverage.classes import Coverage
+from warmup.coverage.classes import Coverage, RecordError
+from warmup.errors import WarmupError
 from warmup.serve.report import allocator_line, as_number as _n, sweep_line
 from warmup.view.documents import AUDIT, COVERAGE, RUN, Document
 
@@ -43,7 +44,7 @@ def _run(doc: Document) -> str:
     for f in d.get("failures") or []:
         out.append(f"failure: {f}")
     if isinstance(d.get("coverage"), dict):
-        out.append(Coverage.from_json(d["coverage"]).render())
+        out.append(_coverage_text(doc, d["coverage"], "coverage."))
     return "\n".join(out)
 
 
@@ -70,4 +71,13 @@ def _audit(doc: Document) -> str:
 
 
 def _coverage(doc: Document) -> str:
-    return f"coverage {doc.path}\n" + Coverage.from_json(doc.data).render()
+    return f"coverage {doc.path}\n" + _coverage_text(doc, doc.data)
+
+
+def _coverage_text(doc: Document, data: dict, where: str = "") -> str:
+    """A coverage record rendered; a damaged one is one line naming the file and the field."""
+    try:
+        return Coverage.from_json(data).render()
+    except RecordError as exc:
+        raise WarmupError(f"{doc.path}: {where}{exc}",
+                          hint="it is damaged or hand-edited; write it again") from None

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 from _cli import cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from warmup.coverage.classes import ClassLatency, compute
+from warmup.cli import main
 from warmup.errors import WarmupError
 from warmup.serve.report import ClassReport, RunReport
 from warmup.view import documents, html
@@ -236,3 +239,68 @@ def test_the_run_report_names_what_no_plan_class_warms():
     assert "not warmed: c128_widths: prompts of 65574..1048448 tokens are not warmed" in lines
     assert "warning: SGLANG_JIT_DEEPGEMM_PRECOMPILE is off: ..." in lines
     assert report.to_dict()["warnings"] == ["SGLANG_JIT_DEEPGEMM_PRECOMPILE is off: ..."]
+
+
+# --- hostile saved documents: rendered, or one line naming the file and the field --------------
+@pytest.mark.parametrize("doc, message", [
+    ({"format": ["sglang-warmup-run"], "plan": "p", "classes": []},
+     "a JSON object with keys classes, format, plan, not a run report, an audit report or a "
+     "coverage record"),
+    ({"format": "sglang-warmup-coverage", "version": 1, "plan": "p",
+      "classes": [{"class": "c", "first": ["x"]}]},
+     "classes[0].first[0]: expected an object, not 'x'"),
+    ({"format": "sglang-warmup-coverage", "version": 1, "plan": "p",
+      "classes": [{"class": "c", "second": [{"compiled": "2"}]}]},
+     "classes[0].second[0].compiled: expected an integer from 0 to 10^12, not '2'"),
+    ({"format": "sglang-warmup-coverage", "version": 1, "plan": "p",
+      "classes": [{"class": "c", "latency": {"first_ms": -1}}]},
+     "classes[0].latency.first_ms: expected a number from 0 to 10^12, not -1"),
+    ({"format": "sglang-warmup-run", "version": 1, "plan": "p", "classes": [],
+      "coverage": {"plan": "p", "classes": [], "outside_second": {"a": 1}}},
+     "coverage.outside_second: expected a list of objects, not {'a': 1}"),
+])
+def test_a_damaged_document_is_one_line_naming_the_field(tmp_path, capsys, doc, message):
+    p = tmp_path / "doc.json"
+    p.write_text(json.dumps(doc))
+    for argv in (("report", str(p)), ("report", str(p), "--html", str(tmp_path / "o.html"))):
+        code, _, err = cli(capsys, *argv)
+        assert code == 1 and err.splitlines()[0] == f"error: {p}: {message}", err
+    if doc.get("format") == "sglang-warmup-coverage":
+        code, _, err = cli(capsys, "coverage", str(p))
+        assert code == 1 and err.splitlines()[0] == f"error: {p}: {message}"
+
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30),
+                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=5))
+_KEYS = st.sampled_from([
+    "plan", "classes", "steps", "url", "class", "first", "second", "latency", "first_ms",
+    "repeat_ms", "ratio", "requests", "ms", "compiles", "name", "compiled", "disk_hits", "failed",
+    "pass1", "pass2", "misses", "prompts", "kind", "closed", "open_classes", "slow_classes",
+    "skipped", "reason", "keys", "coverage", "outside_first", "outside_second", "first_hit",
+    "second_pass_failures", "gemm_sweeps", "allocator_kept", "compiles_by_phase", "notes"])
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(_KEYS, inner, max_size=5)), max_leaves=25)
+_KINDS = [("sglang-warmup-run", {"plan": "x", "classes": []}, "classes"),
+          ("sglang-warmup-audit", {"steps": [], "url": "u"}, "steps"),
+          ("sglang-warmup-coverage", {"plan": "x", "classes": []}, "classes")]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(_KINDS), st.dictionaries(_KEYS, _VALUES, max_size=6),
+       st.lists(st.dictionaries(_KEYS, _VALUES, max_size=6), max_size=3), st.booleans())
+def test_saved_documents_render_or_refuse_in_one_line(tmp_path_factory, kind, extra, rows, page):
+    """Whatever a saved run report, audit or coverage record holds, `report` renders it or
+    refuses it in one line naming the file (the terminal summary and the HTML page alike)."""
+    fmt, base, rows_key = kind
+    doc = {**base, **extra, "format": fmt, "version": 1}
+    if isinstance(doc.get(rows_key), list):
+        doc[rows_key] = rows
+    d = tmp_path_factory.mktemp("doc")
+    (d / "doc.json").write_text(json.dumps(doc))
+    argv = ["report", str(d / "doc.json")] + (["--html", str(d / "o.html")] if page else [])
+    code = 0
+    try:
+        main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    assert code in (0, 1, None)
