@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -249,8 +250,14 @@ def read_dir(state_dir: str | os.PathLike[str]) -> list[dict]:
 
 
 def _time(rec: Mapping[str, Any]) -> float:
+    """A record's time for ordering; 0 for what is not a finite number (10**400 fits no float)."""
     t = rec.get("time")
-    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return 0.0
+    try:
+        return float(t) if math.isfinite(t) else 0.0
+    except OverflowError:
+        return 0.0
 
 
 class Cursor:

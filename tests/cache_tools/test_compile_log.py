@@ -121,3 +121,12 @@ def test_a_huge_line_is_skipped_without_being_held(tmp_path, monkeypatch):
     # The cursor reads the same way between marks.
     cursor = compile_log.Cursor(tmp_path)
     assert len(cursor.read({})) == 2
+
+
+def test_hostile_times_order_as_zero(tmp_path):
+    """A time that is no finite number (10**400 fits no float, NaN, text) sorts as 0, never a
+    traceback of the reader."""
+    log = compile_log.directory(tmp_path) / "compiles-1.jsonl"
+    _write(log, '{"event": "hit", "time": 5}\n', '{"event": "miss", "time": 1%s}\n' % ("0" * 400),
+           '{"event": "load", "time": NaN}\n', '{"event": "gc", "time": "soon"}\n')
+    assert [r["event"] for r in compile_log.read_dir(tmp_path)] == ["miss", "load", "gc", "hit"]

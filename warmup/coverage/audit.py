@@ -40,6 +40,7 @@ from warmup.errors import TransportError, WarmupError
 from cache_tools.render import table
 from warmup.coverage.traffic import TrafficStep
 from warmup.serve.http import snippet
+from warmup.serve.report import as_number
 
 logger = logging.getLogger("sglang_warmup.audit")
 
@@ -275,9 +276,9 @@ def parse_metrics(text: str) -> ServingCounts | None:
             if s.labels.get("phase") != "serving":
                 continue
             if fam.name == COMPILE_METRIC and s.name == COMPILE_METRIC + "_total":
-                events += s.value
+                events += as_number(s.value)
             elif fam.name == LOAD_METRIC and s.name == LOAD_METRIC + "_total":
-                loads += s.value
+                loads += as_number(s.value)
     return ServingCounts(events, loads) if found else None
 
 
@@ -507,10 +508,7 @@ def gc_overlap_ms(pauses: Sequence[Mapping[str, Any]], start: float, end: float)
     ``duration_s``) ran: collections of several processes at once count once."""
     spans = []
     for r in pauses:
-        try:
-            ended, took = float(r["time"]), float(r["duration_s"])
-        except (KeyError, TypeError, ValueError):
-            continue
+        ended, took = as_number(r.get("time")), as_number(r.get("duration_s"))
         lo, hi = max(start, ended - took), min(end, ended)
         if hi > lo:
             spans.append((lo, hi))

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from cache_tools import compile_log, jsonfile
 from cache_tools.render import table
 from warmup.errors import shown
+from warmup.serve.report import as_number
 
 #: The largest count or measure a saved record may hold (compile events, milliseconds).
 MAX_AMOUNT = 10 ** 12
@@ -208,10 +209,10 @@ def aggregate(records: Iterable[Mapping[str, Any]]) -> list[KeyEvents]:
                 a["failed"] += 1
             else:
                 a["compiled"] += 1
-        if event in ("miss", "jit_build") and isinstance(r.get("duration_s"), (int, float)):
-            a["seconds"] += float(r["duration_s"])
-        if r.get("pid") is not None:
-            a["pids"].add(r.get("pid"))
+        if event in ("miss", "jit_build"):
+            a["seconds"] += max(0.0, as_number(r.get("duration_s")))
+        if isinstance(r.get("pid"), (int, str)):
+            a["pids"].add(r["pid"])
     out = []
     for a in acc.values():
         pids = a.pop("pids")

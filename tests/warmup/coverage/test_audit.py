@@ -262,10 +262,13 @@ def test_parse_metrics_sums_serving_events_only():
         'sglang_warmup_compile_events_total{compiler="triton",outcome="hit",phase="serving"} 2.0',
         'sglang_warmup_compile_events_total{compiler="sglang_jit",outcome="miss",phase="serving"} 1.0',
         'sglang_warmup_compile_events_total{compiler="triton",outcome="miss",phase="warmup"} 40.0',
+        # a hostile server's values that are no count: counted as nothing
+        'sglang_warmup_compile_events_total{compiler="x",outcome="miss",phase="serving"} +Inf',
         "# HELP sglang_warmup_kernel_loads_total loads",
         "# TYPE sglang_warmup_kernel_loads_total counter",
         'sglang_warmup_kernel_loads_total{phase="serving"} 4.0',
-        'sglang_warmup_kernel_loads_total{phase="init"} 9.0', ""])
+        'sglang_warmup_kernel_loads_total{phase="init"} 9.0',
+        'sglang_warmup_kernel_loads_total{compiler="x",phase="serving"} NaN', ""])
     assert audit.parse_metrics(text) == audit.ServingCounts(6.0, 4.0)
     assert audit.parse_metrics("# HELP sglang_x x\n# TYPE sglang_x counter\nsglang_x 1.0\n") is None
     with pytest.raises(WarmupError) as err:
@@ -322,7 +325,9 @@ def test_collections_count_where_they_overlap_a_step():
 
     pauses = [{"event": "gc", "time": 10.5, "duration_s": 0.4},     # 10.1-10.5
               {"event": "gc", "time": 12.0, "duration_s": 0.1},     # after the step
-              {"event": "gc", "time": "junk", "duration_s": 1}]     # unreadable: ignored
+              {"event": "gc", "time": "junk", "duration_s": 1},     # unreadable: ignored
+              {"event": "gc", "time": 10 ** 400, "duration_s": 1},  # fits no float: ignored
+              {"event": "gc", "time": 10.9, "duration_s": float("inf")}]  # not finite: 0 s
     assert gc_overlap_ms(pauses, 10.0, 11.0) == pytest.approx(400.0)
     assert gc_overlap_ms(pauses, 10.3, 10.4) == pytest.approx(100.0)
     assert gc_overlap_ms(pauses, 11.0, 11.5) == 0.0

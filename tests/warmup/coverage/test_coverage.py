@@ -262,3 +262,15 @@ def test_the_first_hit_gate_closes_or_opens_the_plan():
     assert relaxed.closed
     rows = {line.split()[0]: line.split() for line in cov.render().splitlines()[3:6]}
     assert rows["slow"][-2:] == ["3.00x", "SLOW"] and rows["fast"][-2:] == ["1.04x", "closed"]
+
+
+def test_hostile_compile_log_records_aggregate_without_tracebacks():
+    """Records read from a compile log are someone else's bytes: a duration of 10**400 or a
+    list for a pid count nothing, never a traceback of the coverage."""
+    recs = [{"event": "miss", "compiler": "triton", "name": "k", "hash": "h", "pid": [1],
+             "duration_s": 10 ** 400, "phase": "warmup", "shape_class": "c"},
+            {"event": "jit_build", "compiler": "sglang_jit", "name": "m", "pid": 7,
+             "duration_s": float("nan"), "phase": "warmup", "shape_class": "c"}]
+    keys = coverage.aggregate(recs)
+    assert [(k.compiler, k.compiled, k.seconds, k.processes) for k in keys] == [
+        ("triton", 1, 0.0, 0), ("sglang_jit", 1, 0.0, 1)]
