@@ -37,10 +37,14 @@ def test_synth_writes_a_loadable_deterministic_sample(kind, tmp_path, capsys):
 
 
 def test_synth_unknown_kind(capsys):
+    """A bad --kind is a usage error (exit 2, the usage line), as the CLI documents."""
     code, out, err = cli(capsys, "traffic", "synth", "--kind", "video")
-    assert (code, out) == (1, "")
-    assert err.splitlines() == ["error: unknown traffic kind 'video'",
-                                "hint: one of: chat, rag, agent, batch, features"]
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "error: invalid value for '--kind': 'video' is not one of chat, rag, agent, batch, "
+        "features",
+        "hint: usage: sglang-warmup traffic synth [OPTIONS]; see `sglang-warmup traffic synth "
+        "--help`"]
 
 
 # --- convert --from openai --------------------------------------------------------------------
@@ -106,8 +110,8 @@ def test_convert_unknown_format_and_empty_log(tmp_path, capsys):
     log = tmp_path / "empty.log"
     log.write_text("[2026-11-29 10:00:00] The server is fired up and ready to roll!\n")
     code, _, err = cli(capsys, "traffic", "convert", "--from", "vllm", str(log))
-    assert (code, err.splitlines()) == (1, ["error: unknown log format 'vllm'",
-                                            "hint: one of: openai, sglang-log"])
+    assert (code, err.splitlines()[0]) == (
+        2, "error: invalid value for '--from': 'vllm' is not one of openai, sglang-log")
     code, _, err = cli(capsys, "traffic", "convert", "--from", "sglang-log", str(log))
     assert (code, err.splitlines()[0]) == (1, f"error: {log}: no request could be converted")
 
