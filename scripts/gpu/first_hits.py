@@ -272,7 +272,8 @@ def server_argv(model: str, graphs: str, port: int, frac: float) -> list[str]:
     return e2e_warmup.server_args(str(frac), eager_prefill=graphs == "eager") + ["--port", str(port)]
 
 
-def launch(names: list[str], frac: dict[str, float], plan: str | None, seed_cache: str | None) -> None:
+def launch(names: list[str], frac: dict[str, float], plan: str | None, seed_cache: str | None,
+           precompile: bool = False) -> None:
     state = load_state()
     env0 = base_env()
     for name in names:
@@ -290,7 +291,9 @@ def launch(names: list[str], frac: dict[str, float], plan: str | None, seed_cach
         for var, sub in CACHE_VARS.items():
             (cache / sub).mkdir(parents=True, exist_ok=True)
             env[var] = str(cache / sub)
-        env.setdefault("SGLANG_JIT_DEEPGEMM_PRECOMPILE", "0")
+        # SGLang's DeepGEMM precompile (M = 1..16,384 per GEMM shape) is on by default; off
+        # unless --precompile, to fit a device call
+        env["SGLANG_JIT_DEEPGEMM_PRECOMPILE"] = "1" if precompile else "0"
         if warm == "A":
             env["WARMUP_GEMM_SWEEP_S"] = "0"
         args = server_argv(model, graphs, port, frac.get(model, 0.3))
@@ -702,6 +705,8 @@ def main() -> None:
     ap.add_argument("--frac", default="dsv4=0.3,qwen=0.2")
     ap.add_argument("--seed-cache", default=None)
     ap.add_argument("--pause-others", action="store_true")
+    ap.add_argument("--precompile", action="store_true",
+                    help="keep SGLang's DeepGEMM precompile on (its default)")
     ap.add_argument("--from", dest="src", default=str(ROOT / ".carry" / "caches"))
     a = ap.parse_args()
     names = [n for n in a.names.split(",") if n]
@@ -709,7 +714,7 @@ def main() -> None:
         setup(a.models.split(","))
     elif a.phase == "launch":
         frac = {k: float(v) for k, v in (x.split("=") for x in a.frac.split(","))}
-        launch(names, frac, a.plan, a.seed_cache)
+        launch(names, frac, a.plan, a.seed_cache, a.precompile)
     elif a.phase == "wait":
         wait_ready(names, a.budget)
     elif a.phase == "traffic":
