@@ -197,17 +197,17 @@ def _run(doc: Document) -> str:
         [(str(c.get("shape_class")), [_f(c, "total_ms")]) for c in classes],
         [("warm-up time", BLUE)], unit=" ms"),
         "Each class's requests, in the order the plan sent them."))
-    measured = [c for c in (cov or {}).get("classes") or []
+    measured = [c for c in _items(cov or {}, "classes")
                 if isinstance(c, dict) and isinstance(c.get("latency"), dict)]
     if measured:
-        gate = (cov or {}).get("first_hit") or {}
+        gate = cov.get("first_hit") if isinstance(cov.get("first_hit"), dict) else {}
         body.append(section("First hit against repeat (second replay)", bars(
             [(str(c.get("class")), [_f(c["latency"], "first_ms"), _f(c["latency"], "repeat_ms")])
              for c in measured],
             [("first request after the warm-up", ORANGE), ("the same again", GREEN)],
             unit=" ms"),
             f"Closed needs every class's first hit within {gate.get('max_ratio', 1.1)}x of its "
-            f"repeat; slow: {', '.join(map(str, cov.get('slow_classes') or [])) or 'none'}."))
+            f"repeat; slow: {', '.join(map(str, _items(cov, 'slow_classes'))) or 'none'}."))
     body.append(section("Compiles and disk hits per class", bars(
         [(str(c.get("shape_class")), [_f(c, "compiles"), _f(c, "jit_builds"), _f(c, "disk_hits")])
          for c in classes],
@@ -217,7 +217,7 @@ def _run(doc: Document) -> str:
         order = [p for p in ("init", "warmup", "serving") if p in by_phase] + \
             [p for p in by_phase if p not in ("init", "warmup", "serving")]
         body.append(section("Compiles by phase", bars(
-            [(p, [float(by_phase[p])]) for p in order], [("compiles", RED)]),
+            [(str(p), [as_number(by_phase[p])]) for p in order], [("compiles", RED)]),
             "init: model load and graph capture; warmup: this plan; serving: after ready."))
     body.append(section("Timeline of the warm-up", timeline(
         [(str(c.get("shape_class")), _f(c, "total_ms")) for c in classes],
@@ -226,7 +226,7 @@ def _run(doc: Document) -> str:
     body.append(section("Skipped by the expansion", table(
         ["class", "item", "why"],
         [(s.get("class"), s.get("item") or "(whole class)", s.get("reason")) for s in skipped])))
-    failures = [str(f) for f in d.get("failures") or []]
+    failures = [str(f) for f in _items(d, "failures")]
     if failures:
         body.append(section("Failures", table(["failure"], [(f,) for f in failures])))
     meta = (f"{d.get('requests', '')} requests via {d.get('transport', '?')} · flush: "

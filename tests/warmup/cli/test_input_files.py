@@ -5,6 +5,7 @@ the refusal is the real one, or ``at least N`` where no size is known."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 
@@ -16,6 +17,16 @@ from warmup.plan.facts import from_settings
 
 #: How long a FIFO is waited for in these tests.
 _TIMEOUT_S = 0.3
+
+
+@pytest.fixture(autouse=True)
+def our_logger_as_it_was():
+    """``sidecar`` and ``prebake`` give our logger a handler on this test's captured stderr:
+    it goes with the test (a later test of this worker would log to a closed stream)."""
+    logger = logging.getLogger("sglang_warmup")
+    kept = (list(logger.handlers), logger.propagate, logger.level)
+    yield
+    logger.handlers[:], logger.propagate, logger.level = kept[0], kept[1], kept[2]
 
 
 @pytest.fixture
