@@ -59,7 +59,8 @@ def test_dsv4_plan_reproduces_pr44627_classes():
     assert lens("extend_int_classes") == [1, 219, 256, 4096, 5000, 8192]           # class 1
     assert lens("chunked_prompt") == [8192 + 219]                                   # class 2
     assert lens("prefix_hits") == [4096, 4097, 4096 + 37, 4096 + 4096 + 37]         # class 3
-    assert [len(s.requests) for s in by["concurrent_prefills"]] == [2, 4]           # class 4
+    # class 4, and multi-request extends of 2-5 mixed prompts
+    assert [len(s.requests) for s in by["concurrent_prefills"]] == [2, 2, 3, 4, 4, 5, 4, 5]
     # class 5: the PR sends every batch size 1-16; the kernels key on next_power_of_2(bs) and on
     # the Triton integer class of bs, so each power-of-two range's top and one "other" size do
     sizes = sorted({len(s.requests) for s in by["batched_extends"]})
@@ -69,11 +70,12 @@ def test_dsv4_plan_reproduces_pr44627_classes():
     assert totals.count(False) >= len(sizes) - 1 and totals.count(True) >= len(sizes)  # both token classes
     assert [len(s.requests) for s in by["eager_decode"]] == [9, 16]                 # class 7
     # the ratio-128 index combine kernel keys on next_power_of_2(seq_len // 128) and on the
-    # integer class of seq_len // 128: every power-of-two range up to long_cap, "other" in each
+    # integer class of seq_len // 128: every power-of-two range up to the context (1,048,576
+    # here), "other" in each
     widths = [n // 128 for n in lens("c128_widths")]
-    assert {1 << (w - 1).bit_length() for w in widths} == {2 ** j for j in range(1, 10)}
-    assert all(any(w % 16 and p // 2 < w <= p for w in widths) for p in (4, 8, 16, 32, 64, 128, 256, 512))
-    assert max(lens("c128_widths")) <= 65536 + 128
+    assert {1 << (w - 1).bit_length() for w in widths} == {2 ** j for j in range(1, 14)}
+    assert all(any(w % 16 and p // 2 < w <= p for w in widths) for p in (2 ** j for j in range(2, 14)))
+    assert 1048576 - 256 < max(lens("c128_widths")) <= 1048576 - 64
     # class 8: a prompt 219 past the 262,144 bucket, then extends that compute exactly 1, 37
     # and 4,133 tokens on its page-aligned radix hit (page 256: the hit is 262,144).
     assert lens("past_context_bucket") == [262144 + 219, 262144 + 1, 262144 + 37, 262144 + 4133]
