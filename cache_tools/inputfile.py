@@ -34,14 +34,14 @@ class NotRead(OSError):
     so that every reader's handler of unreadable files reports it."""
 
 
-def kind(mode: int) -> str:
+def _kind(mode: int) -> str:
     """What a file of this ``st_mode`` is, for an error line (``a FIFO``)."""
     for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
                        (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link")):
         if test(mode):
             return name
-    return "not a regular file"
+    return "a special file"
 
 
 def read(path: str | os.PathLike[str], max_bytes: int) -> bytes:
@@ -55,7 +55,7 @@ def read(path: str | os.PathLike[str], max_bytes: int) -> bytes:
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
         if not stat.S_ISREG(st.st_mode):
-            return _read_special(fd, max_bytes, path, kind(st.st_mode))
+            return _read_special(fd, max_bytes, path, _kind(st.st_mode))
         if st.st_size > max_bytes:
             raise TooLarge(st.st_size, max_bytes)
         _blocking(fd)
@@ -75,7 +75,7 @@ def open_regular(path: str | os.PathLike[str], buffering: int = -1) -> BinaryIO:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise NotRead(errno.EINVAL, f"not a regular file ({kind(mode)})", os.fspath(path))
+            raise NotRead(errno.EINVAL, f"not a regular file ({_kind(mode)})", os.fspath(path))
         _blocking(fd)
         return os.fdopen(fd, "rb", buffering=buffering)
     except BaseException:
@@ -96,9 +96,9 @@ def _open(path: str | os.PathLike[str]) -> int:
 
 def _kind_of(path: str | os.PathLike[str]) -> str:
     try:
-        return kind(os.stat(path).st_mode)
+        return _kind(os.stat(path).st_mode)
     except OSError:
-        return "not a regular file"
+        return "a special file"
 
 
 def _blocking(fd: int) -> None:
