@@ -131,7 +131,8 @@ class PrebakePlan:
     """A prebake, decided but not started.  ``work_dir`` holds ``cache/`` (every kind under one
     root), ``state/`` (phase file, compile manifest, metrics), ``server.log`` and
     ``report.json``; it is removed after a success when it is a temporary directory (unless
-    ``keep``), and always kept after a failure."""
+    ``keep``), and kept after a failure of the server or the packing (a temporary one is
+    removed when the port is busy: nothing ran)."""
 
     plan_file: str
     plan_name: str
@@ -170,7 +171,7 @@ class PrebakePlan:
         """The dry-run text: what would be created, set and run."""
         lines = [f"prebake plan {self.plan_name} ({self.plan_file}) into {self.out}",
                  f"work directory: {self.work_dir}" + (" (temporary)" if self.temporary else ""),
-                 "cache directories (created empty):"]
+                 "cache directories it would create (empty):"]
         lines += [f"  {loc.kind.name:<13} {loc.path}" for loc in self.locations]
         lines.append("environment:")
         lines += [f"  {k}={shlex.quote(v)}" for k, v in self.exports]
@@ -192,14 +193,19 @@ class PrebakePlan:
                 echo: Callable[[str], None] | None = None) -> PrebakeResult:
         """Create the caches, run the server to ready, stop it, pack.  Raises WarmupError
         (server not ready in time, exited, plan not run) or CacheError (packing); the server is
-        stopped on every path, and the work directory is kept after a failure."""
+        stopped on every path, and the work directory is kept after a failure once the server
+        started."""
         say = echo or (lambda line: logger.info("%s", line))
         progress = progress or Progress.null()
         started = time.monotonic()
+        try:  # nothing has run yet: a busy port leaves no work directory to look into
+            _check_port_free(self.url)
+        except SidecarError:
+            self.discard()
+            raise
         for loc in self.locations:
             if loc.path is not None:
                 loc.path.mkdir(parents=True, exist_ok=True)
-        _check_port_free(self.url)
         launch.prepare_state_dir(self.launch)
         say(f"sglang-warmup prebake: starting SGLang (log: {self.log_path})")
         with open(self.log_path, "ab") as log, _TermAsExit():

@@ -38,6 +38,8 @@ def env(tmp_path, monkeypatch):
     e["TRITON_CACHE_DIR"] = str(tmp_path / "elsewhere" / "triton")
     e["SGL_JIT_CACHE_DIR"] = str(tmp_path / "elsewhere" / "legacy")  # SGLang's legacy spelling
     e["HOME"] = str(tmp_path / "home")
+    e["TMPDIR"] = str(tmp_path / "tmp")  # a temporary work directory kept after a failure
+    (tmp_path / "tmp").mkdir()
     return e
 
 
@@ -218,6 +220,7 @@ def test_dry_run_prints_the_plan_and_creates_nothing(env, tmp_path):
     text = r.stdout
     work = re.search(r"^work directory: (\S+) \(temporary\)$", text, re.M).group(1)
     assert not Path(work).exists()
+    assert "cache directories it would create (empty):" in text.splitlines()
     for k in KINDS:
         assert re.search(rf"^  {k}\s+{re.escape(work)}/cache/", text, re.M), k
     assert f"  TRITON_CACHE_DIR={work}/cache/triton" in text
@@ -272,6 +275,7 @@ def test_a_busy_port_is_refused_before_launching(env, tmp_path):
     assert r.stderr.splitlines()[-2:] == [
         f"error: something already listens on 127.0.0.1:{port}",
         "hint: stop it, or give SGLang another port (--port N)"]
+    assert list((tmp_path / "tmp").iterdir()) == []  # nothing ran: no work directory kept
 
 
 def test_the_environment_pins_every_cache_under_the_root(tmp_path, monkeypatch):
