@@ -318,7 +318,8 @@ def merge_json(r: MergeResult) -> dict[str, Any]:
 # --- prune / push -------------------------------------------------------------------------------
 
 
-def prune_text(s: PruneStrategy) -> str:
+def prune_text(s: PruneStrategy, *, dry_run: bool = False) -> str:
+    """The entries a prune deletes, and what it frees; with ``dry_run``, what it would."""
     if not s.candidates:
         text = (f"Nothing to prune: no entry matches ({size_str(s.size_before)} in the "
                 "caches).")
@@ -326,9 +327,11 @@ def prune_text(s: PruneStrategy) -> str:
         rows = [[c.entry.kind, c.entry.name or ".", c.entry.size_on_disk_str,
                  age_str(c.entry.last_used), "; ".join(c.reasons)] for c in s.candidates]
         text = table(["KIND", "ENTRY", "SIZE", "LAST USED", "WHY"], rows)
-        text += (f"\n\nWill delete {len(s.candidates)} entries, freeing "
-                 f"{s.expected_freed_size_str} ({size_str(s.size_before)} -> "
-                 f"{size_str(s.size_after)}).")
+        n = len(s.candidates)
+        text += (f"\n\n{'Would delete' if dry_run else 'Will delete'} {n} "
+                 f"{'entry' if n == 1 else 'entries'}, freeing {s.expected_freed_size_str} "
+                 f"({size_str(s.size_before)} -> {size_str(s.size_after)})"
+                 + ("; --dry-run: nothing deleted." if dry_run else "."))
     if s.unknown_toolchain:
         text += (f"\n{s.unknown_toolchain} entries do not record the toolchain that built them; "
                  "--fingerprint other keeps them.")

@@ -95,7 +95,9 @@ def test_ls_pack_verify_restore_round_trip(triton_cache, tmp_path):
 def test_prune_asks_unless_yes(triton_cache):
     root = str(triton_cache.parent)
     dry = _ok("prune", "--root", root, "--older-than", "0s", "--dry-run")
-    assert "Will delete 3 entries" in dry.stdout
+    assert dry.stdout.splitlines()[-1].startswith("Would delete 3 entries, freeing ")
+    assert dry.stdout.splitlines()[-1].endswith("; --dry-run: nothing deleted.")
+    assert len(list(triton_cache.iterdir())) == 3
     refused = runner.invoke(app, ["prune", "--root", root, "--max-size", "0"], input="n\n")
     assert refused.exit_code == 1 and len(list(triton_cache.iterdir())) == 3
     done = _ok("prune", "--root", root, "--max-size", "0", "-y")

@@ -44,8 +44,11 @@ def test_dry_run_then_execute_older_than(aged):
     assert strategy.expected_freed_size == sizes[0]
     assert strategy.size_before == sum(sizes) and strategy.size_after == sum(sizes[1:])
     text = prune_text(strategy)
-    assert text.splitlines()[-1] == (f"Will delete 1 entries, freeing {size_str(sizes[0])} "
+    assert text.splitlines()[-1] == (f"Will delete 1 entry, freeing {size_str(sizes[0])} "
                                      f"({size_str(sum(sizes))} -> {size_str(sum(sizes[1:]))}).")
+    assert prune_text(strategy, dry_run=True).splitlines()[-1] == (
+        f"Would delete 1 entry, freeing {size_str(sizes[0])} ({size_str(sum(sizes))} -> "
+        f"{size_str(sum(sizes[1:]))}); --dry-run: nothing deleted.")
     assert sorted(cache.rglob("*")) == before           # planning deletes nothing
     result = strategy.execute()
     assert (result.removed, result.freed, result.failed) == (1, sizes[0], ())

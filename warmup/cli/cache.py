@@ -169,7 +169,7 @@ def prune_cmd(
         max_size=prune.parse_size(max_size) if max_size is not None else None,
         other_toolchain=fp == "other")
     if fmt == "table":
-        output.data(render.prune_text(strategy))
+        output.data(render.prune_text(strategy, dry_run=dry_run))
     result = None
     if not dry_run and strategy.candidates:
         if not yes and not output.confirm("Delete these entries?"):
