@@ -47,6 +47,12 @@ def test_synth_unknown_kind(capsys):
         "--help`"]
 
 
+def test_synth_help_names_every_kind(capsys):
+    code, out, _ = cli(capsys, "traffic", "synth", "--help")
+    assert code == 0
+    assert "chat | rag | agent | batch | features" in " ".join(out.split())
+
+
 # --- convert --from openai --------------------------------------------------------------------
 
 SYSTEM = "s" * 400  # 100 tokens at 4 characters a token
