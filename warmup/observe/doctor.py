@@ -299,14 +299,22 @@ def _target(result: dict) -> Iterator[None]:
         target = driver.active.get_current_target()
     except Exception as exc:
         with compile_only_target(FALLBACK_TARGET) as target:
-            result["target"] = (f"{target.backend}:{target.arch} (compile only; no GPU driver: "
-                                f"{exc})")
+            result["target"] = f"{target.backend}:{target.arch} (compile only: {_no_driver(exc)})"
             result["launch"] = False
             yield
         return
     result["target"] = f"{target.backend}:{target.arch} (local GPU)"
     result["launch"] = True
     yield
+
+
+def _no_driver(exc: Exception) -> str:
+    """Why Triton has no driver, in our words: its own "0 active drivers ([]). There should
+    only be one." means that it sees no GPU."""
+    text = " ".join(str(exc).split())
+    if "active drivers" in text:
+        return "no GPU is visible to Triton here; kernels are compiled, not launched"
+    return f"no GPU driver: {text[:200]}"
 
 
 def _launch(kernel: Any, result: dict) -> None:

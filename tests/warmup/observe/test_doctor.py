@@ -41,7 +41,9 @@ def test_the_cli_check_passes_on_a_cpu_machine():
         "listener: chained by sglang.srt.utils.triton_load_watch")
     assert report["plugin"]["registered"] is True
     assert report["plugin"]["loaded_by"] == "sglang.srt.plugins.load_plugins"
-    assert report["target"].startswith("cuda:90 (compile only")
+    assert report["target"] == ("cuda:90 (compile only: no GPU is visible to Triton here; "
+                                "kernels are compiled, not launched)")
+    assert "There should only be one" not in done.stdout + done.stderr  # Triton's own words
     import triton
 
     assert report["triton_version"] == triton.__version__
