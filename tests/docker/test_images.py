@@ -343,6 +343,10 @@ def test_k8s_sidecar_probes_ports_and_budgets_fit_the_warmup():
     assert _budget(sglang["startupProbe"]) <= opts["deadline"]
     assert _budget(side["startupProbe"]) == opts["startup_budget"]
     assert opts["startup_budget"] - opts["deadline"] >= 300
+    # readiness: one slow answer (a timeout) does not take a ready pod out of the Service,
+    # a sidecar that says 503 does within half a minute
+    ready = side["readinessProbe"]
+    assert ready["failureThreshold"] >= 2 and _budget(ready) <= 30
     # the plan ships in the wheel the sidecar image installs: named, not copied in
     from warmup.plan import shipped
 
