@@ -3,7 +3,7 @@ and the elapsed time of a step whose length is unknown (SGLang's import, a serve
 
 On a terminal one line is rewritten in place; elsewhere (CI logs, ``docker build``) a line is
 printed per step and at most every ``interval`` seconds while bytes flow, and a step of unknown
-length prints nothing of its own.
+length that passes a few seconds prints two step lines: when it passes them, and when it ends.
 """
 
 from __future__ import annotations
@@ -73,9 +73,10 @@ class Progress:
                 detail: Callable[[], str] | None = None) -> Iterator[None]:
         """A step of unknown length.  On a terminal, once it has run ``after_s``: one line with
         the seconds so far (and ``detail()``, e.g. the last line of a server log), rewritten
-        every ``every_s``, closed by ``label: done in N s``.  Off a terminal: nothing (a log
-        has the step's own lines, and a line per tick would bury them)."""
-        if not self.tty:
+        every ``every_s``, closed by ``label: done in N s``.  Off a terminal, once it has run
+        ``after_s``: the step line ``label ...``, and ``label: done in N s`` when it ends (no
+        line per tick: a log would be buried in them).  A shorter step prints nothing."""
+        if not self.enabled:
             yield
             return
         self._finish_line()
@@ -85,6 +86,10 @@ class Progress:
 
         def tick() -> None:
             if stop.wait(after_s):
+                return
+            if not self.tty:  # a log: the step line once
+                self._write(f"{label} ...\n")
+                shown.set()
                 return
             while True:
                 line = f"{label} ({time.monotonic() - started:.0f} s)"
@@ -110,7 +115,8 @@ class Progress:
             stop.set()
             ticker.join()
             if shown.is_set():
-                self._write(f"\r{label}: {ended} {time.monotonic() - started:.1f} s\x1b[K\n")
+                end = f"{label}: {ended} {time.monotonic() - started:.1f} s"
+                self._write(f"\r{end}\x1b[K\n" if self.tty else end + "\n")
 
     def rate_line(self, now: float) -> str:
         seconds = max(now - self.started, 1e-9)

@@ -81,11 +81,33 @@ def test_ticking_is_silent_for_short_steps_off_a_terminal_and_when_disabled():
     with Progress(quick).ticking("quick", after_s=5.0):
         pass
     assert quick.getvalue() == ""  # under after_s: no line at all
-    log = io.StringIO()  # CI logs and docker build: no tick lines
-    with Progress(log).ticking("slow", after_s=0.0, every_s=0.01):
+    log = io.StringIO()  # CI logs and docker build: no tick lines, and a short step is silent
+    with Progress(log).ticking("short", after_s=5.0, every_s=0.01):
         time.sleep(0.03)
     assert log.getvalue() == ""
     off = _Tty()
     with Progress(off, enabled=False).ticking("slow", after_s=0.0, every_s=0.01):
         time.sleep(0.03)
     assert off.getvalue() == ""
+
+
+def test_ticking_off_a_terminal_prints_step_lines_for_a_long_step():
+    """CI logs and docker build: the step line once it passes after_s, and its end (no \\r, no
+    line per tick)."""
+    log = io.StringIO()
+    with Progress(log).ticking("resolving the launch flags with SGLang", after_s=0.0,
+                               every_s=0.01):
+        time.sleep(0.05)
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "resolving the launch flags with SGLang ..."
+    assert len(lines) == 2 and lines[1].startswith("resolving the launch flags with SGLang: "
+                                                   "done in ")
+    assert "\r" not in log.getvalue() and "\x1b" not in log.getvalue()
+    failed = io.StringIO()
+    try:
+        with Progress(failed).ticking("waiting", after_s=0.0):
+            time.sleep(0.03)
+            raise KeyError("x")
+    except KeyError:
+        pass
+    assert failed.getvalue().splitlines()[1].startswith("waiting: failed after ")

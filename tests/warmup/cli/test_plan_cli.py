@@ -118,9 +118,31 @@ def test_the_readme_main_command_prints_the_expansion_and_nothing_of_sglangs(cap
     assert code == 0, err
     assert out.startswith("plan deepseek_v4_serving_shapes: ")
     assert "eager_decode" in out and "facts (launch_flags): chunk=8192" in out
-    assert err == ""
+    # off a terminal, only the step's own lines (when it passed 2 s)
+    assert [line for line in err.splitlines() if not line.startswith(RESOLVING)] == []
     assert logging.getLogger().handlers == handlers
     assert logging.getLogger("sglang").level == logging.NOTSET
+
+
+RESOLVING = "resolving the launch flags with SGLang's parser"
+
+
+def test_a_long_step_prints_step_lines_off_a_terminal(capsys, monkeypatch):
+    """docs/architecture.md, Progress: off a terminal (CI logs) a step that passes 2 s prints
+    its step line and its end; here every step counts as long."""
+    from cache_tools.progress import Progress
+
+    ticking = Progress.ticking
+    monkeypatch.setattr(Progress, "ticking",
+                        lambda self, label, **kw: ticking(self, label, **{**kw, "after_s": 0.0}))
+    flags = f"--model-path {_facts_cache.tiny_model_dir()}"
+    code, out, err = run(capsys, "plan", "show", "default", "--server-args", flags)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert lines[0] == RESOLVING + " ..." and lines[1].startswith(RESOLVING + ": done in ")
+    assert len(lines) == 2 and "\r" not in err
+    code, out, err = run(capsys, "plan", "show", "default", "--server-args", flags, "-q")
+    assert code == 0 and err == ""  # --quiet: none
 
 
 @pytest.mark.parametrize("command", [("plan", "show", "default"), ("plan", "facts")])
