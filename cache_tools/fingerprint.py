@@ -1,7 +1,7 @@
 """The toolchain fingerprint a cache was built with, and the one rule that says whether a cache
 from one toolchain may be used by another.
 
-Versions are read from package metadata and files (``importlib.metadata``, ``torch/version.py``)
+Versions are read from package metadata and files (``versions.dist_version``, ``torch/version.py``)
 without importing torch, Triton or SGLang; the GPU architecture and driver come from
 ``nvidia-smi`` when a GPU is visible and are simply absent otherwise.
 
@@ -16,7 +16,6 @@ compile target, so entries for another architecture are simply not hit.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import importlib.util
 import json
 import platform
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from cache_tools.errors import CacheError
+from cache_tools.versions import dist_version
 
 #: software fields, in display order, and the distribution each version is read from
 SOFTWARE_FIELDS: tuple[str, ...] = ("python", "machine", "torch", "triton", "cuda", "sglang",
@@ -117,10 +117,9 @@ def current(*, probe_gpu: bool = True) -> Fingerprint:
 
 def _version(dists: tuple[str, ...]) -> str | None:
     for dist in dists:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+        version = dist_version(dist)
+        if version is not None:
+            return version
     return None
 
 

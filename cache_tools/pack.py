@@ -30,17 +30,14 @@ from cache_tools.progress import Progress
 from cache_tools.reader import CHUNK, WHOLE, zstandard_module
 from cache_tools.scan import CacheEntry, CacheWarning, noatime_fd, scan, size_str
 from cache_tools.staging import clean_stale
+from cache_tools.versions import dist_version
 from cache_tools.writer import ArchiveWriter, PlacedWriter, ZstdFrames, frame_cuts
 
 
 def producer() -> str:
     """What wrote an archive: this package and its version."""
-    try:
-        import importlib.metadata
-
-        return "sglang-warmup " + importlib.metadata.version("sglang-warmup")
-    except Exception:
-        return "sglang-warmup"
+    version = dist_version("sglang-warmup")
+    return f"sglang-warmup {version}" if version else "sglang-warmup"
 
 
 # --- reading files ------------------------------------------------------------------------------
