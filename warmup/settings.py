@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from importlib import metadata
-from typing import Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Callable, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from importlib import metadata
 
 T = TypeVar("T")
 
@@ -194,6 +196,8 @@ ENTRY_POINT_VALUE = "warmup.serve.plugin:register"
 
 def plugin_entry_point() -> metadata.EntryPoint | None:
     """Our entry point in group ``sglang.srt.plugins``, if the distribution is installed."""
+    from importlib import metadata  # here: its import is on every command's start
+
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.value == ENTRY_POINT_VALUE:
             return ep

@@ -1,6 +1,7 @@
-"""The ``sglang-warmup`` command line: the typer app, one module per command group, and the one
-error boundary that turns every expected failure into ``error:`` + ``hint:`` lines on stderr
-and an exit status, never a traceback (unless WARMUP_DEBUG=1).
+"""The ``sglang-warmup`` command line: the entry point and the one error boundary that turns
+every expected failure into ``error:`` + ``hint:`` lines on stderr and an exit status, never a
+traceback (unless WARMUP_DEBUG=1).  The typer app is ``warmup.cli.commands`` (one module per
+command group, each imported only when its command runs); ``--version`` alone needs no typer.
 
 Exit statuses: 0 ok; 1 an error (a ``HintedError`` without its own status, a failed check);
 2 a usage error or a bad plan or facts; 3 an audit above ``--max-misses`` or a bad archive;
@@ -22,73 +23,38 @@ def _interrupted() -> NoReturn:
     sys.exit(INTERRUPTED)
 
 
-try:  # Ctrl-C while the commands' modules load (a third of a second) is no traceback either
-    import typer
-
+try:  # Ctrl-C while the CLI's modules load is no traceback either
     from cache_tools.errors import HintedError
     from cache_tools.versions import dist_version
     from warmup import settings
-    from warmup.cli import (audit, cache, coverage, doctor, learn, patches, plan, prebake, report,
-                            serve, sidecar, traffic)
 except KeyboardInterrupt:
     _interrupted()
 
 PROG = "sglang-warmup"
 
-app = typer.Typer(
-    name=PROG,
-    help="Warm SGLang's JIT kernels before the server listens; persist and audit the caches.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
 
-#: ``serve`` and ``prebake`` pass everything after ``--`` to SGLang unparsed.
-_PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+def version_line() -> str:
+    """What ``--version`` prints: this package's version and the installed SGLang's."""
+    sglang = dist_version("sglang")  # metadata only: importing SGLang takes seconds
+    return (f"{PROG} {dist_version(PROG) or 'unknown (not installed)'} "
+            f"(sglang {sglang or 'not installed'})")
 
 
-def _version(value: bool) -> None:
-    if value:
-        sglang = dist_version("sglang")  # metadata only: importing SGLang takes seconds
-        typer.echo(f"{PROG} {dist_version(PROG) or 'unknown (not installed)'} "
-                   f"(sglang {sglang or 'not installed'})")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
-                                       help="print the version of sglang-warmup and of the "
-                                            "installed SGLang, and exit")) -> None:
-    """Warm SGLang's JIT kernels before the server listens; persist and audit the caches."""
-
-
-# One line per command or group, sorted; each module owns its commands' options.
-app.command("audit")(audit.audit_command)
-app.add_typer(cache.app, name="cache",
-              help="Persist, verify, relocate and share the JIT caches (pack, restore, push, ...).")
-app.command("coverage")(coverage.coverage_command)
-app.command("doctor")(doctor.doctor_command)
-app.command("learn")(learn.learn_command)
-app.add_typer(patches.app, name="patches",
-              help="Report the prefill-graph fixes for the installed SGLang.")
-app.add_typer(plan.app, name="plan", help="Check and expand shape plans.")
-app.command("prebake", context_settings=_PASS_THROUGH,
-            help="Run SGLang once with a plan against empty caches and pack what it compiled: "
-                 "prebake --plan P --out A -- <sglang args>")(prebake.prebake_command)
-app.command("report")(report.report_command)
-app.command("serve", context_settings=_PASS_THROUGH,
-            help="Run SGLang with a plan warmed before the port opens: "
-                 "serve --plan P -- <sglang args>")(serve.serve_command)
-app.command("sidecar", help="Warm a server started by someone else over HTTP and gate "
-                            "readiness: /ready /live /metrics /report")(sidecar.sidecar_command)
-app.add_typer(traffic.app, name="traffic",
-              help="Traffic samples to audit with: synth (synthetic), convert (from request logs).")
+def __getattr__(name: str) -> Any:
+    """``warmup.cli.app``: the typer app (``warmup.cli.commands``), imported on first use."""
+    if name == "app":
+        from warmup.cli.commands import app
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
     """The console script ``sglang-warmup`` and ``python -m warmup``: run the app inside the one
     error boundary; exits with the status the module docstring lists (returns on 0)."""
     try:
+        if (sys.argv[1:] if argv is None else list(argv)) == ["--version"]:
+            print(version_line())       # the one answer that needs no typer (0.1 s of imports)
+            return
         code = _run(argv)
     except KeyboardInterrupt:  # outside typer's own catch, which answers 130 itself
         code = INTERRUPTED
@@ -101,6 +67,8 @@ def main(argv: list[str] | None = None) -> None:
 def _run(argv: list[str] | None) -> int:
     """The app's exit status; an expected failure printed as ``error:`` and ``hint:`` lines."""
     try:
+        from warmup.cli.commands import app  # typer, and the table of commands
+
         rc = app(args=argv, prog_name=PROG, standalone_mode=False)
     except HintedError as exc:
         if settings.DEBUG.get():
@@ -142,8 +110,8 @@ def _click_exit(kind: str, exc: Any) -> int:
     if kind == "abort":  # a confirmation answered no, or stdin closed before the answer
         _say("error: aborted")
         return 1
-    if kind == "help":  # a group called without a command: its help (click's status 2)
-        exc.show()
+    if kind == "help":  # a group called without a command: its help on stdout (status 2)
+        print(exc.format_message())
         return 2
     _say(f"error: {_message(exc)}")
     ctx = getattr(exc, "ctx", None)

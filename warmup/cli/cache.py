@@ -11,9 +11,9 @@ from typing import List, Literal, Optional
 
 import typer
 
-from cache_tools import (archive, fingerprint, forks, locations, oci, prune, remote, render,
-                         scan)
-from cache_tools import replay as replay_mod
+# What every command here needs; the OCI client (ssl, http.client), prune and replay are
+# imported by their commands: a restore in an init container waits for every import.
+from cache_tools import archive, fingerprint, forks, locations, remote, render, scan
 from cache_tools.errors import CacheError
 from warmup.cli import options, output
 from warmup.cli.options import Format
@@ -163,6 +163,8 @@ def prune_cmd(
     fmt: Format = options.FORMAT,
 ) -> None:
     """Delete cache entries, least recently used first."""
+    from cache_tools import prune
+
     strategy = prune.plan_prune(
         _locations(root, kinds),
         older_than=prune.parse_duration(older_than) if older_than else None,
@@ -239,6 +241,8 @@ def push_cmd(
 ) -> None:
     """Publish caches: an archive to an OCI registry (ARCHIVE oci://...), one layer per kind,
     tagged by its fingerprint; or complete local entries to a Redis store (--url, create-if-absent)."""
+    from cache_tools import oci
+
     if url is None:
         if archive_path is None or ref is None:
             _usage(ctx, "give ARCHIVE and an oci://... REF, or --url redis://...")
@@ -280,6 +284,8 @@ def pull_cmd(
 ) -> None:
     """Fetch caches from an OCI registry (REF) or a Redis store (--url): verified, staged,
     atomic, never overwriting."""
+    from cache_tools import oci
+
     if url is not None and oci.is_reference(url) and ref is None:
         ref, url = url, None
     if (ref is None) == (url is None):
@@ -338,6 +344,7 @@ def replay_cmd(
     quiet: bool = options.QUIET,
 ) -> None:
     """Rebuild Triton entries from a recorded compile log, without a GPU."""
+    from cache_tools import replay as replay_mod
 
     def progress(result, done: int, total: int) -> None:
         if not quiet:

@@ -4,7 +4,6 @@ and log lines on stderr, and the rule that no command overwrites a file without 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import warnings
@@ -61,6 +60,8 @@ def sglang_step(label: str, *, quiet: bool = False, verbose: bool = False) -> It
     """A step that imports or runs the installed SGLang inside this command (10-20 s): its
     elapsed time on a terminal once it passes 2 s (none with ``--quiet``), and SGLang's own log
     lines and import-time warnings kept off our output unless ``--verbose``."""
+    import logging  # here: the cache commands never log (its import is start-up time)
+
     root, sglang_log = logging.getLogger(), logging.getLogger("sglang")
     handlers, root_level, sglang_level = list(root.handlers), root.level, sglang_log.level
     if not verbose:
@@ -94,6 +95,8 @@ def refuse_overwrite(path: str | os.PathLike[str] | None, yes: bool, name: str) 
 def configure_logging() -> None:
     """Our log lines on stderr with a timestamp (SGLang's managed sidecar process and a bare
     container have no logging configured)."""
+    import logging
+
     root = logging.getLogger("sglang_warmup")
     if not root.handlers:
         handler = logging.StreamHandler(sys.stderr)
