@@ -23,7 +23,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypedDict
 
 from cache_tools import inputfile
 
@@ -35,16 +35,7 @@ LEGACY_DIR = "manifest"
 GLOB = "compiles-*.jsonl"
 VERSION = 1
 
-#: Record ``event`` values.  ``miss``: a Triton compile; ``hit``: a Triton disk-cache load;
-#: ``load``: a kernel's device load at its first launch; ``jit_build``: an nvcc JIT module
-#: (``outcome`` ``built``, ``cached`` or ``failed``); ``gc``: a long Python garbage collection
-#: (``generation``, ``duration_s``, ``collected``; ``time`` is when it ended); ``gemm_sweep``:
-#: a scheduler's GEMM sweep after loading the model (``shapes``, ``calls``, ``rows_reached``,
-#: ``max_rows``, ``duration_s``, ``stopped_by_budget``, ``capped_rows`` and ``capped_shape``
-#: (the shape the buffer limit stopped earliest, or null), ``failed`` (shapes whose GEMM raised,
-#: ``label: error``, left out); compiler ``cublas``); ``allocator``: the warm-up's flush kept
-#: the caching allocator's blocks (``kept_bytes``: its cached and unused bytes after the flush,
-#: reserved minus allocated, or null without CUDA; compiler ``torch``).
+#: Record ``event`` values; each event's fields are its record type below.
 MISS, HIT, LOAD, JIT_BUILD, GC = "miss", "hit", "load", "jit_build", "gc"
 GEMM_SWEEP, ALLOCATOR = "gemm_sweep", "allocator"
 EVENTS = (MISS, HIT, LOAD, JIT_BUILD, GC, GEMM_SWEEP, ALLOCATOR)
@@ -53,21 +44,139 @@ KERNEL_EVENTS = (MISS, HIT, LOAD, JIT_BUILD)
 #: Events that compile or look up a compiled artifact (the ones coverage and audit count).
 COMPILE_EVENTS = (MISS, HIT, JIT_BUILD)
 
-#: Fields every record carries.  ``v`` is the format version (absent in version-1 logs written
-#: before it was added); ``phase`` is ``init``, ``warmup`` or ``serving``; ``shape_class`` and
-#: ``request`` name the warm-up step in flight; ``compiler`` is ``triton``, ``sglang-jit`` or
-#: ``tvm-ffi``.  Triton records add ``kernel`` ({module, name, qualname, source_sha256[, path,
-#: generated]}),
-#: ``key``, ``hash``, ``signature``, ``constexprs``, ``attrs``, ``options``, ``env``,
-#: ``target``, ``toolchain``, ``triton_version``, ``duration_s``, ``stages``, ``cache_hit``,
-#: ``artifacts``, ``cache_entry`` and ``specialization``; JIT records add ``module_name``,
-#: ``outcome`` and ``duration_s``.
-BASE_FIELDS = ("v", "event", "time", "pid", "phase", "shape_class", "request", "compiler")
+#: A ``jit_build``'s ``outcome``: built now, reused from the library's cache, or failed.
+BUILT, CACHED, FAILED = "built", "hit", "failed"
+JIT_OUTCOMES = (BUILT, CACHED, FAILED)
+
+#: Who compiled (``compiler``; also the label of the compile metrics): Triton, SGLang's nvcc
+#: JIT, a tvm-ffi build outside it, a library seen through its cache directory, or an
+#: in-memory ``torch.compile`` graph.
+TRITON, SGLANG_JIT, TVM_FFI, DYNAMO = "triton", "sglang_jit", "tvm_ffi", "dynamo"
+#: Libraries whose builds are seen as new entries in their cache directories (the cache kinds
+#: of :mod:`cache_tools.locations` of the same names).
+LIBRARY_COMPILERS = ("deep_gemm", "tilelang", "flashinfer", "inductor", "cute_aot", "cute_dsl",
+                     "flash_attn_4")
+COMPILERS = (TRITON, SGLANG_JIT, TVM_FFI) + LIBRARY_COMPILERS + (DYNAMO,)
+#: The ``compiler`` of the records that are no compile: a garbage collection, the GEMM sweep,
+#: the allocator kept across the warm-up's flush.
+PYTHON, CUBLAS, TORCH = "python", "cublas", "torch"
+
+
+class KernelRef(TypedDict, total=False):
+    """Which kernel a Triton record names: ``module``, ``name``, ``qualname``,
+    ``source_sha256`` (of ``JITFunction.src``, checked by replay before any import), ``path``
+    (an IR source), ``generated`` (a module made at run time: Inductor's kernels)."""
+
+    module: str | None
+    name: str | None
+    qualname: str | None
+    source_sha256: str
+    path: str
+    generated: bool
+
+
+class BaseRecord(TypedDict):
+    """The fields every record carries.  ``v``: the format version (absent in version-1 logs
+    written before it was added); ``phase``: init, warmup or serving; ``shape_class`` and
+    ``request``: the warm-up step in flight; ``compiler``: one of COMPILERS, PYTHON, CUBLAS or
+    TORCH."""
+
+    v: int
+    event: str
+    time: float
+    pid: int
+    phase: str
+    shape_class: str | None
+    request: str | None
+    compiler: str
+
+
+class TritonRecord(BaseRecord, total=False):
+    """``miss`` (a Triton compile) and ``hit`` (a disk-cache load): what a rebuild needs."""
+
+    kernel: KernelRef
+    key: Any
+    hash: str | None
+    signature: dict[str, Any]
+    constexprs: list[dict[str, Any]]
+    attrs: list[dict[str, Any]]
+    options: dict[str, Any]
+    env: dict[str, Any]
+    target: dict[str, Any] | None
+    toolchain: dict[str, Any] | None
+    triton_version: str | None
+    duration_s: float | None
+    stages: dict[str, Any] | None
+    cache_hit: bool
+    artifacts: list[str]
+    cache_entry: str | None
+    specialization: dict[str, Any] | None
+
+
+class LoadRecord(BaseRecord, total=False):
+    """``load``: a kernel's device load at its first launch in a process."""
+
+    kernel: KernelRef
+    hash: str
+    duration_s: float | None
+    free_bytes: int | None
+
+
+class JitBuildRecord(BaseRecord, total=False):
+    """``jit_build``: one build of a JIT module (``outcome`` one of JIT_OUTCOMES)."""
+
+    outcome: str
+    module_name: str | None
+    duration_s: float | None
+    path: str | None
+    cache_hit: bool
+    error: str
+
+
+class GcRecord(BaseRecord, total=False):
+    """``gc``: a long Python garbage collection (``time`` is when it ended)."""
+
+    generation: int
+    duration_s: float
+    collected: int
+
+
+class GemmSweepRecord(BaseRecord, total=False):
+    """``gemm_sweep``: one scheduler's GEMM sweep after loading the model."""
+
+    shapes: int
+    calls: int
+    rows_reached: int
+    max_rows: int
+    duration_s: float
+    stopped_by_budget: bool
+    capped_rows: int | None
+    capped_shape: str | None
+    failed: list[str]
+
+
+class AllocatorRecord(BaseRecord, total=False):
+    """``allocator``: the warm-up's flush kept the caching allocator's blocks."""
+
+    kept_bytes: int | None
+
+
+#: The record type of each event: the log's schema (docs/metrics.md is checked against it).
+RECORD_TYPES: dict[str, type] = {MISS: TritonRecord, HIT: TritonRecord, LOAD: LoadRecord,
+                                 JIT_BUILD: JitBuildRecord, GC: GcRecord,
+                                 GEMM_SWEEP: GemmSweepRecord, ALLOCATOR: AllocatorRecord}
+BASE_FIELDS = tuple(BaseRecord.__annotations__)
+
+
+def fields(event: str) -> tuple[str, ...]:
+    """The fields an ``event`` record adds to the base fields."""
+    return tuple(k for k in RECORD_TYPES[event].__annotations__ if k not in BASE_FIELDS)
 
 
 def record(event: str, *, phase: str, shape_class: str | None, request: str | None,
-           compiler: str) -> dict[str, Any]:
-    """A new record with the base fields filled in (now, this process)."""
+           compiler: str) -> Any:
+    """A new record of ``event`` with the base fields filled in (now, this process); the
+    caller adds the fields of the event's record type."""
     return {"v": VERSION, "event": event, "time": time.time(), "pid": os.getpid(),
             "phase": phase, "shape_class": shape_class, "request": request, "compiler": compiler}
 
@@ -75,7 +184,7 @@ def record(event: str, *, phase: str, shape_class: str | None, request: str | No
 def is_miss(rec: Mapping[str, Any]) -> bool:
     """Something compiled now: a Triton miss or an nvcc JIT build."""
     event = rec.get("event")
-    return event == MISS or (event == JIT_BUILD and rec.get("outcome") == "built")
+    return event == MISS or (event == JIT_BUILD and rec.get("outcome") == BUILT)
 
 
 def is_compile_event(rec: Mapping[str, Any]) -> bool:

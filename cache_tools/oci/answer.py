@@ -12,13 +12,19 @@ import http.client
 import json
 import socket
 import threading
-from typing import IO, TYPE_CHECKING
+from typing import IO, Protocol
 
 from cache_tools.errors import RemoteError
 from cache_tools.oci.reference import printable
 
-if TYPE_CHECKING:
-    from cache_tools.oci.client import Registry
+
+class Registry(Protocol):
+    """What an answer needs of the registry it came from: its two error lines."""
+
+    def error(self, problem: str, hint: str = ...) -> RemoteError: ...
+
+    def network_error(self, exc: BaseException, what: str,
+                      watchdog: "Watchdog | None") -> RemoteError: ...
 
 #: an error answer's body: at most this much is read for its message
 MAX_ERROR_BYTES = 64 << 10
@@ -55,7 +61,7 @@ class Answer:
     """One registry answer being read: ``status``, ``header()``, and the body read bounded
     (``read``) or streamed into a file and checked (``save``).  ``close()`` always."""
 
-    def __init__(self, registry: "Registry", url: str, what: str,
+    def __init__(self, registry: Registry, url: str, what: str,
                  conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
                  watchdog: Watchdog) -> None:
         self.registry = registry

@@ -130,3 +130,26 @@ def test_hostile_times_order_as_zero(tmp_path):
     _write(log, '{"event": "hit", "time": 5}\n', '{"event": "miss", "time": 1%s}\n' % ("0" * 400),
            '{"event": "load", "time": NaN}\n', '{"event": "gc", "time": "soon"}\n')
     assert [r["event"] for r in compile_log.read_dir(tmp_path)] == ["miss", "load", "gc", "hit"]
+
+
+def test_the_documented_schema_is_the_record_types():
+    """docs/metrics.md ("The compile log") names, under each event, every field of that
+    event's record type, and no event the types lack."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    section = text.split("## The compile log", 1)[1].split("\n## ", 1)[0]
+    bullets = re.split(r"\n- \*\*", section)
+    base = bullets[0].split("Every record has", 1)[1].split("Then,", 1)[0]
+    assert set(re.findall(r"`(\w+)`", base)) == set(compile_log.BASE_FIELDS)
+    documented: dict[str, str] = {}
+    for bullet in bullets[1:]:
+        events = re.findall(r"^`(\w+)`\*\*|\*\*`(\w+)`\*\*", bullet)
+        for first, second in events:
+            documented[first or second] = bullet
+    assert set(documented) == set(compile_log.EVENTS)
+    for event, bullet in documented.items():
+        named = set(re.findall(r"`(\w+)[`:]", bullet))
+        missing = set(compile_log.fields(event)) - named
+        assert not missing, f"{event}: docs/metrics.md does not name {sorted(missing)}"

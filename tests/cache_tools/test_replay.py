@@ -79,9 +79,13 @@ SPECS = [
 # --- fixtures --------------------------------------------------------------------------------
 
 @pytest.fixture(autouse=True)
-def isolated(monkeypatch):
+def isolated(monkeypatch, tmp_path):
     """Triton's hook slots, our events installation and the phase are put back (the whole
-    environment too, which a kernel module that imports sglang changes: tests/conftest.py)."""
+    environment too, which a kernel module that imports sglang changes: tests/conftest.py).
+    Replays run from a working directory of their own: replay never imports from the working
+    directory, and spawned workers (a thread left by another test makes a fork unsafe) import
+    this module, which imports the project found through the checkout."""
+    monkeypatch.chdir(tmp_path)
     saved = (knobs.compilation.listener, knobs.runtime.jit_cache_hook,
              knobs.runtime.jit_post_compile_hook,
              list(knobs.runtime.kernel_load_start_hook.calls),
@@ -589,13 +593,9 @@ def test_the_default_job_count_rule(tmp_path, monkeypatch):
 
 
 def test_a_python_thread_makes_the_workers_spawned_and_the_default_one_job(recorded,
-                                                                          tmp_path,
-                                                                          monkeypatch):
+                                                                          tmp_path):
     import threading
 
-    # Spawned workers import this test module (its kernels) afresh; it imports the project,
-    # found here through the working directory, which replay leaves out of its search path.
-    monkeypatch.chdir(tmp_path)
     state, jit_cache, _ = recorded
     assert replay.fork_is_safe()
     go = threading.Event()

@@ -471,7 +471,7 @@ class _Audit:
             for seq in range(2 * n):
                 rs = by_seq.get(seq, [])
                 passes[seq] = PassResult(ms=times[seq], misses=sum(1 for r in rs if is_compile_event(r)),
-                                         device_loads=sum(1 for r in rs if r.get("event") == "load"),
+                                         device_loads=sum(1 for r in rs if r.get("event") == compile_log.LOAD),
                                          keys=tuple(aggregate(rs)),
                                          gc_ms=gc_overlap_ms(pauses, *windows[seq]))
             unattributed = tuple(aggregate(other))
@@ -481,8 +481,8 @@ class _Audit:
                     metric_events = int(round(after.compile_events - before.compile_events))
                     logged_events = sum(1 for r in records
                                           if r.get("phase") == "serving" and is_compile_event(r)
-                                          and not (r.get("event") == "jit_build"
-                                                   and r.get("outcome") == "failed"))
+                                          and not (r.get("event") == compile_log.JIT_BUILD
+                                                   and r.get("outcome") == compile_log.FAILED))
                     unseen = max(0, metric_events - logged_events)
                 except WarmupError:
                     pass

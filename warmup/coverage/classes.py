@@ -164,8 +164,8 @@ def signature_text(record: Mapping[str, Any]) -> str:
 
 def _key_ident(record: Mapping[str, Any]) -> tuple[str, str, str | None, str | None]:
     """(compiler, name, hash, module) of a record."""
-    compiler = str(record.get("compiler") or "triton")
-    if record.get("event") == "jit_build":
+    compiler = str(record.get("compiler") or compile_log.TRITON)
+    if record.get("event") == compile_log.JIT_BUILD:
         name = record.get("module_name") or Path(str(record.get("path") or "?")).name
         return compiler, str(name), None, None
     kernel = record.get("kernel")
@@ -184,7 +184,7 @@ def aggregate(records: Iterable[Mapping[str, Any]]) -> list[KeyEvents]:
         if r.get("event") not in compile_log.KERNEL_EVENTS:    # e.g. a garbage collection
             continue
         compiler, name, h, module = _key_ident(r)
-        ident = (compiler, name, h if compiler == "triton" else None)
+        ident = (compiler, name, h if compiler == compile_log.TRITON else None)
         a = acc.get(ident)
         if a is None:
             a = acc[ident] = {"compiler": compiler, "name": name, "module": module, "hash": h,
@@ -192,24 +192,24 @@ def aggregate(records: Iterable[Mapping[str, Any]]) -> list[KeyEvents]:
                               "device_loads": 0, "failed": 0, "pids": set(), "seconds": 0.0}
         if module and not a["module"]:
             a["module"] = module
-        if not a["signature"] and r.get("event") in ("miss", "hit"):
+        if not a["signature"] and r.get("event") in (compile_log.MISS, compile_log.HIT):
             a["signature"] = signature_text(r)
         event = r.get("event")
-        if event == "miss":
+        if event == compile_log.MISS:
             a["compiled"] += 1
-        elif event == "hit":
+        elif event == compile_log.HIT:
             a["disk_hits"] += 1
-        elif event == "load":
+        elif event == compile_log.LOAD:
             a["device_loads"] += 1
-        elif event == "jit_build":
+        elif event == compile_log.JIT_BUILD:
             outcome = r.get("outcome")
-            if outcome == "hit":
+            if outcome == compile_log.CACHED:
                 a["disk_hits"] += 1
-            elif outcome == "failed":
+            elif outcome == compile_log.FAILED:
                 a["failed"] += 1
             else:
                 a["compiled"] += 1
-        if event in ("miss", "jit_build"):
+        if event in (compile_log.MISS, compile_log.JIT_BUILD):
             a["seconds"] += max(0.0, as_number(r.get("duration_s")))
         if isinstance(r.get("pid"), (int, str)):
             a["pids"].add(r["pid"])

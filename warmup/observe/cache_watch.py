@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from cache_tools import locations
+from cache_tools import compile_log, locations
 
 logger = logging.getLogger("sglang_warmup.events")
 
 #: Kinds whose builds are seen here (the others have hooks: warmup.observe.triton_hooks and
 #: jit_hooks).
-WATCHED = ("deep_gemm", "tilelang", "flashinfer", "inductor", "cute_aot", "cute_dsl",
-           "flash_attn_4")
+WATCHED = compile_log.LIBRARY_COMPILERS
 #: Directories one watch follows at most (a cache that large is listed, never walked whole
 #: again): above it new entries in the directories past the limit are not seen.
 MAX_DIRS = 20_000
@@ -174,7 +173,7 @@ class CacheWatch:
         n = 0
         for watch in self.kinds:
             for entry, span in watch.poll():
-                self.record("built", entry, round(span, 3), compiler=watch.kind.name,
+                self.record(compile_log.BUILT, entry, round(span, 3), compiler=watch.kind.name,
                             path=str(watch.root / entry))
                 n += 1
         return n

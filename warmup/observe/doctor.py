@@ -501,8 +501,10 @@ def _verdicts(child: dict, counts: dict, log_records: list[dict], cache_dir: Pat
     checks.append(Check("jit_cache_hook seen", spec_w == 1 and spec_s == 1,
                         f"specializations warmup = {spec_w:g}, serving = {spec_s:g} "
                         "(expected 1 and 1)"))
-    misses = [r for r in log_records if r.get("event") == "miss" and r.get("compiler") == "triton"]
-    hits = [r for r in log_records if r.get("event") == "hit" and r.get("compiler") == "triton"]
+    misses = [r for r in log_records
+              if r.get("event") == compile_log.MISS and r.get("compiler") == compile_log.TRITON]
+    hits = [r for r in log_records
+            if r.get("event") == compile_log.HIT and r.get("compiler") == compile_log.TRITON]
     joined = bool(misses) and all(
         (r.get("specialization") or {}).get("specialization_data") for r in misses)
     good = (len(misses) == 1 and len(hits) == 1 and misses[0].get("phase") == "warmup"

@@ -17,12 +17,12 @@ import sys
 import threading
 import time
 import types
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from cache_tools import compile_log
 from warmup.observe import importer
+from warmup.observe.recorder import Recorder
 
-if TYPE_CHECKING:  # pragma: no cover
-    from warmup.observe.events import _Installation
 
 MODULE = "torch._dynamo.callback"
 HOOK = f"{MODULE}.callback_handler"
@@ -31,7 +31,7 @@ HOOK = f"{MODULE}.callback_handler"
 class DynamoHooks:
     """Our start and end callbacks on Dynamo's handler, for one installation."""
 
-    def __init__(self, inst: "_Installation") -> None:
+    def __init__(self, inst: Recorder) -> None:
         self.inst = inst
         self.started: dict[int, tuple[float, str | None]] = {}
 
@@ -81,8 +81,8 @@ class DynamoHooks:
             name = began[1] or "torch.compile"
             if compile_id is not None:
                 name = f"{name} [{compile_id}]"
-            self.inst.build("built", name, round(time.perf_counter() - began[0], 4),
-                            compiler="dynamo")
+            self.inst.build(compile_log.BUILT, name, round(time.perf_counter() - began[0], 4),
+                            compiler=compile_log.DYNAMO)
         except Exception as exc:
             self.inst.failed("dynamo", exc)
 

@@ -248,15 +248,16 @@ class _Installation:
         compile-log line; a failure of ours is counted, never raised."""
         try:
             state = self.phase()
-            self.metrics.jit_build(state.phase, outcome, duration_s, compiler=compiler)
-            if outcome != "hit":
+            self.measure(lambda m: m.jit_build(state.phase, outcome, duration_s,
+                                               compiler=compiler))
+            if outcome != compile_log.CACHED:
                 log = logger.warning if state.phase == "serving" or outcome == "failed" \
                     else logger.debug
                 log("sglang-warmup: %s build %s %s in %.3f s (phase %s)", compiler,
                     module_name, outcome, duration_s or 0.0, state.phase)
             rec = self.new_record(compile_log.JIT_BUILD, state, compiler)
             rec.update({"outcome": outcome, "module_name": module_name,
-                        "duration_s": duration_s, "path": path, "cache_hit": outcome == "hit"})
+                        "duration_s": duration_s, "path": path, "cache_hit": outcome == compile_log.CACHED})
             if error is not None:
                 rec["error"] = error
             self.write(rec)
@@ -274,11 +275,12 @@ class _Installation:
         except Exception:
             pass
 
-    def count(self, method: str, *args: Any, **kwargs: Any) -> None:
-        """Call one recording method of our metrics; a failure is counted, not raised."""
+    def measure(self, record: Callable[[metrics.Metrics], None]) -> None:
+        """Record one sample through our metrics (``record(metrics)``); a failure is counted,
+        not raised."""
         try:
-            getattr(self.metrics, method)(*args, **kwargs)
-        except Exception as exc:
+            record(self.metrics)
+        except Exception as exc:  # a guest never raises into its host
             self.failed("metrics", exc)
 
     def write(self, record: dict) -> None:

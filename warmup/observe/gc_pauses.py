@@ -23,8 +23,10 @@ import time
 import weakref
 from typing import Any
 
+from cache_tools import compile_log
 from warmup import settings
 from warmup.errors import WarmupError
+from warmup.observe.recorder import Recorder
 
 logger = logging.getLogger("sglang_warmup.gc")
 
@@ -57,9 +59,9 @@ def threshold_s() -> float:
 
 
 class GcPauses:
-    """The recorder of one installation (``events._Installation``)."""
+    """Long garbage collections, for one installation."""
 
-    def __init__(self, inst: Any) -> None:
+    def __init__(self, inst: Recorder) -> None:
         self.inst = inst
         self.threshold_s = threshold_s()
         self._pending: collections.deque = collections.deque(maxlen=10_000)
@@ -118,5 +120,5 @@ class GcPauses:
                 ended, generation, took, collected = self._pending.popleft()
             except IndexError:
                 return
-            self.inst.note("gc", "python", time=ended, generation=generation,
+            self.inst.note(compile_log.GC, compile_log.PYTHON, time=ended, generation=generation,
                            duration_s=round(took, 6), collected=collected)

@@ -22,13 +22,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from cache_tools import compile_log
 from warmup.observe import importer
+from warmup.observe.recorder import Recorder
 
-if TYPE_CHECKING:  # pragma: no cover
-    from warmup.observe.events import _Installation
 
 logger = logging.getLogger("sglang_warmup.events")
 
@@ -43,7 +42,7 @@ TVM_EXTENSION_MODULE = "tvm_ffi.cpp.extension"               # tvm-ffi's ninja r
 class JitHooks:
     """Our wrappers around SGLang's and tvm-ffi's JIT build functions, for one installation."""
 
-    def __init__(self, inst: "_Installation") -> None:
+    def __init__(self, inst: Recorder) -> None:
         self.inst = inst
         # Per thread: how deep inside load_jit (0.5.17) we are, and whether a build ran there.
         self.tls = threading.local()
@@ -144,10 +143,10 @@ def _wrap_ninja_build(hooks: JitHooks, original: Callable) -> Callable:
         try:
             result = original(*args, **kwargs)
         except BaseException as exc:
-            hooks.record("failed", _spec_name(args, kwargs), time.perf_counter() - start,
+            hooks.record(compile_log.FAILED, _spec_name(args, kwargs), time.perf_counter() - start,
                          error=_error(exc))
             raise
-        hooks.record("built", _spec_name(args, kwargs), time.perf_counter() - start,
+        hooks.record(compile_log.BUILT, _spec_name(args, kwargs), time.perf_counter() - start,
                      path=str(result))
         return result
 
@@ -163,7 +162,7 @@ def _wrap_find_prebuilt(hooks: JitHooks, original: Callable) -> Callable:
     def find_prebuilt(*args, **kwargs):
         result = original(*args, **kwargs)
         if result is not None and hooks.inst.active:
-            hooks.record("hit", kwargs.get("module_name"), None, path=str(result))
+            hooks.record(compile_log.CACHED, kwargs.get("module_name"), None, path=str(result))
         return result
 
     return find_prebuilt
@@ -188,7 +187,7 @@ def _wrap_load_jit(hooks: JitHooks, original: Callable) -> Callable:
         finally:
             tls.load_jit_depth = depth
         if depth == 0 and not tls.load_jit_built:
-            hooks.record("hit", "sgl_kernel_jit_" + "_".join(str(a) for a in args), None)
+            hooks.record(compile_log.CACHED, "sgl_kernel_jit_" + "_".join(str(a) for a in args), None)
         return result
 
     torch = sys.modules.get("torch")
@@ -219,12 +218,12 @@ def _wrap_tvm_build_ninja(hooks: JitHooks, original: Callable) -> Callable:
         try:
             result = original(*args, **kwargs)
         except BaseException as exc:
-            hooks.record("failed", module_name, time.perf_counter() - start,
+            hooks.record(compile_log.FAILED, module_name, time.perf_counter() - start,
                          compiler=compiler, error=_error(exc))
             raise
         if inside:
             tls.load_jit_built = True
-        hooks.record("built", module_name, time.perf_counter() - start, compiler=compiler,
+        hooks.record(compile_log.BUILT, module_name, time.perf_counter() - start, compiler=compiler,
                      path=str(build_dir))
         return result
 

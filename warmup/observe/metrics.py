@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
+from cache_tools import compile_log
 from warmup.observe.phase import PHASES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,17 +32,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 PREFIX = "sglang_warmup_"
 
-#: Who compiled: Triton, SGLang's own nvcc JIT (``load_jit``), a tvm-ffi build outside it, a
-#: library whose builds are seen as new entries in its cache directory (DeepGEMM, TileLang,
-#: FlashInfer, Inductor's on-disk graphs, CuTe, the driver's PTX cache), or an in-memory
-#: ``torch.compile`` (Dynamo) compile.
-COMPILERS: tuple[str, ...] = ("triton", "sglang_jit", "tvm_ffi", "deep_gemm", "tilelang",
-                              "flashinfer", "inductor", "cute_aot", "cute_dsl", "flash_attn_4",
-                              "cuda_ptx", "dynamo")
+#: Who compiled (the compile log's ``compiler`` names: Triton, SGLang's nvcc JIT, tvm-ffi, the
+#: libraries seen through their cache directories, ``torch.compile``).
+COMPILERS: tuple[str, ...] = compile_log.COMPILERS
 #: A compile event either built the artifact (miss) or reused one from the disk cache (hit).
-COMPILE_OUTCOMES: tuple[str, ...] = ("miss", "hit")
-#: A JIT build of SGLang's nvcc kernels: built now, reused from the cache, or failed to build.
-JIT_BUILD_OUTCOMES: tuple[str, ...] = ("built", "hit", "failed")
+COMPILE_OUTCOMES: tuple[str, ...] = (compile_log.MISS, compile_log.HIT)
+#: A JIT build: built now, reused from the cache, or failed to build.
+JIT_BUILD_OUTCOMES: tuple[str, ...] = compile_log.JIT_OUTCOMES
 #: One warm-up request of the plan: completed, failed (error or timeout), or not sent.
 PLAN_REQUEST_OUTCOMES: tuple[str, ...] = ("ok", "failed", "skipped")
 #: The state of a plan's shape class at the end of the warm-up.
@@ -150,7 +147,7 @@ class Metrics:
         _check("compiler", compiler, COMPILERS)
         _check("outcome", outcome, COMPILE_OUTCOMES)
         self.compile_events.labels(phase, compiler, outcome).inc()
-        if outcome == "miss" and duration_s is not None:
+        if outcome == compile_log.MISS and duration_s is not None:
             self.compile_seconds.labels(phase, compiler).observe(max(0.0, float(duration_s)))
 
     def specialization(self, phase: str) -> None:
@@ -177,10 +174,10 @@ class Metrics:
         _check("outcome", outcome, JIT_BUILD_OUTCOMES)
         _check("compiler", compiler, COMPILERS)
         self.jit_builds.labels(phase, outcome).inc()
-        if outcome == "built":
-            self.compile_event(phase, compiler, "miss", duration_s)
-        elif outcome == "hit":
-            self.compile_event(phase, compiler, "hit")
+        if outcome == compile_log.BUILT:
+            self.compile_event(phase, compiler, compile_log.MISS, duration_s)
+        elif outcome == compile_log.CACHED:
+            self.compile_event(phase, compiler, compile_log.HIT)
 
     def hook_error(self, hook: str) -> None:
         """Count one failure of our own recording."""
@@ -326,7 +323,7 @@ def compile_misses(path: str | os.PathLike | None) -> float | None:
     name = "sglang_warmup_compile_events_total"
     if name not in collected:
         return None
-    return total(collected, name, outcome="miss")
+    return total(collected, name, outcome=compile_log.MISS)
 
 
 # --- the sidecar's metrics ------------------------------------------------------------------

@@ -22,14 +22,13 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from cache_tools import compile_log
 from cache_tools.versions import dist_version
 from warmup.observe import triton_record
+from warmup.observe.recorder import Recorder
 
-if TYPE_CHECKING:  # pragma: no cover
-    from warmup.observe.events import _Installation
 
 logger = logging.getLogger("sglang_warmup.events")
 
@@ -50,7 +49,7 @@ class TritonHooks:
     """Our recorders on Triton's hooks, for one installation, and the state they share: the
     jit_cache_hook records waiting for their listener call, the device loads in flight."""
 
-    def __init__(self, inst: "_Installation") -> None:
+    def __init__(self, inst: Recorder) -> None:
         self.inst = inst
         self._pending: "OrderedDict[int, dict]" = OrderedDict()
         self._pending_lock = threading.Lock()
@@ -172,8 +171,8 @@ class TritonHooks:
         state = inst.phase()
         duration = (times.total / 1e6) if times is not None else None
         event = compile_log.HIT if cache_hit else compile_log.MISS
-        inst.count("compile_event", state.phase, "triton", event,
-                   duration if not cache_hit else None)
+        inst.measure(lambda m: m.compile_event(state.phase, compile_log.TRITON, event,
+                                               duration if not cache_hit else None))
         if not cache_hit:
             log = logger.warning if state.phase == "serving" else logger.debug
             log("sglang-warmup: Triton compiled %s in %.3f s (phase %s)",
@@ -181,7 +180,7 @@ class TritonHooks:
         if inst.log is None:
             return
         try:
-            record = triton_record.build(inst.new_record(event, state, "triton"), src,
+            record = triton_record.build(inst.new_record(event, state, compile_log.TRITON), src,
                                          metadata, metadata_group, times, pending,
                                          self.options_fields)
         except Exception as exc:
@@ -196,7 +195,8 @@ class TritonHooks:
             if signature is not None:
                 self.drop_pending(signature)
             return
-        self.inst.count("specialization", self.inst.phase().phase)
+        phase = self.inst.phase().phase
+        self.inst.measure(lambda m: m.specialization(phase))
         if signature is None:
             return
         fn_info = kwargs.get("fn")
@@ -214,7 +214,7 @@ class TritonHooks:
     def on_load_start(self, name: str, hash_: str) -> None:
         state = self.inst.phase()
         free = _free_device_bytes()
-        self.inst.count("kernel_load", state.phase, free)
+        self.inst.measure(lambda m: m.kernel_load(state.phase, free))
         self._load_starts[(threading.get_ident(), str(hash_))] = (time.perf_counter(), free)
         while len(self._load_starts) > _MAX_LOAD_STARTS:
             self._load_starts.popitem(last=False)
@@ -227,7 +227,7 @@ class TritonHooks:
         start = self._load_starts.pop((threading.get_ident(), str(hash_)), None)
         if self.inst.log is None:
             return
-        record = self.inst.new_record(compile_log.LOAD, self.inst.phase(), "triton")
+        record = self.inst.new_record(compile_log.LOAD, self.inst.phase(), compile_log.TRITON)
         record.update({
             "kernel": {"module": None, "name": name, "qualname": None},
             "hash": hash_,

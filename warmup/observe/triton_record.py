@@ -20,6 +20,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from cache_tools import compile_log
+
 # Fields of the jit_cache_hook's ``compile`` dict that describe the specialization.
 _SPECIALIZATION_FIELDS = ("device", "num_warps", "num_ctas", "num_stages", "enable_fp_fusion",
                           "launch_cooperative_grid", "extern_libs", "is_warmup",
@@ -79,7 +81,7 @@ def build(record: dict, src: Any, metadata: dict, metadata_group: dict | None, t
         "triton_version": metadata.get("triton_version"),
         "duration_s": (times.total / 1e6) if times is not None else None,
         "stages": _stages(times),
-        "cache_hit": record.get("event") == "hit",
+        "cache_hit": record.get("event") == compile_log.HIT,
         # The files of the cache entry (names only) and the entry's directory name.
         "artifacts": sorted(str(k) for k in (metadata_group or {})),
         "cache_entry": _entry_dir(metadata_group),

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cache_tools import atomic
-from cache_tools.compile_log import ALLOCATOR, GEMM_SWEEP, is_miss, kernel_name
+from cache_tools.compile_log import ALLOCATOR, GEMM_SWEEP, HIT, JIT_BUILD, is_miss, kernel_name
 from cache_tools.render import bar, table
 
 #: The run report's JSON format and version (``sglang-warmup report`` reads them).
@@ -129,7 +129,7 @@ class RunReport:
                 continue
             t = tallies.get(r.get("shape_class") or "")
             if not is_miss(r):
-                if r.get("event") == "hit" and t is not None:
+                if r.get("event") == HIT and t is not None:
                     t["disk_hits"] += 1
                 continue
             ph = r.get("phase") or "init"
@@ -137,7 +137,7 @@ class RunReport:
             total += 1
             if t is None or ph != "warmup":
                 continue
-            t["jit_builds" if r.get("event") == "jit_build" else "compiles"] += 1
+            t["jit_builds" if r.get("event") == JIT_BUILD else "compiles"] += 1
             name = kernel_name(r)
             if name not in t["kernels"]:
                 t["kernels"].append(name)

@@ -112,8 +112,8 @@ def test_plan_coverage_ready_and_hook_errors(registry, m):
      "label outcome='timeout' is not one of ok, failed, skipped"),
     (lambda m: m.hook_error("my_hook"),
      "label hook='my_hook' is not one of compilation_listener, jit_cache_hook, "
-     "jit_post_compile_hook, kernel_load_start_hook, kernel_load_end_hook, sglang_jit, "
-     "compile_log, metrics"),
+     "jit_post_compile_hook, kernel_load_start_hook, kernel_load_end_hook, compile_log, "
+     "metrics, cache_watch, " + ", ".join(metrics.COMPILERS)),
 ])
 def test_labels_are_closed_sets(m, call, message):
     with pytest.raises(ValueError) as err:
