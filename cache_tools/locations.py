@@ -561,6 +561,19 @@ def exports(root: str | None = None, *, env: Mapping[str, str] | None = None,
     return Exports(tuple(pairs), comments)
 
 
+def hf_hub_cache(env: Mapping[str, str] | None = None) -> Path:
+    """Where huggingface_hub keeps what it downloaded (its ``constants.HF_HUB_CACHE``):
+    ``HF_HUB_CACHE``, else the legacy ``HUGGINGFACE_HUB_CACHE``, else ``HF_HOME/hub``, else
+    ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``."""
+    e = _Env(os.environ if env is None else env)
+    given = e.get("HF_HUB_CACHE") or e.get("HUGGINGFACE_HUB_CACHE")
+    if given is None:
+        home = e.get("HF_HOME") or os.path.join(e.get("XDG_CACHE_HOME") or e.expand("~/.cache"),
+                                                "huggingface")
+        given = os.path.join(e.expand(home), "hub")
+    return Path(os.path.expandvars(e.expand(given)))
+
+
 @contextlib.contextmanager
 def environment(values: Mapping[str, str | None] | None = None) -> Iterator[None]:
     """Set (or, for None, unset) environment variables for the block; on exit the whole

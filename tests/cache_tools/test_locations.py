@@ -264,3 +264,21 @@ def test_environment_puts_the_whole_environment_back(monkeypatch):
         os.environ["SGW_ADDED"] = "new"
         raise RuntimeError
     assert dict(os.environ) == before
+
+
+@pytest.mark.parametrize("env", [
+    {},
+    {"XDG_CACHE_HOME": "/xdg"},
+    {"HF_HOME": "~/hf", "XDG_CACHE_HOME": "/xdg"},
+    {"HUGGINGFACE_HUB_CACHE": "/legacy", "HF_HOME": "/hf"},
+    {"HF_HUB_CACHE": "/hub", "HUGGINGFACE_HUB_CACHE": "/legacy", "HF_HOME": "/hf"},
+])
+def test_the_hugging_face_cache_is_where_huggingface_hub_looks(env, tmp_path):
+    """huggingface_hub's own constants, read in a fresh interpreter with the same variables."""
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME")}
+    full.update(env, HOME=str(tmp_path))
+    theirs = subprocess.run([sys.executable, "-c", "from huggingface_hub import constants; "
+                             "print(constants.HF_HUB_CACHE)"], env=full, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    assert L.hf_hub_cache(full) == Path(theirs)

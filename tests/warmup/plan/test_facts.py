@@ -72,11 +72,58 @@ def test_flags_options_change_facts(tiny_dir):
     assert not f.decode_graph and not f.prefill_graph and f.decode_graph_max_bs is None
 
 
-def test_hub_model_without_stand_in_is_refused():
+def test_hub_model_without_stand_in_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(FactsError) as info:
         F.from_launch_flags("--model-path some-org/unknown-model")
-    assert info.value.message == ("--model-path some-org/unknown-model is not a local model directory; "
-                                  "offline expansion cannot download its config")
+    assert info.value.message == (
+        f"--model-path some-org/unknown-model: no local directory and no config.json in the "
+        f"Hugging Face cache ({tmp_path / 'hub'}); pass --model-config DIR, a directory with the "
+        "model's config.json")
+
+
+def _hub_cache(root: Path, model_id: str, config: Path, *, ref: str = "main") -> Path:
+    """A Hugging Face cache as huggingface_hub lays it out: refs/<ref> names the commit whose
+    snapshot holds config.json."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / ("models--" + model_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / ref).write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(config.read_text())
+    return snapshot
+
+
+@pytest.mark.parametrize("variable, value, hub", [("HF_HUB_CACHE", "hub", "hub"),
+                                                  ("HF_HOME", "hf", "hf/hub"),
+                                                  ("HOME", "", ".cache/huggingface/hub")])
+def test_a_hub_model_id_reads_its_config_from_the_hugging_face_cache(
+        tiny_dir, tmp_path, monkeypatch, variable, value, hub):
+    """The README's own model id, found offline where huggingface_hub keeps it (HF_HUB_CACHE,
+    HF_HOME, or ~/.cache/huggingface/hub)."""
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, str(tmp_path / value))
+    snapshot = _hub_cache(tmp_path / hub, "Qwen/Qwen3-30B-A3B", tiny_dir / "config.json")
+    assert F.hub_config_dir("Qwen/Qwen3-30B-A3B") == snapshot
+    f = F.from_launch_flags("--model-path Qwen/Qwen3-30B-A3B --tp 2")
+    assert f.model_type == "qwen3_moe" and f.vocab_size == 32000
+    assert f"model config from the Hugging Face cache: {snapshot}" in f.assumed
+
+
+def test_the_hugging_face_cache_lookup_follows_the_revision_and_stays_inside(
+        tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    snapshot = _hub_cache(tmp_path, "org/model", tiny_dir / "config.json", ref="v2")
+    assert F.hub_config_dir("org/model") is None                 # no refs/main
+    assert F.hub_config_dir("org/model", "v2") == snapshot
+    assert F.hub_config_dir("org/model", snapshot.name) == snapshot  # a commit itself
+    for bad in ("../x", "org/..", "/abs/path", "a/b/c", "org/model/../../etc"):
+        assert F.hub_config_dir(bad) is None, bad
+    assert F.hub_config_dir("org/model", "../../etc") is None
+    (tmp_path / "models--org--model" / "refs" / "main").write_text("../../../etc")
+    assert F.hub_config_dir("org/model") is None                 # a ref that is no commit
 
 
 def test_bad_flags_are_sglangs_one_line_without_its_usage(tiny_dir, capfd):
