@@ -213,3 +213,28 @@ def test_a_long_module_says_why(name):
     assert "Longer than 500 lines" in doc, (
         f"{MODULES[name].relative_to(REPO)} has {lines} lines: split it, or say at its top why "
         "not (\"Longer than 500 lines: ...\")")
+
+
+#: The most lines a function may have without a reason written above it.
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_long_function_without_a_reason():
+    """A function above MAX_FUNCTION_LINES lines (decorators and docstring included) says why
+    in a comment right above it, starting ``# Longer than 80 lines:``."""
+    long = []
+    for name, path in MODULES.items():
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            if node.end_lineno - first + 1 <= MAX_FUNCTION_LINES:
+                continue
+            above = lines[first - 2].strip() if first >= 2 else ""
+            if not above.startswith("# Longer than 80 lines:"):
+                long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} "
+                            f"({node.end_lineno - first + 1} lines)")
+    assert not long, "split these functions into named steps, or say why above them:\n" + \
+        "\n".join(long)

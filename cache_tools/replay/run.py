@@ -25,7 +25,6 @@ from cache_tools.replay.pool import Pool, default_jobs, fork_is_safe
 from cache_tools.replay.report import (KEY_MISMATCH, PLANNED, PRESENT, REBUILT, SKIPPED,
                                        KernelResult, ReplayReport)
 from cache_tools.replay.toolchain import Toolchain
-from cache_tools.replay.worker import remove_empty
 
 
 def default_cache_dir() -> Path:
@@ -62,70 +61,101 @@ def replay(logs: Sequence[str | os.PathLike[str]], *,
         return _replay_elsewhere(Path(python), files, cache_dir=directory, target=target,
                                  jobs=jobs, dry_run=dry_run)
     records, warnings = read_records(files)
-    entries = distinct_entries(records)
-    ignored = sum(1 for r in records if not is_triton_compile(r))
+    run = _Run(distinct_entries(records), on_result)
     toolchain = Toolchain.here()
-    root_existed = directory.exists()
     if not dry_run:
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CacheError(f"{directory}: cannot create the cache directory: "
-                             f"{exc.strerror or exc}", hint="pass a writable --cache-dir") from None
+        _make(directory)
     directory = directory.resolve() if directory.exists() else directory.absolute()
-
-    results: list[KernelResult | None] = [None] * len(entries)
-    finished = 0
-
-    def finish(index: int, result: KernelResult) -> None:
-        nonlocal finished
-        results[index] = result
-        finished += 1
-        if on_result is not None:
-            on_result(result, finished, len(entries))
-
-    todo: list[int] = []
-    for index, entry in enumerate(entries):
-        problem = precheck(entry.record, target=wanted, triton_version=toolchain.triton_version)
-        if problem is not None:
-            finish(index, entry.result(status=SKIPPED, reason=problem[0], detail=problem[1]))
-        else:
-            todo.append(index)
-
+    todo = run.check(wanted, toolchain)
     if dry_run:  # nothing is imported, compiled or executed: checks on disk only
-        for index in todo:
-            status, reason, detail = recorded.dry_run(entries[index].record, directory)
-            finish(index, entries[index].result(status=status, reason=reason, detail=detail))
+        run.dry_run(todo, directory)
         todo = []
     workers = jobs if jobs is not None else default_jobs(len(todo), fork=fork_is_safe())
     pool = Pool(workers, len(todo))
-    tuning: dict[int, dict] = {}
-    for position, outcome in pool.run([entries[i].record for i in todo],
-                                      cache_dir=str(directory), toolchain=toolchain):
-        index = todo[position]
-        if outcome.get("autotune"):
-            tuning[index] = outcome["autotune"]
-        finish(index, entries[index].result(status=outcome["status"],
-                                            reason=outcome.get("reason", ""),
-                                            detail=outcome.get("detail", ""),
-                                            seconds=float(outcome.get("seconds", 0.0))))
-
-    if dry_run and not root_existed:
-        remove_empty(directory)
-    warnings.extend(_autotune_warnings(entries, tuning))
-    done_results = [r for r in results if r is not None]
-    mismatched = sum(1 for r in done_results if r.reason == KEY_MISMATCH)
-    if mismatched > 1 and not any(r.status in (REBUILT, PRESENT, PLANNED)
-                                  for r in done_results):
-        warnings.append(f"all {mismatched} recomputed cache keys differ from the recorded ones: "
-                        "the toolchain differs from the recording machine's (the Triton wheel "
-                        "or Python version, ptxas, the cache-invalidating environment), not "
-                        "single kernels")
+    run.compile(pool, todo, directory, toolchain)
+    warnings.extend(_autotune_warnings(run.entries, run.tuning))
+    warnings.extend(_toolchain_warnings(run.done))
     return ReplayReport(
         logs=tuple(str(f) for f in files), cache_dir=str(directory),
         target=target, python=sys.executable, triton_version=toolchain.triton_version,
-        dry_run=dry_run, jobs=workers, results=tuple(done_results), ignored=ignored,
+        dry_run=dry_run, jobs=workers, results=tuple(run.done), ignored=run.ignored(records),
         warnings=tuple(warnings), seconds=time.perf_counter() - started, pool=pool.kind)
+
+
+def _make(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CacheError(f"{directory}: cannot create the cache directory: "
+                         f"{exc.strerror or exc}", hint="pass a writable --cache-dir") from None
+
+
+class _Run:
+    """One replay's entries and their results, filled in as each entry is decided."""
+
+    def __init__(self, entries: list[Entry],
+                 on_result: Callable[[KernelResult, int, int], None] | None) -> None:
+        self.entries = entries
+        self.results: list[KernelResult | None] = [None] * len(entries)
+        self.tuning: dict[int, dict] = {}
+        self.finished = 0
+        self.on_result = on_result
+
+    @property
+    def done(self) -> list[KernelResult]:
+        return [r for r in self.results if r is not None]
+
+    @staticmethod
+    def ignored(records: Sequence[dict]) -> int:
+        """Lines that are not Triton compiles (device loads, JIT builds, ...)."""
+        return sum(1 for r in records if not is_triton_compile(r))
+
+    def finish(self, index: int, result: KernelResult) -> None:
+        self.results[index] = result
+        self.finished += 1
+        if self.on_result is not None:
+            self.on_result(result, self.finished, len(self.entries))
+
+    def check(self, wanted: tuple | None, toolchain: Toolchain) -> list[int]:
+        """Skip what the checks without Triton refuse; the indexes worth a try."""
+        todo = []
+        for index, entry in enumerate(self.entries):
+            problem = precheck(entry.record, target=wanted,
+                               triton_version=toolchain.triton_version)
+            if problem is None:
+                todo.append(index)
+            else:
+                self.finish(index, entry.result(status=SKIPPED, reason=problem[0],
+                                                detail=problem[1]))
+        return todo
+
+    def dry_run(self, todo: list[int], directory: Path) -> None:
+        for index in todo:
+            status, reason, detail = recorded.dry_run(self.entries[index].record, directory)
+            self.finish(index, self.entries[index].result(status=status, reason=reason,
+                                                          detail=detail))
+
+    def compile(self, pool: Pool, todo: list[int], directory: Path,
+                toolchain: Toolchain) -> None:
+        records = [self.entries[i].record for i in todo]
+        for position, outcome in pool.run(records, cache_dir=str(directory),
+                                          toolchain=toolchain):
+            index = todo[position]
+            if outcome.get("autotune"):
+                self.tuning[index] = outcome["autotune"]
+            self.finish(index, self.entries[index].result(
+                status=outcome["status"], reason=outcome.get("reason", ""),
+                detail=outcome.get("detail", ""), seconds=float(outcome.get("seconds", 0.0))))
+
+
+def _toolchain_warnings(results: Sequence[KernelResult]) -> list[str]:
+    """One warning when every key that was checked differs: the toolchain, not the kernels."""
+    mismatched = sum(1 for r in results if r.reason == KEY_MISMATCH)
+    if mismatched > 1 and not any(r.status in (REBUILT, PRESENT, PLANNED) for r in results):
+        return [f"all {mismatched} recomputed cache keys differ from the recorded ones: the "
+                "toolchain differs from the recording machine's (the Triton wheel or Python "
+                "version, ptxas, the cache-invalidating environment), not single kernels"]
+    return []
 
 
 def _autotune_warnings(entries: Sequence[Entry], tuning: dict[int, dict]) -> list[str]:

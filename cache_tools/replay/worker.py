@@ -348,11 +348,3 @@ def prepare(records: Iterable[dict], toolchain: Toolchain) -> None:
             with contextlib.suppress(kernels.Unresolved):
                 resolve(module, qualname, value.get("source_sha256"))
 
-
-def remove_empty(path: str | os.PathLike[str] | None) -> None:
-    """Leave no trace: remove a directory a lookup made, if it is empty."""
-    if path:
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass  # not empty, or not there: leave it

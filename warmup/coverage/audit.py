@@ -16,8 +16,8 @@ step has a first-hit latency and a steady-state latency.  Attribution has two mo
 The result is written to ``audit-<time>.json`` (steps with their shapes, latencies and misses),
 which ``sglang-warmup learn`` turns into plan classes.
 
-Longer than 500 lines: the audit file's types, its two attribution modes and its one run loop
-read one another's state; split, the run loop would reach into three modules.
+The two modes are :mod:`warmup.coverage.attribution`; what is read from ``/metrics``,
+:mod:`warmup.coverage.counts`.
 """
 
 from __future__ import annotations
@@ -31,22 +31,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from warmup.observe import gc_pauses
-from warmup.observe import phase as phase_mod
-from cache_tools import atomic, compile_log
-from cache_tools.compile_log import is_compile_event
-from warmup.coverage.classes import KeyEvents, aggregate
+from cache_tools import atomic
+from warmup.coverage.attribution import (CLASS_PREFIX, Attribution, CompileLogAttribution,
+                                         MetricsAttribution)
+from warmup.coverage.classes import (KeyEvents, RecordError, read_amount, read_object,
+                                     read_objects)
+from warmup.coverage.counts import (COMPILE_METRIC, LOAD_METRIC, ServingCounts,  # noqa: F401
+                                    gc_overlap_ms, parse_metrics, serving_counts)
+from warmup.coverage.traffic import STEP_FIELDS, TrafficStep, parse_step
 from warmup.errors import TransportError, WarmupError
-from cache_tools.render import table
-from warmup.coverage.traffic import TrafficStep
-from warmup.serve.http import snippet
 from warmup.serve.report import as_number
 
 logger = logging.getLogger("sglang_warmup.audit")
 
 FORMAT = "sglang-warmup-audit"
 VERSION = 1
-CLASS_PREFIX = "audit:"
 #: A first pass this much slower than the second (and by more than SLOW_MIN_MS) is a cold step.
 SLOW_RATIO = 1.5
 SLOW_MIN_MS = 5.0
@@ -55,8 +54,6 @@ FEATURE_WORDS = {"return_logprob": "logprobs", "logprob_start_len": "input logpr
                  "top_logprobs_num": "top logprobs", "token_ids_logprob": "token-id logprobs",
                  "n": "parallel sampling (n > 1)", "stop_token_ids": "stop token ids",
                  "stream": "streaming"}
-COMPILE_METRIC = "sglang_warmup_compile_events"
-LOAD_METRIC = "sglang_warmup_kernel_loads"
 
 
 @dataclass(frozen=True)
@@ -76,11 +73,14 @@ class PassResult:
                 "keys": [k.to_json() for k in self.keys], "gc_ms": round(self.gc_ms, 2)}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "PassResult":
-        return cls(ms=float(d.get("ms") or 0.0), misses=int(d.get("misses") or 0),
-                   device_loads=int(d.get("device_loads") or 0),
-                   keys=tuple(KeyEvents.from_json(k) for k in d.get("keys") or ()),
-                   gc_ms=float(d.get("gc_ms") or 0.0))
+    def from_json(cls, d: Any, where: str = "pass") -> "PassResult":
+        """A pass read back from an audit file; RecordError names the field that is wrong."""
+        d = read_object(d, where)
+        return cls(ms=read_amount(d, "ms", where, float), misses=read_amount(d, "misses", where),
+                   device_loads=read_amount(d, "device_loads", where),
+                   keys=tuple(KeyEvents.from_json(k, f"{where}.keys[{i}]")
+                              for i, k in enumerate(read_objects(d.get("keys"), f"{where}.keys"))),
+                   gc_ms=read_amount(d, "gc_ms", where, float))
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,20 @@ class StepAudit:
             return "first use of " + ", ".join(dict.fromkeys(features))
         return "none found"
 
+    @classmethod
+    def from_json(cls, d: Any, where: str = "step") -> "StepAudit":
+        """A step read back from an audit file: its shape as a traffic file's line, both passes
+        checked; RecordError names the field that is wrong."""
+        d = read_object(d, where)
+        try:
+            step = parse_step({k: d[k] for k in STEP_FIELDS if k in d}, where)
+        except WarmupError as exc:
+            raise RecordError(exc.message) from None
+        return cls(index=read_amount(d, "index", where), step=step,
+                   prefix_cached=d.get("prefix_cached") is True,
+                   first=PassResult.from_json(d.get("pass1") or {}, f"{where}.pass1"),
+                   second=PassResult.from_json(d.get("pass2") or {}, f"{where}.pass2"))
+
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, **self.step.to_json(), "prefix_cached": self.prefix_cached,
                 "pass1": self.first.to_json(), "pass2": self.second.to_json(),
@@ -145,7 +159,8 @@ class StepAudit:
 
 @dataclass(frozen=True)
 class AuditReport:
-    """The outcome of one audit (JSON via :meth:`to_json`, text via :meth:`render`).
+    """The outcome of one audit (JSON via :meth:`to_json`, read back by :meth:`from_json`; text
+    and HTML in ``warmup/view/``).
 
     ``unattributed``: compile keys recorded during the audit that carry no audit step (other
     traffic, or a server process that does not read our phase file).  ``unseen_events``:
@@ -191,49 +206,27 @@ class AuditReport:
                 "unseen_events": self.unseen_events, "flushes": list(self.flushes),
                 "notes": list(self.notes), "file": self.file, "facts": dict(self.facts)}
 
-    def render(self) -> str:
-        n = len(self.steps)
-        missed = [s for s in self.steps if s.misses]
-        head = [f"audit of {self.url}: {n} traffic steps from {self.traffic}, sent twice "
-                f"(pass 1 {sum(s.first.ms for s in self.steps):,.0f} ms, pass 2 "
-                f"{sum(s.second.ms for s in self.steps):,.0f} ms)",
-                f"attribution: {self.mode_note}",
-                f"post-ready misses: {self.misses} compile event(s)"
-                + (f" in {len(missed)} step(s)" if missed else "")
-                + f"; --max-misses {self.max_misses}: {'ok' if self.ok else 'FAILED'}"]
-        shown = [s for s in self.steps if s.misses or s.slow_first]
-        if shown:
-            rows = []
-            for s in shown:
-                keys = ", ".join(dict.fromkeys(k.name for k in s.first.keys + s.second.keys))
-                rows.append([s.index, s.step.label or s.step.kind, s.step.kind,
-                             _prompts(s.step), round(s.first.ms, 1), round(s.second.ms, 1),
-                             round(s.ratio, 1) if s.ratio is not None else None,
-                             s.first.misses, s.second.misses, s.cause or "-", keys or "-"])
-            head.append(table(["step", "label", "kind", "prompts", "pass 1 ms", "pass 2 ms",
-                               "x", "miss 1", "miss 2", "slow because", "kernels"], rows,
-                              align="rllrrrrrrll"))
-        quiet = n - len(shown)
-        if quiet:
-            head.append(f"{quiet} other step(s): no misses, first pass within "
-                        f"{SLOW_RATIO:g}x of the second")
-        for s in missed:
-            for number, p in ((1, s.first), (2, s.second)):
-                for k in p.keys:
-                    head.append(f"  miss: step {s.index} {s.step.label or s.step.kind} pass "
-                                f"{number}: {k.compiler} {k.label}: {k.what()}"
-                                + (f" in {k.processes} processes" if k.processes > 1 else "")
-                                + (f", {k.seconds:.2f} s" if k.seconds else ""))
-        for k in self.unattributed:
-            head.append(f"  unattributed: {k.compiler} {k.label}: {k.what()}")
-        if self.unseen_events:
-            head.append(f"  /metrics counted {self.unseen_events} serving compile event(s) the "
-                        "compile log did not record")
-        for note in self.notes:
-            head.append(f"note: {note}")
-        if self.file:
-            head.append(f"audit file: {self.file}")
-        return "\n".join(head)
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "AuditReport":
+        """An audit read back from its file; RecordError names the field that is wrong (the
+        caller names the file).  ``ok`` and the totals are computed again from the steps."""
+        steps = tuple(StepAudit.from_json(s, f"steps[{i}]")
+                      for i, s in enumerate(read_objects(d.get("steps"), "steps")))
+        return cls(url=str(d.get("url") or ""), traffic=str(d.get("traffic") or ""),
+                   mode=str(d.get("mode") or ""), mode_note=str(d.get("mode_note") or ""),
+                   facts=dict(d["facts"]) if isinstance(d.get("facts"), Mapping) else {},
+                   steps=steps, max_misses=read_amount(d, "max_misses", ""),
+                   created_at=read_amount(d, "created_at", "", float),
+                   unattributed=tuple(KeyEvents.from_json(k, f"unattributed[{i}]")
+                                      for i, k in enumerate(read_objects(d.get("unattributed"),
+                                                                         "unattributed"))),
+                   unseen_events=read_amount(d, "unseen_events", ""),
+                   flushes=_texts(d.get("flushes")), notes=_texts(d.get("notes")),
+                   file=None if d.get("file") is None else str(d.get("file")))
+
+
+def _texts(value: Any) -> tuple[str, ...]:
+    return tuple(map(str, value)) if isinstance(value, list) else ()
 
 
 def _prompts(step: TrafficStep, limit: int = 5) -> str:
@@ -242,67 +235,6 @@ def _prompts(step: TrafficStep, limit: int = 5) -> str:
     if step.prefix_group:
         text += f" (prefix {step.prefix_len})"
     return text
-
-
-# --------------------------------------------------------------------------------------------
-# /metrics
-# --------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ServingCounts:
-    """Serving-phase totals read from ``/metrics``: compile events and device loads."""
-
-    compile_events: float
-    kernel_loads: float
-
-
-def parse_metrics(text: str) -> ServingCounts | None:
-    """Serving compile events and kernel loads from Prometheus text; None when the text has no
-    ``sglang_warmup_`` metric at all (the server does not run our hooks)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    found = False
-    events = loads = 0.0
-    try:
-        families = list(text_string_to_metric_families(text))
-    except ValueError as exc:
-        raise WarmupError(f"/metrics is not Prometheus text: {exc}",
-                          hint="is --url an SGLang server started with --enable-metrics?") from None
-    for fam in families:
-        if not fam.name.startswith("sglang_warmup_"):
-            continue
-        found = True
-        for s in fam.samples:
-            if s.labels.get("phase") != "serving":
-                continue
-            if fam.name == COMPILE_METRIC and s.name == COMPILE_METRIC + "_total":
-                events += as_number(s.value)
-            elif fam.name == LOAD_METRIC and s.name == LOAD_METRIC + "_total":
-                loads += as_number(s.value)
-    return ServingCounts(events, loads) if found else None
-
-
-def _read_metrics(transport: Any) -> tuple[int, str]:
-    status, payload = transport.client.request("GET", "/metrics", retry=True, timeout=30)
-    return status, payload.decode(errors="replace")
-
-
-def serving_counts(transport: Any) -> ServingCounts:
-    """The server's serving-phase totals; errors say how to make them available."""
-    status, text = _read_metrics(transport)
-    if status == 404:
-        raise WarmupError(f"{transport.url}/metrics: not found (HTTP 404)",
-                          hint="start SGLang with --enable-metrics, or pass --state-dir with the "
-                               "server's state directory")
-    if status != 200:
-        raise TransportError(f"{transport.url}/metrics answered HTTP {status}: {snippet(text)}",
-                             hint=transport.client.hint(status))
-    counts = parse_metrics(text)
-    if counts is None:
-        raise WarmupError(f"{transport.url}/metrics has no sglang_warmup_ metrics",
-                          hint="start the server with `sglang-warmup serve` (or WARMUP_ENABLE=1) "
-                               "so compile events are counted, or pass --state-dir")
-    return counts
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,164 +292,69 @@ class _Audit:
         self.notes: list[str] = []
 
     async def run(self) -> AuditReport:
+        """Check the server, replay the sample twice under the attribution mode, build the
+        report."""
         t = self.transport
         if not await asyncio.to_thread(t.health):
             raise TransportError(f"{self.url}/health_generate did not answer 200: the server is "
                                  "not ready", hint="wait until the server is ready, then audit")
         facts = await asyncio.to_thread(t.facts_sync)
         check_fits(self.steps, facts)
-        cursor = mark = None
-        before: ServingCounts | None = None
-        if self.state_dir is not None:
-            if not self.state_dir.is_dir():
-                raise WarmupError(f"--state-dir {self.state_dir}: no such directory",
-                                  hint="pass the server's WARMUP_STATE_DIR (`sglang-warmup serve "
-                                       "--state-dir`), or leave it out to count from /metrics")
-            now = phase_mod.current(state_dir=self.state_dir)
-            if now.phase == "warmup":
-                raise WarmupError(f"the phase file in {self.state_dir} says the server is still "
-                                  f"warming up ({now.shape_class})",
-                                  hint="wait until the server is ready, then audit")
-            mode = "compile_log"
-            mode_note = (f"compile log in {self.state_dir} (each compile, load and JIT build "
-                         "names its step, kernel and hash)")
-            cursor = compile_log.Cursor(self.state_dir)
-            mark = cursor.mark()
-            try:  # a cross-check, when the server also exports metrics
-                before = await asyncio.to_thread(serving_counts, t)
-            except WarmupError:
-                before = None
-        else:
-            mode = "metrics"
-            mode_note = ("/metrics deltas of sglang_warmup_compile_events_total{phase=\"serving\"} "
-                         "per step (coarser: counts only, no kernel names; anything else the "
-                         "server does meanwhile is counted; pass --state-dir for exact attribution)")
-            before = await asyncio.to_thread(serving_counts, t)
-
-        n = len(self.steps)
-        times: dict[int, float] = {}
-        windows: dict[int, tuple[float, float]] = {}
-        counted: dict[int, tuple[int, int]] = {}
-        cached: dict[int, bool] = {}
-        flushes: list[str] = []
-        base_salt = f"{int(time.time() * 1000)}"
+        attribution: Attribution = (
+            CompileLogAttribution(t, self.state_dir, self.notes) if self.state_dir is not None
+            else MetricsAttribution(t))
+        await attribution.start()
         created = time.time()
         try:
-            for number in (1, 2):
-                t.tokens.salt = f"audit-{base_salt}-{number}"
-                seen: set[str] = set()
-                self.progress(f"sglang-warmup audit: pass {number} of 2, {n} steps")
-                for i, step in enumerate(self.steps):
-                    seq = (number - 1) * n + i
-                    if number == 1:
-                        cached[i] = bool(step.prefix_group and step.prefix_group in seen)
-                    if step.prefix_group:
-                        seen.add(step.prefix_group)
-                    prev = None
-                    if mode == "compile_log":
-                        phase_mod.set_phase("serving", CLASS_PREFIX + (step.label or step.kind), seq,
-                                            state_dir=self.state_dir)
-                    else:
-                        prev = await asyncio.to_thread(serving_counts, t)
-                    t0 = time.perf_counter()
-                    wall = time.time()
-                    try:
-                        await t.send(step.to_step(i))
-                    except TransportError as exc:
-                        raise TransportError(f"audit pass {number}, step {i} "
-                                             f"({step.label or step.kind}: {step.kind} "
-                                             f"{_prompts(step)}): {exc.message}",
-                                             hint=exc.hint) from None
-                    times[seq] = (time.perf_counter() - t0) * 1000
-                    windows[seq] = (wall, wall + times[seq] / 1000)
-                    if prev is not None:
-                        after = await asyncio.to_thread(serving_counts, t)
-                        counted[seq] = (int(round(after.compile_events - prev.compile_events)),
-                                        int(round(after.kernel_loads - prev.kernel_loads)))
-                if mode == "compile_log":
-                    phase_mod.set_phase("serving", state_dir=self.state_dir)
-                flushes.append(await t.flush(self.flush_timeout_s))
+            times, windows, flushes = await self._passes(attribution)
         finally:
-            if mode == "compile_log":
-                try:  # the server is ready: later compiles belong to no audit step
-                    phase_mod.set_phase("serving", state_dir=self.state_dir)
-                except Exception as exc:
-                    logger.warning("sglang-warmup: could not reset the phase file: %s", exc)
-
-        unattributed: tuple[KeyEvents, ...] = ()
-        unseen = 0
-        passes: dict[int, PassResult]
-        if mode == "compile_log":
-            assert cursor is not None and mark is not None
-            # The servers write a collection's record up to gc_pauses.FLUSH_S after it ended.
-            await asyncio.sleep(1.5 * gc_pauses.FLUSH_S)
-            records = cursor.read(mark)
-            by_seq: dict[int, list[dict]] = {}
-            other: list[dict] = []
-            pauses = [r for r in records if r.get("event") == compile_log.GC]
-            for r in records:
-                if r.get("event") not in compile_log.KERNEL_EVENTS:
-                    continue
-                seq = r.get("request")
-                cls = r.get("shape_class")
-                if (r.get("phase") == "serving" and isinstance(cls, str)
-                        and cls.startswith(CLASS_PREFIX) and isinstance(seq, int)
-                        and 0 <= seq < 2 * n and cls == CLASS_PREFIX + (self.steps[seq % n].label
-                                                                        or self.steps[seq % n].kind)):
-                    by_seq.setdefault(seq, []).append(r)
-                else:
-                    other.append(r)
-            passes = {}
-            for seq in range(2 * n):
-                rs = by_seq.get(seq, [])
-                passes[seq] = PassResult(ms=times[seq], misses=sum(1 for r in rs if is_compile_event(r)),
-                                         device_loads=sum(1 for r in rs if r.get("event") == compile_log.LOAD),
-                                         keys=tuple(aggregate(rs)),
-                                         gc_ms=gc_overlap_ms(pauses, *windows[seq]))
-            unattributed = tuple(aggregate(other))
-            if before is not None:
-                try:
-                    after = await asyncio.to_thread(serving_counts, t)
-                    metric_events = int(round(after.compile_events - before.compile_events))
-                    logged_events = sum(1 for r in records
-                                          if r.get("phase") == "serving" and is_compile_event(r)
-                                          and not (r.get("event") == compile_log.JIT_BUILD
-                                                   and r.get("outcome") == compile_log.FAILED))
-                    unseen = max(0, metric_events - logged_events)
-                except WarmupError:
-                    pass
-            if unseen:
-                self.notes.append(f"/metrics counted {unseen} more serving compile event(s) than "
-                                  f"the compile log in {self.state_dir} recorded: the server may not "
-                                  "write to this state directory (they count as misses)")
-        else:
-            passes = {seq: PassResult(ms=times[seq], misses=max(0, counted[seq][0]),
-                                      device_loads=max(0, counted[seq][1]))
-                      for seq in range(2 * n)}
-        results = tuple(StepAudit(index=i, step=s, prefix_cached=cached[i], first=passes[i],
-                                  second=passes[n + i]) for i, s in enumerate(self.steps))
-        return AuditReport(url=self.url, traffic=self.traffic_name, mode=mode, mode_note=mode_note,
-                           facts=facts.to_dict(), steps=results, max_misses=self.max_misses,
-                           created_at=created, unattributed=unattributed, unseen_events=unseen,
+            attribution.close()
+        counted, unattributed, unseen = await attribution.results(times, windows, self.steps)
+        passes = {seq: PassResult(ms=times[seq], **counts) for seq, counts in counted.items()}
+        n = len(self.steps)
+        results = tuple(StepAudit(index=i, step=s, prefix_cached=self._cached(i),
+                                  first=passes[i], second=passes[n + i])
+                        for i, s in enumerate(self.steps))
+        return AuditReport(url=self.url, traffic=self.traffic_name, mode=attribution.mode,
+                           mode_note=attribution.note, facts=facts.to_dict(), steps=results,
+                           max_misses=self.max_misses, created_at=created,
+                           unattributed=unattributed, unseen_events=unseen,
                            flushes=tuple(flushes), notes=tuple(self.notes))
 
+    def _cached(self, i: int) -> bool:
+        """Whether step ``i`` meets its prefix group already sent by an earlier step."""
+        group = self.steps[i].prefix_group
+        return bool(group) and any(s.prefix_group == group for s in self.steps[:i])
 
-def gc_overlap_ms(pauses: Sequence[Mapping[str, Any]], start: float, end: float) -> float:
-    """Milliseconds of the window ``start``-``end`` (wall clock) during which at least one of the
-    recorded garbage collections (compile-log ``gc`` records: ``time`` their end,
-    ``duration_s``) ran: collections of several processes at once count once."""
-    spans = []
-    for r in pauses:
-        ended, took = as_number(r.get("time")), as_number(r.get("duration_s"))
-        lo, hi = max(start, ended - took), min(end, ended)
-        if hi > lo:
-            spans.append((lo, hi))
-    total, reach = 0.0, start
-    for lo, hi in sorted(spans):
-        if hi > reach:
-            total += hi - max(lo, reach)
-            reach = hi
-    return total * 1000
+    async def _passes(self, attribution: Attribution
+                      ) -> tuple[dict[int, float], dict[int, tuple[float, float]], list[str]]:
+        """The sample sent twice (fresh token ids each pass, a flush after each): each step's
+        milliseconds and wall-clock window by sequence number, and the flushes' answers."""
+        t, n = self.transport, len(self.steps)
+        times: dict[int, float] = {}
+        windows: dict[int, tuple[float, float]] = {}
+        flushes: list[str] = []
+        base_salt = f"{int(time.time() * 1000)}"
+        for number in (1, 2):
+            t.tokens.salt = f"audit-{base_salt}-{number}"
+            self.progress(f"sglang-warmup audit: pass {number} of 2, {n} steps")
+            for i, step in enumerate(self.steps):
+                seq = (number - 1) * n + i
+                await attribution.before_step(seq, step)
+                t0, wall = time.perf_counter(), time.time()
+                try:
+                    await t.send(step.to_step(i))
+                except TransportError as exc:
+                    raise TransportError(f"audit pass {number}, step {i} "
+                                         f"({step.label or step.kind}: {step.kind} "
+                                         f"{_prompts(step)}): {exc.message}",
+                                         hint=exc.hint) from None
+                times[seq] = (time.perf_counter() - t0) * 1000
+                windows[seq] = (wall, wall + times[seq] / 1000)
+                await attribution.after_step(seq)
+            attribution.end_pass()
+            flushes.append(await t.flush(self.flush_timeout_s))
+        return times, windows, flushes
 
 
 # --------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from warmup.plan import loader
 from warmup.errors import PlanError, WarmupError
 from warmup.plan.facts import ServerFacts
 from warmup.plan.model import SAMPLING_KEYS, SAMPLING_VARIANTS, Expansion, Plan
-from warmup.plan.expand import expand
+from warmup.plan.expand import batch_lengths, expand
 
 #: Steps named in a class's ``why`` before "and N more".
 _WHY_STEPS = 6
@@ -251,12 +251,6 @@ class _PlanIndex:
 # learning
 # --------------------------------------------------------------------------------------------
 
-def _batch_lengths(bs: int, per: int, cls: str) -> tuple[int, ...]:
-    from warmup.plan.expand import _batch_lengths as lengths
-
-    return tuple(lengths(bs, per, cls))
-
-
 class _Collector:
     """Learned items, de-duplicated, each with the steps that asked for it."""
 
@@ -275,110 +269,143 @@ class _Collector:
             d[key].append(m)
 
 
-def learn(source: str | os.PathLike[str], plan_path: str | os.PathLike[str], *,
-          phase: str = "learned") -> Learned:
-    """Learn plan classes from the audit file(s) of ``source`` for the plan at ``plan_path``."""
-    audits = find_audits(source)
+class _Learner:
+    """What each missed step asks for: items the plan already sends (``covered``), items to
+    learn (into the collector), or nothing new (``unexplained``); one method per step kind."""
+
+    def __init__(self, facts: ServerFacts, index: "_PlanIndex", notes: list[str]) -> None:
+        self.facts, self.index, self.notes = facts, index, notes
+        self.page = max(1, facts.page_size)
+        self.chunk = facts.chunked_prefill_size
+        self.cap = facts.max_running_requests or None
+        self.col = _Collector()
+        self.covered: list[str] = []
+        self.unexplained: list[str] = []
+
+    def miss(self, m: Miss) -> None:
+        """Learn one missed step."""
+        hit = (m.prefix_len // self.page) * self.page \
+            if (m.prefix_cached and self.facts.radix_cache) else 0
+        kind = "single" if len(m.prompts) == 1 else m.kind
+        if kind == "single":
+            new = self.extend(m, m.prompts[0], hit)
+        elif kind == "burst":
+            new = self.burst(m, hit)
+        else:
+            new = self.batch(m)
+        new += self.sampling(m, kind)
+        if not new:
+            self.unexplained.append(
+                f"{m.name}: {m.events} compile event(s) "
+                f"({', '.join(m.kernels) or 'no kernel names: metrics mode'}); the plan already "
+                "sends every shape of this step: if the audited server was warmed with this "
+                "plan, what compiled depends on something plan format v1 cannot express")
+
+    def extend(self, m: Miss, n: int, hit: int) -> int:
+        """A prompt of ``n`` tokens (a prefix hit on ``hit`` cached tokens when there are
+        some); how many new items it added."""
+        index, col = self.index, self.col
+        if hit and n > hit:
+            if (hit, n) in index.prefix:
+                self.covered.append(f"{m.name}: prefix hit {hit} + {n - hit} in class "
+                                    f"{index.prefix[(hit, n)]}")
+                return 0
+            col.add(col.prefix.setdefault(hit, {}), n - hit, m)
+            return 1
+        if n in index.extend:
+            self.covered.append(f"{m.name}: a {n}-token prompt in class {index.extend[n]}")
+            return 0
+        col.add(col.chunked if self.chunk and n > self.chunk else col.extend, n, m)
+        return 1
+
+    def burst(self, m: Miss, hit: int) -> int:
+        """Concurrent prompts: groups of what each request computes, at most the request cap
+        at once, and the prefix hits when the prefix was cached."""
+        computed = [n - hit if hit and n > hit else n for n in m.prompts]
+        size = self.cap if self.cap else len(computed)
+        new = 0
+        for start in range(0, len(computed), size):
+            group = tuple(sorted(computed[start:start + size]))
+            if group in self.index.concurrent:
+                self.covered.append(f"{m.name}: {len(group)} concurrent prompts "
+                                    f"{'+'.join(map(str, group))} in class "
+                                    f"{self.index.concurrent[group]}")
+            else:
+                self.col.add(self.col.concurrent, group, m)
+                new += 1
+        if hit:
+            new += sum(self.extend(m, n, hit) for n in m.prompts)
+        return new
+
+    def batch(self, m: Miss) -> int:
+        """A batched request: the same size (at most the request cap), the mean prompt length
+        (within the one-forward budget) and the same total-token class."""
+        bs, total = len(m.prompts), sum(m.prompts)
+        per = max(2, round(total / bs))
+        if self.cap and bs > self.cap:  # the scheduler admits at most `cap` of them at once
+            self.notes.append(f"{m.name}: a batch of {bs} is above max_running_requests "
+                              f"({self.cap}); learned as batches of {self.cap}")
+            total, bs = per * self.cap, self.cap
+        facts = self.facts
+        budget = [v for v in (self.chunk, facts.prefill_graph_max_bucket,
+                              facts.max_prefill_tokens) if v]
+        if budget and per * bs > min(budget):
+            per = max(2, min(budget) // bs - 1)
+            self.notes.append(f"{m.name}: a batch of {bs} x {round(total / bs)} tokens is above "
+                              f"the one-forward budget ({min(budget)}); learned with {per} per "
+                              "request")
+        cls = "aligned" if total % 16 == 0 else "odd"
+        lengths = tuple(batch_lengths(bs, per, cls))
+        if lengths in self.index.batch:
+            self.covered.append(f"{m.name}: a batch of {bs} x {per} ({cls}) in class "
+                                f"{self.index.batch[lengths]}")
+            return 0
+        self.col.add(self.col.batch.setdefault(per, {}), (bs, cls), m)
+        return 1
+
+    def sampling(self, m: Miss, kind: str) -> int:
+        """The step's sampling parameters, unless the plan already sends them."""
+        if not m.sampling or m.sampling in self.index.sampling:
+            return 0
+        entry = self.col.sampling.setdefault(m.sampling, {"steps": [], "concurrency": set(),
+                                                          "prompt": [], "decode": []})
+        if m not in entry["steps"]:
+            entry["steps"].append(m)
+        conc = len(m.prompts) if kind != "single" else 1
+        entry["concurrency"].add(min(conc, self.cap) if self.cap else conc)
+        entry["prompt"].append(min(m.prompts))
+        entry["decode"].append(m.max_new_tokens)
+        return 1
+
+
+def _facts(audits: Sequence[Any], notes: list[str]) -> ServerFacts:
+    """The first audit's facts; a note for each audit of a server with other settings."""
     facts = audits[0].facts
-    notes: list[str] = []
     for a in audits[1:]:
         other = a.facts
         if (other.page_size, other.chunked_prefill_size, other.max_running_requests) != \
                 (facts.page_size, facts.chunked_prefill_size, facts.max_running_requests):
             notes.append(f"{Path(a.path).name} was audited on a server with other settings than "
                          f"{Path(audits[0].path).name}; sizes follow the first")
+    return facts
+
+
+def learn(source: str | os.PathLike[str], plan_path: str | os.PathLike[str], *,
+          phase: str = "learned") -> Learned:
+    """Learn plan classes from the audit file(s) of ``source`` for the plan at ``plan_path``:
+    read, learn each miss, write the stanzas into the plan's text, check the merged plan."""
+    audits = find_audits(source)
+    notes: list[str] = []
+    facts = _facts(audits, notes)
     raw, plan_file = loader.read(plan_path)
     plan = loader.loads(raw, plan_file)
     original = raw.decode("utf-8")  # loads checked that it is UTF-8
-    exp = expand(plan, facts)
-    index = _PlanIndex(exp)
     misses, unattributed = misses_of(audits)
-
-    page = max(1, facts.page_size)
-    chunk = facts.chunked_prefill_size
-    cap = facts.max_running_requests or None
-    col = _Collector()
-    covered: list[str] = []
-    unexplained: list[str] = []
+    learner = _Learner(facts, _PlanIndex(expand(plan, facts)), notes)
     for m in misses:
-        new_items = 0
-        hit = (m.prefix_len // page) * page if (m.prefix_cached and facts.radix_cache) else 0
-        kind = "single" if len(m.prompts) == 1 else m.kind
-
-        def extend_item(n: int) -> None:
-            nonlocal new_items
-            if hit and n > hit:
-                if (hit, n) in index.prefix:
-                    covered.append(f"{m.name}: prefix hit {hit} + {n - hit} in class "
-                                   f"{index.prefix[(hit, n)]}")
-                else:
-                    col.add(col.prefix.setdefault(hit, {}), n - hit, m)
-                    new_items += 1
-                return
-            if n in index.extend:
-                covered.append(f"{m.name}: a {n}-token prompt in class {index.extend[n]}")
-            elif chunk and n > chunk:
-                col.add(col.chunked, n, m)
-                new_items += 1
-            else:
-                col.add(col.extend, n, m)
-                new_items += 1
-
-        if kind == "single":
-            extend_item(m.prompts[0])
-        elif kind == "burst":
-            computed = [n - hit if hit and n > hit else n for n in m.prompts]
-            size = cap if cap else len(computed)
-            for start in range(0, len(computed), size):
-                group = tuple(sorted(computed[start:start + size]))
-                if group in index.concurrent:
-                    covered.append(f"{m.name}: {len(group)} concurrent prompts "
-                                   f"{'+'.join(map(str, group))} in class {index.concurrent[group]}")
-                else:
-                    col.add(col.concurrent, group, m)
-                    new_items += 1
-            if hit:
-                for n in m.prompts:
-                    extend_item(n)
-        else:  # batch
-            bs = len(m.prompts)
-            total = sum(m.prompts)
-            per = max(2, round(total / bs))
-            if cap and bs > cap:  # the scheduler admits at most `cap` of them at once
-                notes.append(f"{m.name}: a batch of {bs} is above max_running_requests ({cap}); "
-                             f"learned as batches of {cap}")
-                total, bs = per * cap, cap
-            budget = [v for v in (chunk, facts.prefill_graph_max_bucket, facts.max_prefill_tokens) if v]
-            if budget and per * bs > min(budget):
-                per = max(2, min(budget) // bs - 1)
-                notes.append(f"{m.name}: a batch of {bs} x {round(total / bs)} tokens is above the "
-                             f"one-forward budget ({min(budget)}); learned with {per} per request")
-            cls = "aligned" if total % 16 == 0 else "odd"
-            lengths = _batch_lengths(bs, per, cls)
-            if lengths in index.batch:
-                covered.append(f"{m.name}: a batch of {bs} x {per} ({cls}) in class "
-                               f"{index.batch[lengths]}")
-            else:
-                col.add(col.batch.setdefault(per, {}), (bs, cls), m)
-                new_items += 1
-        if m.sampling and m.sampling not in index.sampling:
-            entry = col.sampling.setdefault(m.sampling, {"steps": [], "concurrency": set(),
-                                                         "prompt": [], "decode": []})
-            if m not in entry["steps"]:
-                entry["steps"].append(m)
-            conc = len(m.prompts) if kind != "single" else 1
-            entry["concurrency"].add(min(conc, cap) if cap else conc)
-            entry["prompt"].append(min(m.prompts))
-            entry["decode"].append(m.max_new_tokens)
-            new_items += 1
-        if not new_items:
-            unexplained.append(f"{m.name}: {m.events} compile event(s) "
-                               f"({', '.join(m.kernels) or 'no kernel names: metrics mode'}); the "
-                               "plan already sends every shape of this step: if the audited "
-                               "server was warmed with this plan, what compiled depends on "
-                               "something plan format v1 cannot express")
-
-    shapes, variants = _stanzas(col, plan, facts)
+        learner.miss(m)
+    shapes, variants = _stanzas(learner.col, plan, facts)
+    merged, phase_name, skipped, added = original, phase, [], 0
     if shapes:
         merged = merge_text(original, {"name": _unique(phase, {p.name for p in plan.phases}),
                                        "shapes": shapes}, variants, where=str(plan_path))
@@ -388,12 +415,10 @@ def learn(source: str | os.PathLike[str], plan_path: str | os.PathLike[str], *,
         skipped = [f"{k.shape_class}{' ' + k.item if k.item else ''}: {k.reason}"
                    for k in merged_exp.skipped if k.shape_class in learned_classes]
         added = sum(s.num_requests for s in merged_exp.steps if s.shape_class in learned_classes)
-    else:
-        merged, phase_name, skipped, added = original, phase, [], 0
     return Learned(sources=tuple(a.path for a in audits), plan_file=str(plan_path),
                    phase=phase_name, misses=tuple(misses), shapes=tuple(shapes),
-                   sampling_variants=variants, covered=tuple(dict.fromkeys(covered)),
-                   unexplained=tuple(unexplained), skipped=tuple(skipped),
+                   sampling_variants=variants, covered=tuple(dict.fromkeys(learner.covered)),
+                   unexplained=tuple(learner.unexplained), skipped=tuple(skipped),
                    unattributed=unattributed, original_text=original, merged_text=merged,
                    notes=tuple(dict.fromkeys(notes)), added_requests=added)
 

@@ -264,49 +264,66 @@ def _log_features(obj: dict, sampling: Any) -> dict[str, Any]:
 
 def _parse_log_line(line: str) -> dict | None:
     """One finished request of an SGLang request log: prompt/completion/cached tokens, sampling,
-    arrival time (seconds) and its precision; None for other lines."""
-    import ast
+    arrival time (seconds) and its precision; a received request's arrival; None for other
+    lines."""
+    brace = line.find("{")
+    if '"request.finished"' in line and brace >= 0:
+        return _json_finished(line[brace:])
+    if '"request.received"' in line and brace >= 0:
+        return _json_received(line[brace:])
+    return _text_finished(line)
+
+
+def _when(value: Any) -> float | None:
+    """An ISO time as seconds since the epoch; None when it is not one."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(value)).timestamp()
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def _json_finished(text: str) -> dict | None:
+    """The JSON format's ``request.finished`` record."""
+    d = _loose_json(text)
+    if not isinstance(d, dict):
+        return None
+    out, obj = d.get("out") or {}, d.get("obj") or {}
+    meta = out.get("meta_info") if isinstance(out, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    rec: dict[str, Any] = {k: meta.get(k) if _count(meta.get(k), 1 << 62, minimum=0) else None
+                           for k in _META_INT}
+    rec.update({k: float(meta[k]) if _number(meta.get(k)) else None for k in _META_FLOAT})
+    fr = meta.get("finish_reason")
+    rec["finish"] = fr.get("type") if isinstance(fr, dict) else fr
+    sp = obj.get("sampling_params") if isinstance(obj, dict) else None
+    rec["sampling"] = sp if isinstance(sp, dict) else None
+    rec["features"] = _log_features(obj if isinstance(obj, dict) else {}, sp)
+    rid = d.get("rid")
+    rec["rid"] = rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
+    rec["logged"] = _when(d.get("timestamp"))
+    rec["precise"] = True
+    return rec
+
+
+def _json_received(text: str) -> dict | None:
+    """The JSON format's ``request.received`` record: its arrival."""
+    d = _loose_json(text)
+    if not isinstance(d, dict) or not isinstance(d.get("rid"), (str, int)):
+        return None
+    received = _when(d.get("timestamp"))
+    return None if received is None else {"received_rid": d["rid"], "received": received}
+
+
+def _text_finished(line: str) -> dict | None:
+    """The text format's ``Finish: obj=... meta_info`` line (whole-second times)."""
     import re
     from datetime import datetime
 
-    def when(value: Any) -> float | None:
-        try:
-            return datetime.fromisoformat(str(value)).timestamp()
-        except (ValueError, OverflowError, OSError):
-            return None
-
-    brace = line.find("{")
-    if '"request.finished"' in line and brace >= 0:
-        d = _loose_json(line[brace:])
-        if not isinstance(d, dict):
-            return None
-        out, obj = d.get("out") or {}, d.get("obj") or {}
-        meta = out.get("meta_info") if isinstance(out, dict) else None
-        if not isinstance(meta, dict):
-            return None
-        rec: dict[str, Any] = {k: meta.get(k) if _count(meta.get(k), 1 << 62, minimum=0) else None
-                               for k in _META_INT}
-        rec.update({k: float(meta[k]) if _number(meta.get(k)) else None for k in _META_FLOAT})
-        fr = meta.get("finish_reason")
-        rec["finish"] = fr.get("type") if isinstance(fr, dict) else fr
-        sp = obj.get("sampling_params") if isinstance(obj, dict) else None
-        rec["sampling"] = sp if isinstance(sp, dict) else None
-        rec["features"] = _log_features(obj if isinstance(obj, dict) else {}, sp)
-        rid = d.get("rid")
-        rec["rid"] = rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
-        rec["logged"] = when(d.get("timestamp"))
-        rec["precise"] = True
-        return rec
-    if '"request.received"' in line and brace >= 0:
-        d = _loose_json(line[brace:])
-        if not isinstance(d, dict) or not isinstance(d.get("rid"), (str, int)):
-            return None
-        received = when(d.get("timestamp"))
-        return None if received is None else {"received_rid": d["rid"], "received": received}
     at = line.find("Finish: obj=")
-    if at < 0:
-        return None
-    meta_at = line.rfind("'meta_info': {")
+    meta_at = line.rfind("'meta_info': {") if at >= 0 else -1
     if meta_at < 0:
         return None
     meta = line[meta_at:]
@@ -319,19 +336,40 @@ def _parse_log_line(line: str) -> dict | None:
         rec[k] = _log_float(m.group(1)) if m else None
     m = re.search(r"'finish_reason': \{'type': '(\w+)'", meta)
     rec["finish"] = m.group(1) if m else None
+    rec["sampling"] = _text_sampling(line, at, meta_at)
+    rec["features"] = _text_features(line[at:meta_at])
+    m = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", line)
+    try:
+        rec["logged"] = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() if m else None
+    except ValueError:
+        rec["logged"] = None
+    rec["precise"] = False  # the text format stamps whole seconds
+    rec["rid"] = None
+    return rec
+
+
+def _text_sampling(line: str, at: int, meta_at: int) -> dict | None:
+    """The ``sampling_params={...}`` of a text-format line, read as a literal (never run)."""
+    import ast
+    import re
+
     sp_at = line.find("sampling_params={", at, meta_at)
-    rec["sampling"] = None
-    if sp_at >= 0:
-        raw = _balanced(line, sp_at + len("sampling_params="))
-        try:
-            # Bounded before it is parsed: sampling parameters are a few dozen short fields.
-            value = ast.literal_eval(raw) if raw and len(raw) <= 16384 else None
-            rec["sampling"] = value if isinstance(value, dict) else None
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            found = re.findall(rf"'(\w+)': {_FLOAT}(?![\w.])", raw or "")
-            rec["sampling"] = {k: v for k, v in ((k, _log_float(t)) for k, t in found)
-                               if v is not None}
-    head = line[at:meta_at]
+    if sp_at < 0:
+        return None
+    raw = _balanced(line, sp_at + len("sampling_params="))
+    try:
+        # Bounded before it is parsed: sampling parameters are a few dozen short fields.
+        value = ast.literal_eval(raw) if raw and len(raw) <= 16384 else None
+        return value if isinstance(value, dict) else None
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        found = re.findall(rf"'(\w+)': {_FLOAT}(?![\w.])", raw or "")
+        return {k: v for k, v in ((k, _log_float(t)) for k, t in found) if v is not None}
+
+
+def _text_features(head: str) -> dict[str, Any]:
+    """The request features a text-format line shows (logprobs, streaming)."""
+    import re
+
     feats: dict[str, Any] = {}
     if re.search(r"\breturn_logprob=True", head):
         feats["return_logprob"] = True
@@ -341,15 +379,7 @@ def _parse_log_line(line: str) -> dict | None:
                 feats[k] = _log_int(m.group(1))
     if re.search(r"\bstream=True", head):
         feats["stream"] = True
-    rec["features"] = feats
-    m = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", line)
-    try:
-        rec["logged"] = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() if m else None
-    except ValueError:
-        rec["logged"] = None
-    rec["precise"] = False  # the text format stamps whole seconds
-    rec["rid"] = None
-    return rec
+    return feats
 
 
 def _from_sglang_log(lines: list[str], window_s: float) -> Conversion:

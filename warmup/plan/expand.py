@@ -401,7 +401,7 @@ def _gen_batch(x: _Expander, phase: str, shape: Shape) -> None:
         per = x.value(shape.tokens_per_request, {"bs": bs}) if shape.tokens_per_request else 64
         for cls in shape.token_classes:
             x.room(bs)
-            lens = _batch_lengths(bs, per, cls)
+            lens = batch_lengths(bs, per, cls)
             total = sum(lens)
             if budget is not None and total > budget:
                 x.skip(phase, shape, f"bs={bs} total {total} tokens is above the one-forward "
@@ -416,7 +416,7 @@ def _gen_batch(x: _Expander, phase: str, shape: Shape) -> None:
                   note=f"bs={bs} (pow2 {1 << (bs - 1).bit_length()}), total {total} ({_int_class(total)})")
 
 
-def _batch_lengths(bs: int, per: int, cls: str) -> list[int]:
+def batch_lengths(bs: int, per: int, cls: str) -> list[int]:
     """Prompt lengths of one batch whose total is in token class ``cls`` (aligned: divisible by
     16; odd: not)."""
     per = max(per, 2)

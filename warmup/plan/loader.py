@@ -5,6 +5,9 @@ scalars, no aliases (alias bombs), no duplicate keys, no tabs, UTF-8 only, a siz
 key is checked against :data:`SPEC` (the same table :func:`json_schema` turns into
 ``warmup/plans/schema.json``), and every expression is parsed and its names checked here, at load, so
 a bad plan never half-runs.
+
+Longer than 500 lines: one step per key of the plan format, each with its own error lines,
+all sharing the context that places an error at its file, line and key path.
 """
 
 from __future__ import annotations
@@ -314,37 +317,57 @@ def _enum(ctx: _Ctx, node: yaml.Node, path: str, choices: tuple[str, ...] | list
 
 # --- the plan ---------------------------------------------------------------------------------
 def _build_plan(ctx: _Ctx, node: yaml.Node, sha: str) -> Plan:
+    """The plan of a parsed YAML document: its head, variants, defaults, limits, lets, phases."""
     top = _mapping(ctx, node, "", TOP)
-    vnode = top["version"][1]
+    _version(ctx, top["version"][1])
+    name = _ident(ctx, top["name"][1], "name")
+    description = _text(ctx, top["description"][1], "description") if "description" in top else ""
+    flush = _bool(ctx, top["flush"][1], "flush") if "flush" in top else True
+    variants = _variants(ctx, top["sampling_variants"][1]) if "sampling_variants" in top else {}
+    variant_names = tuple(SAMPLING_VARIANTS) + tuple(variants)
+    sampling, max_new_tokens = _defaults(ctx, top, variant_names)
+    max_requests, over_limit = _limits(ctx, top)
+    lets = _lets(ctx, top["let"][1]) if "let" in top else []
+    names = frozenset(FACT_NAMES) | {n for n, _ in lets}
+    phases = _phases(ctx, top["phases"][1], names, variant_names)
+    return Plan(name=name, description=description, file=ctx.file, phases=tuple(phases),
+                let=tuple(lets), sampling=sampling, max_new_tokens=max_new_tokens,
+                max_requests=max_requests, over_limit=over_limit, flush=flush, sampling_variants=variants,
+                source_sha256=sha)
+
+
+def _version(ctx: _Ctx, vnode: yaml.Node) -> None:
     version = _scalar(ctx, vnode, "version")
     if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
         raise ctx.fail(vnode, "version", f"unsupported plan version {version!r}",
                        hint="this sglang-warmup reads version: 1")
-    name = _ident(ctx, top["name"][1], "name")
-    description = _text(ctx, top["description"][1], "description") if "description" in top else ""
-    flush = _bool(ctx, top["flush"][1], "flush") if "flush" in top else True
 
+
+def _variants(ctx: _Ctx, node: yaml.Node) -> dict[str, dict[str, Any]]:
+    """``sampling_variants``: named sets of sampling parameters, each a number 0..2^40."""
     variants: dict[str, dict[str, Any]] = {}
-    if "sampling_variants" in top:
-        vmap = _mapping(ctx, top["sampling_variants"][1], "sampling_variants", {})
-        for vname, (kn, vn) in vmap.items():
-            vpath = f"sampling_variants.{vname}"
-            _ident(ctx, kn, vpath)
-            if vname in SAMPLING_VARIANTS:
-                raise ctx.fail(kn, vpath, f"'{vname}' is a built-in variant",
-                               hint="choose another name")
-            params = _mapping(ctx, vn, vpath, {k: Field("number") for k in sorted(SAMPLING_KEYS)})
-            variants[vname] = {}
-            for pk, (_, pv) in params.items():
-                val = _scalar(ctx, pv, f"{vpath}.{pk}")
-                if isinstance(val, bool) or not isinstance(val, (int, float)) or \
-                        not 0 <= val <= E.MAX_MAGNITUDE:  # NaN is in no range
-                    raise ctx.fail(pv, f"{vpath}.{pk}", "expected a number from 0 to 2^40, got "
-                                   f"{E.digits(val) if isinstance(val, int) else repr(val)}",
-                                   hint="sampling parameters are numbers, e.g. {temperature: 0.7}")
-                variants[vname][pk] = val
-    variant_names = tuple(SAMPLING_VARIANTS) + tuple(variants)
+    vmap = _mapping(ctx, node, "sampling_variants", {})
+    for vname, (kn, vn) in vmap.items():
+        vpath = f"sampling_variants.{vname}"
+        _ident(ctx, kn, vpath)
+        if vname in SAMPLING_VARIANTS:
+            raise ctx.fail(kn, vpath, f"'{vname}' is a built-in variant",
+                           hint="choose another name")
+        params = _mapping(ctx, vn, vpath, {k: Field("number") for k in sorted(SAMPLING_KEYS)})
+        variants[vname] = {}
+        for pk, (_, pv) in params.items():
+            val = _scalar(ctx, pv, f"{vpath}.{pk}")
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or \
+                    not 0 <= val <= E.MAX_MAGNITUDE:  # NaN is in no range
+                raise ctx.fail(pv, f"{vpath}.{pk}", "expected a number from 0 to 2^40, got "
+                               f"{E.digits(val) if isinstance(val, int) else repr(val)}",
+                               hint="sampling parameters are numbers, e.g. {temperature: 0.7}")
+            variants[vname][pk] = val
+    return variants
 
+
+def _defaults(ctx: _Ctx, top: dict, variant_names: tuple[str, ...]) -> tuple[str, int]:
+    """``defaults``: (sampling, max_new_tokens)."""
     sampling, max_new_tokens = "alternate", 1
     if "defaults" in top:
         d = _mapping(ctx, top["defaults"][1], "defaults", DEFAULTS)
@@ -353,6 +376,11 @@ def _build_plan(ctx: _Ctx, node: yaml.Node, sha: str) -> Plan:
                              "sampling")
         if "max_new_tokens" in d:
             max_new_tokens = _int(ctx, d["max_new_tokens"][1], "defaults.max_new_tokens")
+    return sampling, max_new_tokens
+
+
+def _limits(ctx: _Ctx, top: dict) -> tuple[int, str]:
+    """``limits``: (max_requests, over_limit)."""
     max_requests, over_limit = DEFAULT_MAX_REQUESTS, "skip"
     if "limits" in top:
         lim = _mapping(ctx, top["limits"][1], "limits", LIMITS)
@@ -366,27 +394,33 @@ def _build_plan(ctx: _Ctx, node: yaml.Node, sha: str) -> Plan:
         if "over_limit" in lim:
             over_limit = _enum(ctx, lim["over_limit"][1], "limits.over_limit", OVER_LIMIT,
                                "over_limit policy")
+    return max_requests, over_limit
 
+
+def _lets(ctx: _Ctx, node: yaml.Node) -> list[tuple[str, Size]]:
+    """``let``: named expressions, each over the facts and the lets before it."""
     names = set(FACT_NAMES)
     lets: list[tuple[str, Size]] = []
-    if "let" in top:
-        lmap = _mapping(ctx, top["let"][1], "let", {})
-        for lname, (kn, vn) in lmap.items():
-            lpath = f"let.{lname}"
-            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", lname):
-                raise ctx.fail(kn, lpath, f"{lname!r} is not a name",
-                               hint="letters, digits and _, starting with a letter")
-            if lname in FACT_NAMES or lname in E.FUNCTIONS or lname == "bs":
-                raise ctx.fail(kn, lpath, f"'{lname}' shadows a server fact or function",
-                               hint="choose another name")
-            lets.append((lname, _size(ctx, vn, lpath, frozenset(names), boolean=True)))
-            names.add(lname)
-    fnames = frozenset(names)
+    for lname, (kn, vn) in _mapping(ctx, node, "let", {}).items():
+        lpath = f"let.{lname}"
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", lname):
+            raise ctx.fail(kn, lpath, f"{lname!r} is not a name",
+                           hint="letters, digits and _, starting with a letter")
+        if lname in FACT_NAMES or lname in E.FUNCTIONS or lname == "bs":
+            raise ctx.fail(kn, lpath, f"'{lname}' shadows a server fact or function",
+                           hint="choose another name")
+        lets.append((lname, _size(ctx, vn, lpath, frozenset(names), boolean=True)))
+        names.add(lname)
+    return lets
 
+
+def _phases(ctx: _Ctx, node: yaml.Node, names: frozenset[str],
+            variant_names: tuple[str, ...]) -> list[Phase]:
+    """``phases``: each with its shapes; phase and class names unique in the plan."""
     phases: list[Phase] = []
     seen_classes: dict[str, int] = {}
     seen_phases: set[str] = set()
-    for pi, pnode in enumerate(_sequence(ctx, top["phases"][1], "phases")):
+    for pi, pnode in enumerate(_sequence(ctx, node, "phases")):
         ppath = f"phases[{pi}]"
         pm = _mapping(ctx, pnode, ppath, PHASE)
         pname = _ident(ctx, pm["name"][1], f"{ppath}.name")
@@ -397,7 +431,7 @@ def _build_plan(ctx: _Ctx, node: yaml.Node, sha: str) -> Plan:
         shapes = []
         for si, snode in enumerate(_sequence(ctx, pm["shapes"][1], f"{ppath}.shapes")):
             spath = f"{ppath}.shapes[{si}]"
-            shape = _build_shape(ctx, snode, spath, fnames, variant_names)
+            shape = _build_shape(ctx, snode, spath, names, variant_names)
             if shape.name in seen_classes:
                 raise ctx.fail(snode, f"{spath}.class",
                                f"duplicate class '{shape.name}' (first at line {seen_classes[shape.name]})",
@@ -405,11 +439,7 @@ def _build_plan(ctx: _Ctx, node: yaml.Node, sha: str) -> Plan:
             seen_classes[shape.name] = shape.where.line
             shapes.append(shape)
         phases.append(Phase(pname, tuple(shapes)))
-
-    return Plan(name=name, description=description, file=ctx.file, phases=tuple(phases),
-                let=tuple(lets), sampling=sampling, max_new_tokens=max_new_tokens,
-                max_requests=max_requests, over_limit=over_limit, flush=flush, sampling_variants=variants,
-                source_sha256=sha)
+    return phases
 
 
 def _build_shape(ctx: _Ctx, node: yaml.Node, path: str, names: frozenset[str],

@@ -296,26 +296,9 @@ class Sidecar:
             self._run = self._second = None
             self._projection = None
             self._ready_at = None
-        self._event("waiting", f"attempt {attempt}: waiting for {cfg.url}/health_generate, "
-                    f"deadline {cfg.deadline_s:g} s (until "
-                    f"{clock(time.time() + cfg.deadline_s)}); backoff {cfg.backoff_initial_s:g} s "
-                    f"doubling to {cfg.backoff_max_s:g} s")
-        hw = wait_for_health(self._probe_generate, cfg.deadline_s,
-                             initial_s=cfg.backoff_initial_s, max_s=cfg.backoff_max_s,
-                             probe_timeout_s=cfg.probe_timeout_s, stop=self.stop_event,
-                             what=f"{cfg.url}/health_generate", log=logger)
-        with self._lock:
-            self._health_wait_s = round(hw.waited_s, 3)
-        if hw.ended == "stopped":
-            return "stopped"
-        if not hw.ok:
-            return self._fail(f"the server at {cfg.url} was not healthy within "
-                              f"{cfg.deadline_s:g} s ({hw.attempts} probes of /health_generate; "
-                              f"last: {hw.last})",
-                              "check the server's log; raise --deadline if its start takes longer",
-                              server_gone=True)
-        self._event(None, f"healthy after {hw.waited_s:.1f} s ({hw.attempts} probes)")
-
+        waited = self._wait_healthy(attempt)
+        if waited is not None:
+            return waited
         transport = SidecarTransport(cfg.url, stop=self.stop_event, timeout_s=cfg.request_timeout_s,
                                      retries=2, backoff_s=0.5, info_timeout_s=cfg.probe_timeout_s,
                                      flush_slack_s=cfg.flush_slack_s, seed=cfg.seed,
@@ -366,6 +349,32 @@ class Sidecar:
         self._event("ready", f"ready: /ready answers 200 (warm-up {warm_s:.1f} s, "
                     f"{exp.num_requests * passes} requests{extra})")
         return "ready"
+
+    def _wait_healthy(self, attempt: int) -> str | None:
+        """Wait for the server's /health_generate; None once healthy, else the attempt's end
+        (``stopped``, or the failure)."""
+        cfg = self.config
+        self._event("waiting", f"attempt {attempt}: waiting for {cfg.url}/health_generate, "
+                    f"deadline {cfg.deadline_s:g} s (until "
+                    f"{clock(time.time() + cfg.deadline_s)}); backoff {cfg.backoff_initial_s:g} s "
+                    f"doubling to {cfg.backoff_max_s:g} s")
+        hw = wait_for_health(self._probe_generate, cfg.deadline_s,
+                             initial_s=cfg.backoff_initial_s, max_s=cfg.backoff_max_s,
+                             probe_timeout_s=cfg.probe_timeout_s, stop=self.stop_event,
+                             what=f"{cfg.url}/health_generate", log=logger)
+        with self._lock:
+            self._health_wait_s = round(hw.waited_s, 3)
+        if hw.ended == "stopped":
+            return "stopped"
+        if not hw.ok:
+            return self._fail(f"the server at {cfg.url} was not healthy within "
+                              f"{cfg.deadline_s:g} s ({hw.attempts} probes of /health_generate; "
+                              f"last: {hw.last})",
+                              "check the server's log; raise --deadline if its start takes longer",
+                              server_gone=True)
+        self._event(None, f"healthy after {hw.waited_s:.1f} s ({hw.attempts} probes)")
+        return None
+
 
     def _freeze_gc(self, transport: SidecarTransport) -> None:
         """SGLang's /freeze_gc once warm; a failure is a warning (the server is warm anyway)."""
