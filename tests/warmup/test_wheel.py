@@ -42,6 +42,10 @@ def installed(tmp_path_factory) -> Path:
                 if line.split() and line.split()[0].endswith(".py")}
     sources = {n for n in tracked if n.endswith(".py") and n.split("/")[0] in ("warmup", "cache_tools")}
     assert packaged == sources, f"the wheel's modules differ from the tree's: {packaged ^ sources}"
+    plans = {line.split()[0] for line in names.splitlines()[1:]
+             if line.split() and line.split()[0].startswith("warmup/plans/")}
+    assert plans == {f"warmup/plans/{p.name}" for p in (REPO / "plans").iterdir()
+                     if p.suffix in (".yaml", ".json")}
     env_dir = root / "venv"
     # No pip of its own (ensurepip costs 5 s): this pip installs into it (--python runs pip
     # with the new environment's interpreter, as its own pip would).
@@ -82,3 +86,21 @@ def test_the_installed_wheel_plans_a_launch_without_writing(installed, tmp_path)
     assert "WARMUP_PLAN=" in dry.stderr and "site-packages" in dry.stderr
     assert not state.exists()  # --dry-run writes nothing
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_package_list_is_the_tree():
+    """pyproject.toml lists every package (the plans' data package mapped from plans/)."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    tree = {str(p.parent.relative_to(REPO)).replace("/", ".")
+            for root in ("warmup", "cache_tools") for p in (REPO / root).rglob("__init__.py")}
+    assert set(config["packages"]) == tree | {"warmup.plans"}
+    assert config["package-dir"] == {"warmup.plans": "plans"}
+
+
+def test_a_checkout_finds_its_plans_at_the_top():
+    from warmup.plan import shipped
+
+    assert shipped.DIR == REPO / "plans"
+    assert shipped.names() == ["deepseek_v4_serving_shapes", "default"]

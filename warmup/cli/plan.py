@@ -113,7 +113,7 @@ def show_facts(
 
 @app.command("schema")
 def schema() -> None:
-    """Print the JSON Schema of plan files (the shipped warmup/plans/schema.json)."""
+    """Print the JSON Schema of plan files (the shipped plans/schema.json)."""
     output.data(schema_mod.schema_text(), nl=False)
 
 

@@ -3,7 +3,7 @@
 Only plain YAML is accepted: ``yaml.compose`` with the safe loader, no tags beyond the core
 scalars, no aliases (alias bombs), no duplicate keys, no tabs, UTF-8 only, a size limit.  Every
 key is checked against :data:`SPEC` (the same table :func:`json_schema` turns into
-``warmup/plans/schema.json``), and every expression is parsed and its names checked here, at load, so
+``plans/schema.json``), and every expression is parsed and its names checked here, at load, so
 a bad plan never half-runs.
 
 Longer than 500 lines: one step per key of the plan format, each with its own error lines,

@@ -1,4 +1,4 @@
-"""The JSON Schema of plan files (the shipped ``warmup/plans/schema.json``), generated from the
+"""The JSON Schema of plan files (the shipped ``plans/schema.json``), generated from the
 loader's own table of keys, so the schema and the loader cannot disagree (a test keeps the
 shipped file equal to it)."""
 
@@ -15,7 +15,7 @@ from warmup.plan.model import FEATURES, KINDS, MAX_REQUESTS_CEILING, OVER_LIMIT,
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema of plan files, generated from :data:`SPEC` (``warmup/plans/schema.json``)."""
+    """The JSON Schema of plan files, generated from :data:`SPEC` (``plans/schema.json``)."""
     expr = {"anyOf": [{"type": "integer", "minimum": 1},
                       {"type": "string", "maxLength": E.MAX_LENGTH}]}
     bool_expr = {"anyOf": [{"type": "boolean"}, {"type": "string", "maxLength": E.MAX_LENGTH}]}

@@ -12,8 +12,16 @@ from pathlib import Path
 
 from warmup.errors import PlanError
 
+def _directory() -> Path:
+    """Where the shipped plans are: ``warmup/plans/`` of an installed wheel (the package data
+    ``warmup.plans``), else ``plans/`` at the top of a checkout."""
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "plans"
+    return installed if installed.is_dir() else package.parent / "plans"
+
+
 #: The directory of the shipped plans and of their JSON Schema.
-DIR = Path(__file__).resolve().parents[1] / "plans"
+DIR = _directory()
 SCHEMA = DIR / "schema.json"
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")  # use fullmatch: $ also matches before "\n"
 

@@ -20,11 +20,11 @@ def pr_facts_file(tmp_path):
 
 
 def test_check_ok(capsys):
-    code, out, _ = run(capsys, "plan", "check", "default", "warmup/plans/deepseek_v4_serving_shapes.yaml")
+    code, out, _ = run(capsys, "plan", "check", "default", "plans/deepseek_v4_serving_shapes.yaml")
     assert code == 0
     assert out.splitlines() == [
         "default: ok (default: 8 phases, 25 shape classes)",
-        "warmup/plans/deepseek_v4_serving_shapes.yaml: ok (deepseek_v4_serving_shapes: 8 phases, 19 shape classes)"]
+        "plans/deepseek_v4_serving_shapes.yaml: ok (deepseek_v4_serving_shapes: 8 phases, 19 shape classes)"]
 
 
 def test_check_bad_plan_is_one_line_and_exit_2(capsys, tmp_path):

@@ -163,7 +163,7 @@ def test_missing_file(tmp_path) -> None:
 
 
 def test_shipped_plans_load() -> None:
-    for path in ("warmup/plans/default.yaml", "warmup/plans/deepseek_v4_serving_shapes.yaml"):
+    for path in ("plans/default.yaml", "plans/deepseek_v4_serving_shapes.yaml"):
         plan = loader.load(path)
         assert plan.name and plan.shapes
         assert len({s.name for s in plan.shapes}) == len(plan.shapes)

@@ -18,7 +18,7 @@ from warmup.plan.facts import ServerFacts, from_settings
 from warmup.plan.expand import expand
 
 GOLDEN = Path(__file__).parents[1] / "golden"
-PLANS = {"default": "warmup/plans/default.yaml", "dsv4": "warmup/plans/deepseek_v4_serving_shapes.yaml"}
+PLANS = {"default": "plans/default.yaml", "dsv4": "plans/deepseek_v4_serving_shapes.yaml"}
 
 
 def summary(exp) -> dict:

@@ -1,4 +1,4 @@
-"""warmup/plans/schema.json is what the loader accepts: generated from the loader's own table, and a real
+"""plans/schema.json is what the loader accepts: generated from the loader's own table, and a real
 JSON Schema validator agrees with the loader on shipped plans and on bad ones."""
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ import yaml
 from warmup.plan import loader, schema
 from warmup.errors import PlanError
 
-SCHEMA = json.loads(Path("warmup/plans/schema.json").read_text())
+SCHEMA = json.loads(Path("plans/schema.json").read_text())
 
 
 def test_schema_file_is_the_generated_one():
-    assert Path("warmup/plans/schema.json").read_text() == schema.schema_text(), \
-        "run `sglang-warmup plan schema > warmup/plans/schema.json`"
+    assert Path("plans/schema.json").read_text() == schema.schema_text(), \
+        "run `sglang-warmup plan schema > plans/schema.json`"
 
 
 def test_schema_is_valid_draft_2020_12():
     jsonschema.Draft202012Validator.check_schema(SCHEMA)
 
 
-@pytest.mark.parametrize("path", ["warmup/plans/default.yaml", "warmup/plans/deepseek_v4_serving_shapes.yaml"])
+@pytest.mark.parametrize("path", ["plans/default.yaml", "plans/deepseek_v4_serving_shapes.yaml"])
 def test_shipped_plans_validate(path):
     jsonschema.validate(yaml.safe_load(Path(path).read_text()), SCHEMA)
     loader.load(path)
