@@ -24,10 +24,12 @@ LAYERS = {
                         "warmup.serve"},
     "warmup.sidecar": {"cache_tools", "warmup.base", "warmup.plan", "warmup.observe",
                        "warmup.serve", "warmup.coverage"},
+    "warmup.prebake": {"cache_tools", "warmup.base", "warmup.plan", "warmup.observe",
+                       "warmup.serve"},
     "warmup.view": {"cache_tools", "warmup.base", "warmup.serve", "warmup.coverage"},
     "warmup.cli": {"cache_tools", "warmup.base", "warmup.plan", "warmup.observe",
                    "warmup.patches", "warmup.serve", "warmup.coverage", "warmup.sidecar",
-                   "warmup.view"},
+                   "warmup.prebake", "warmup.view"},
 }
 #: Imports against the layers, each with the reason it is allowed (kept short on purpose).
 EXCEPTIONS = {

@@ -147,7 +147,7 @@ def main() -> None:
 
     env = setup()
     try:
-        import warmup.sidecar.prebake  # noqa: F401  (the wheel in .carry/wheel must be this checkout's)
+        import warmup.prebake.bake  # noqa: F401  (the wheel in .carry/wheel must be this checkout's)
         import warmup.sidecar.machine  # noqa: F401
     except ImportError as exc:
         sys.exit(f"sglang-warmup without the sidecar/prebake: {exc}; rebuild .carry/wheel "

@@ -1,4 +1,4 @@
-"""``sglang-warmup prebake``: the command over :mod:`warmup.sidecar.prebake`."""
+"""``sglang-warmup prebake``: the command over :mod:`warmup.prebake.bake`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from cache_tools import oci, render
 from cache_tools.errors import CacheError
 from warmup.cli import options, output
 from warmup.cli.options import Format
-from warmup.sidecar import prebake
+from warmup.prebake import bake as prebake
 
 
 def prebake_command(

@@ -35,7 +35,7 @@ from warmup.errors import SidecarError, WarmupError
 from cache_tools.render import table
 from warmup.serve import launch
 from warmup.serve.http import HttpClient, Probe, wait_for_health
-from warmup.sidecar.process_group import stop_process_group
+from warmup.prebake.process_group import stop_process_group
 
 logger = logging.getLogger("sglang_warmup.prebake")
 

@@ -1,4 +1,4 @@
-"""warmup.sidecar.prebake: the orchestration on CPU with a fake ``sglang.launch_server`` (it serves the
+"""warmup.prebake.bake: the orchestration on CPU with a fake ``sglang.launch_server`` (it serves the
 stand-in API and compiles real Triton kernels for sm_90 into TRITON_CACHE_DIR while it runs the
 plan), so that the archive produced is real and restorable: restored into a fresh directory,
 the same kernels are disk-cache hits."""
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sidecar_support"))
 from harness import FAKE_SGLANG, PLAN, REPO, free_port, gone  # noqa: E402
 
 from cache_tools import archive  # noqa: E402
-from warmup.sidecar import prebake  # noqa: E402
+from warmup.prebake import bake as prebake  # noqa: E402
 from warmup.errors import SidecarError  # noqa: E402
 
 PY = sys.executable

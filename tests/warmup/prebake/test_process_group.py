@@ -1,4 +1,4 @@
-"""warmup.sidecar.process_group: stopping a server's process group (SIGTERM, a bounded wait
+"""warmup.prebake.process_group: stopping a server's process group (SIGTERM, a bounded wait
 until no process of the group runs, SIGKILL), with real process groups."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sidecar_support"))
 
 from harness import gone  # noqa: E402
 
-from warmup.sidecar import process_group  # noqa: E402
+from warmup.prebake import process_group  # noqa: E402
 
 PY = sys.executable
 
