@@ -291,8 +291,8 @@ def launch(names: list[str], frac: dict[str, float], plan: str | None, seed_cach
         for var, sub in CACHE_VARS.items():
             (cache / sub).mkdir(parents=True, exist_ok=True)
             env[var] = str(cache / sub)
-        # SGLang's DeepGEMM precompile (M = 1..16,384 per GEMM shape) is on by default; off
-        # unless --precompile, to fit a device call
+        # SGLang's DeepGEMM precompile (M = 1..16,384 per GEMM shape): on, as operators run it,
+        # unless --no-precompile (the first window ran without it, to fit a device call)
         env["SGLANG_JIT_DEEPGEMM_PRECOMPILE"] = "1" if precompile else "0"
         if warm == "A":
             env["WARMUP_GEMM_SWEEP_S"] = "0"
@@ -705,8 +705,8 @@ def main() -> None:
     ap.add_argument("--frac", default="dsv4=0.3,qwen=0.2")
     ap.add_argument("--seed-cache", default=None)
     ap.add_argument("--pause-others", action="store_true")
-    ap.add_argument("--precompile", action="store_true",
-                    help="keep SGLang's DeepGEMM precompile on (its default)")
+    ap.add_argument("--no-precompile", dest="precompile", action="store_false",
+                    help="turn SGLang's DeepGEMM precompile off (on by default, as SGLang has it)")
     ap.add_argument("--from", dest="src", default=str(ROOT / ".carry" / "caches"))
     a = ap.parse_args()
     names = [n for n in a.names.split(",") if n]
