@@ -238,6 +238,8 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
     for skip in exp.skipped:
         if not skip.item:  # whole classes: the limit, a family turned off, a feature that is off
             logger.info("sglang-warmup: class %s skipped: %s", skip.shape_class, skip.reason)
+        elif ".." in skip.item:  # a range of prompt lengths a capped class leaves unwarmed
+            logger.warning("sglang-warmup: class %s: %s", skip.shape_class, skip.reason)
     for warning in exp.warnings:
         logger.warning("sglang-warmup: %s", warning)
     transport = InProcessTransport(tokenizer_manager, timeout_s=settings.REQUEST_TIMEOUT_S.get(),
