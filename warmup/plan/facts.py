@@ -19,14 +19,14 @@ import contextlib
 import io
 import json
 import os
-import re
 import shlex
 import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from cache_tools.locations import environment, hf_hub_cache
+from cache_tools.locations import environment
+from warmup.plan import model_config as model_config_mod
 from warmup.errors import FactsError, shown
 
 #: SGLang's page size when none is resolved (its own default).
@@ -290,7 +290,7 @@ def from_launch_flags(flags: str | list[str], *, model_config: str | None = None
 
     Offline there is no model download: ``--model-path`` must be a local directory with a
     ``config.json``, a Hugging Face model id whose config sits in the local Hugging Face cache
-    (:func:`hub_config_dir`), or a model with a shipped stand-in; or ``model_config`` names a
+    (:func:`warmup.plan.model_config.find`), or a model with a shipped stand-in; or ``model_config`` names a
     directory with one (it replaces the model path for resolution only).  Without a GPU, resolution runs as for ``--device cuda`` with unknown accelerator
     memory, so memory-derived values (KV capacity, the running-request cap when not given) are
     unknown and listed as such.
@@ -311,22 +311,9 @@ def from_launch_flags(flags: str | list[str], *, model_config: str | None = None
         raise FactsError("the launch flags have no --model-path",
                          hint="add --model-path (a local directory) or pass --model-config DIR")
     elif not (Path(model_path) / "config.json").is_file():
-        cached = hub_config_dir(model_path, _flag_value(argv, "--revision"))
-        standin = stand_in_config(model_path)
-        if cached is not None:
-            argv = _set_flag(argv, "--model-path", str(cached))
-            assumed.append(f"model config from the Hugging Face cache: {cached}")
-        elif standin is not None:
-            argv = _set_flag(argv, "--model-path", str(standin))
-            assumed.append(f"model config: the shipped stand-in for {model_path} "
-                           f"(warmup/plan/model_configs/{standin.name}); layer sizes approximate")
-        else:
-            raise FactsError(f"--model-path {model_path}: no local directory and no config.json "
-                             f"in the Hugging Face cache ({hf_hub_cache()}); pass --model-config "
-                             "DIR, a directory with the model's config.json",
-                             hint="offline expansion downloads nothing: `huggingface-cli download "
-                                  f"{model_path} config.json` fills the cache, or use --url on a "
-                                  "live server")
+        found, how = model_config_mod.find(model_path, _flag_value(argv, "--revision"))
+        argv = _set_flag(argv, "--model-path", str(found))
+        assumed.append(how)
     if _flag_value(argv, "--device") is None and not _has_gpu():
         argv = argv + ["--device", "cuda"]
         assumed.append("device=cuda: no accelerator here; resolved as for CUDA with unknown memory")
@@ -459,46 +446,6 @@ def _kv_capacity(state: Mapping[str, Any]) -> Any:
         return state["max_total_num_tokens"]
     usage = state.get("memory_usage")
     return usage.get("token_capacity") if isinstance(usage, Mapping) else None
-
-
-#: A Hugging Face model id (``org/name``) and a revision name, as they may name a cache folder.
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
-_REVISION = re.compile(r"[\w.-]{1,200}")
-_COMMIT = re.compile(r"[0-9a-f]{40}")
-
-
-def hub_config_dir(model_id: str, revision: str | None = None) -> Path | None:
-    """The snapshot directory of ``model_id`` in the local Hugging Face cache when it holds the
-    model's ``config.json``, found the way huggingface_hub finds a file offline:
-    ``<cache>/models--ORG--NAME/refs/<revision>`` (default ``main``) names the commit, or the
-    revision is a commit, and ``snapshots/<commit>/config.json`` is the file.  None otherwise."""
-    if not _HUB_ID.fullmatch(model_id) or ".." in model_id:
-        return None
-    rev = revision or "main"
-    if not _REVISION.fullmatch(rev) or rev.strip(".") == "":
-        return None
-    repo = hf_hub_cache() / ("models--" + model_id.replace("/", "--"))
-    ref = repo / "refs" / rev
-    try:
-        if ref.is_file():
-            with open(ref, encoding="utf-8") as fh:
-                rev = fh.read(100).strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    if not _COMMIT.fullmatch(rev):
-        return None
-    snapshot = repo / "snapshots" / rev
-    return snapshot if (snapshot / "config.json").is_file() else None
-
-
-#: Stand-in configs shipped for offline expansion of well-known hub models.
-STAND_IN_DIR = Path(__file__).with_name("model_configs")
-
-
-def stand_in_config(model_path: str) -> Path | None:
-    """The shipped stand-in config directory for a hub id such as ``org/Name``, if any."""
-    cand = STAND_IN_DIR / model_path.strip("/").replace("/", "--")
-    return cand if (cand / "config.json").is_file() else None
 
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
