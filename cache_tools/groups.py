@@ -31,6 +31,17 @@ def archive_form(children: Iterable[str]) -> bytes:
     return json.dumps({"child_paths": {c: c for c in children}}).encode()
 
 
+def archive_size(children: Iterable[str]) -> int:
+    """``len(archive_form(children))``, counted without building it where every name is
+    printable ASCII without quotes or backslashes (JSON spells those as they are)."""
+    names = list(dict.fromkeys(children))         # a name once, as the dict holds it
+    if not all(c.isascii() and c.isprintable() and '"' not in c and "\\" not in c
+               for c in names):
+        return len(archive_form(names))
+    # {"child_paths": {"a": "a", "b": "b"}}: 17 + 2 per name (': ' and ', ') ... + 2
+    return 17 + sum(2 * len(c) + 6 for c in names) + 2 * max(len(names) - 1, 0) + 2
+
+
 def check(data: bytes | memoryview, group: str, files: Collection[str], entry: str
           ) -> list[str]:
     """The children of an archive-form group file of ``entry`` whose files are ``files``;

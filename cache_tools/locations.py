@@ -68,10 +68,19 @@ class Layout:
     entry: str = ""
 
     def is_temp(self, name: str) -> bool:
-        return _matcher(self.temp)(name)
+        return self._temp(name) is not None
 
     def is_ignored(self, name: str) -> bool:
-        return _matcher(self.ignore + OWN_PATTERNS)(name)
+        return self._ignored(name) is not None
+
+    # The compiled patterns' match, kept on the layout: scan asks both of every file it sees.
+    @functools.cached_property
+    def _temp(self) -> Callable[[str], object]:
+        return _matcher(self.temp)
+
+    @functools.cached_property
+    def _ignored(self) -> Callable[[str], object]:
+        return _matcher(self.ignore + OWN_PATTERNS)
 
     def match(self, parts: tuple[str, ...], is_dir: bool) -> tuple[str, EntryRule | None]:
         """Classify a path below the root: ``("entry", rule)``, ``("descend", None)`` or
@@ -94,17 +103,22 @@ class Layout:
 
 
 @functools.lru_cache(maxsize=None)
-def _matcher(globs: tuple[str, ...]) -> Callable[[str], bool]:
-    """One compiled test for "the name matches any of these globs" (scan calls it per file)."""
+def _matcher(globs: tuple[str, ...]) -> Callable[[str], object]:
+    """One compiled test for "the name matches any of these globs" (scan calls it per file):
+    a match object, or None."""
     if not globs:
-        return lambda name: False
-    match = re.compile("|".join(fnmatch.translate(g) for g in globs)).match
-    return lambda name: match(name) is not None
+        return _no_match
+    return re.compile("|".join(fnmatch.translate(g) for g in globs)).match
+
+
+def _no_match(name: str) -> None:
+    return None
 
 
 def _globs_match(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
+    # "*" matches any name: no pattern to run (every entry of a scan and a manifest asks)
     return len(pattern) == len(parts) and all(
-        fnmatch.fnmatchcase(p, g) for p, g in zip(parts, pattern))
+        g == "*" or fnmatch.fnmatchcase(p, g) for p, g in zip(parts, pattern))
 
 
 def _match_rule(pattern: tuple[str, ...], parts: tuple[str, ...], is_dir: bool) -> str:

@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from cache_tools.errors import ArchiveError
 from cache_tools.fingerprint import Fingerprint, canonical_json
@@ -65,13 +65,16 @@ class EntryRecord:
         identical content has identical digests (dedupe, the shared store's blob key)."""
         return content_digest(self.is_dir, self.files)
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
+        """Bytes of its files (computed once: a plan, its rendering and the workers' weights
+        ask for it, entry by entry)."""
         return sum(f.size for f in self.files)
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
-        """``kind:name``: unique within an archive."""
+        """``kind:name``: unique within an archive (computed once: it keys every table of a
+        restore)."""
         return f"{self.kind}:{self.name}"
 
     def member(self, f: FileRecord) -> str:
@@ -127,6 +130,11 @@ def _digest(files_json: str, is_dir: bool) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def content_digest_of(files_json: str, is_dir: bool) -> str:
+    """``content_digest`` of an entry whose file list ``files_json`` spells."""
+    return _digest(files_json, is_dir)
+
+
 def _compact_encoder() -> Callable[[Any], str]:
     """``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``, minus
     the setup ``json.dumps`` repeats per call (it is called once per entry)."""
@@ -147,7 +155,13 @@ _PLAIN_FILE = (r'\["(?!\.\.?")[\x20\x21\x23-\x2e\x30-\x5b\x5d-\x7f]{1,%d}",(?:0|
                r'"[0-9a-f]{64}",(?:420|493)\]' % (NAME_MAX // 4))
 _PLAIN_FILES = re.compile(r"\[%s(?:,%s)*\]" % (_PLAIN_FILE, _PLAIN_FILE))
 #: a FileRecord from a list of its four fields, in C (``FileRecord._make`` also counts them)
-_file_record = functools.partial(tuple.__new__, FileRecord)
+_file_record = file_record = functools.partial(tuple.__new__, FileRecord)
+
+
+def files_json(files: Iterable[tuple[str, int, str, int]]) -> str:
+    """An entry's file list, ``(path, size, sha256, mode)`` each, as the manifest spells it
+    (``[["path",size,"sha256",mode],...]``: what its digest hashes)."""
+    return _files_json(list(files))
 
 
 def slow_content_digest(is_dir: bool, files: tuple[FileRecord, ...]) -> str:
@@ -186,11 +200,13 @@ class Manifest:
             for f in e.files:
                 yield e.member(f), e, f
 
-    def to_json(self) -> bytes:
+    def to_json(self, encoded: Sequence[str] | None = None) -> bytes:
         """The manifest's bytes: ``json.dumps(doc, sort_keys=True, separators=(",", ":"),
         ensure_ascii=False)`` plus a newline, assembled entry by entry so that each entry's
         file list is encoded once, for its digest and its place (tests check the two agree).
-        ``json_size`` gives their length before any file is hashed."""
+        ``json_size`` gives their length before any file is hashed.  ``encoded``: each entry's
+        record as ``entry_json`` spells it, already made (pack's workers make them where they
+        hash the files)."""
         kinds: dict[str, dict[str, int]] = {}
         for e in self.entries:
             k = kinds.setdefault(e.kind, {"entries": 0, "bytes": 0})
@@ -198,11 +214,14 @@ class Manifest:
             k["bytes"] += e.size
         before, after = _frame(self.fingerprint, self.created_by, kinds,
                                (len(self.entries), self.nb_files, self.size))
+        if encoded is not None:
+            if len(encoded) != len(self.entries):
+                raise AssertionError("one record per entry")
+            return (before + ",".join(encoded) + after).encode()
         parts = []
         for e in self.entries:
             files = _files_json(e.files)
-            parts.append(_ENTRY % (files, _json_str(e.kind), _json_str(e.name),
-                                   _digest(files, e.is_dir), "dir" if e.is_dir else "file"))
+            parts.append(entry_json(e.kind, e.name, e.is_dir, files, _digest(files, e.is_dir)))
         return (before + ",".join(parts) + after).encode()
 
     @classmethod
@@ -249,6 +268,12 @@ class Manifest:
 
 #: one entry of the manifest's JSON: files, kind, name, digest, type (keys sorted)
 _ENTRY = '{"files":%s,"kind":%s,"name":%s,"sha256":"%s","type":"%s"}'
+
+
+def entry_json(kind: str, name: str, is_dir: bool, files_json: str, digest: str) -> str:
+    """One entry's record in the manifest's JSON, its file list spelled by ``files_json``."""
+    return _ENTRY % (files_json, _json_str(kind), _json_str(name), digest,
+                     "dir" if is_dir else "file")
 
 
 def _frame(fingerprint: Fingerprint, created_by: str, kinds: dict[str, dict[str, int]],

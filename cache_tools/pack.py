@@ -24,7 +24,8 @@ from cache_tools import forks, groups, tarfmt
 from cache_tools.errors import CacheError, os_errors
 from cache_tools.fingerprint import Fingerprint
 from cache_tools.locations import Location
-from cache_tools.manifest import (EntryRecord, FileRecord, Manifest, json_size, member_prefix,
+from cache_tools.manifest import (EntryRecord, FileRecord, Manifest, content_digest_of,
+                                  entry_json, file_record, files_json, json_size, member_prefix,
                                   paused_gc)
 from cache_tools.progress import Progress
 from cache_tools.reader import CHUNK, WHOLE, zstandard_module
@@ -87,6 +88,40 @@ def _plan_entry(entry: CacheEntry) -> list[_File]:
     return files
 
 
+#: an entry's files as the archive holds them: (path, size, mode), a group file's size its
+#: archive form's
+_Measured = tuple[tuple[str, int, int], ...]
+
+
+def _measure(entry: CacheEntry) -> _Measured:
+    """What the layout and the manifest's room need of an entry, from the scan alone: each
+    file's path, size and mode as ``_plan_entry`` will pack it (the parent measures every
+    entry; the workers plan, read and hash their own)."""
+    listed = dict(entry.groups) if entry.groups else None
+    out = []
+    for rel, (size, mode, _, _) in zip(entry.files, entry.stats):
+        if listed is not None and rel in listed:
+            size = groups.archive_size(listed[rel])
+        out.append((rel, size, 0o755 if mode & 0o111 else 0o644))
+    return tuple(out)
+
+
+class _Packed(NamedTuple):
+    """One entry as written: its files' sha256s, its digest and its record as the manifest
+    spells it (``manifest.entry_json``), made where it was hashed."""
+
+    hashes: list[str]
+    digest: str
+    text: str
+
+
+def _packed(entry: CacheEntry, files: Sequence[_File], hashes: list[str]) -> _Packed:
+    listed = files_json([(f.rel, f.size, h, f.mode) for f, h in zip(files, hashes)])
+    digest = content_digest_of(listed, entry.is_dir)
+    return _Packed(hashes, digest, entry_json(entry.kind, entry.name, entry.is_dir, listed,
+                                              digest))
+
+
 def _read_exact(fd: int, size: int, path: str) -> bytes:
     data = os.read(fd, size) if size else b""
     while len(data) < size:
@@ -115,6 +150,16 @@ def _check_same(fd: int, f: _File) -> None:
     st = os.fstat(fd)
     if (st.st_ino, st.st_mtime_ns, st.st_size) != (*f.ident, f.size):
         raise _changed(f.path)
+
+
+def _entry_record(entry: CacheEntry, files: _Measured, packed: _Packed) -> EntryRecord:
+    """The manifest's record of an entry packed as measured, its digest the one computed where
+    it was hashed."""
+    rels, sizes, modes = zip(*files) if files else ((), (), ())
+    record = EntryRecord(entry.kind, entry.name, entry.is_dir,
+                         tuple(map(file_record, zip(rels, sizes, packed.hashes, modes))))
+    record.__dict__["digest"] = packed.digest
+    return record
 
 
 def _record(entry: CacheEntry, files: list[_File], hashes: Sequence[str]) -> EntryRecord:
@@ -175,9 +220,9 @@ def _pack_all(out: Path, locations: list[Location], zstd: bool, level: int,
                            "is writable with free space"):
         out.parent.mkdir(parents=True, exist_ok=True)
         clean_stale(out.parent)
-        planned = [(e, _plan_entry(e)) for e in complete]
+        planned = [(e, _measure(e)) for e in complete]
         for _ in range(4):
-            total = sum(f.size for _, files in planned for f in files)
+            total = sum(size for _, files in planned for _, size, _ in files)
             progress.step(f"packing {len(planned)} entries ({size_str(total)}) into {out}")
             try:
                 manifest, size = _pack(out, planned, fp, zstd, level, progress, jobs)
@@ -195,105 +240,106 @@ def _vanished(e: CacheEntry) -> CacheWarning:
     return CacheWarning(e.kind, e.path, "vanished while packing (pruned or replaced); skipped")
 
 
-def _pack(out: Path, planned: list[tuple[CacheEntry, list[_File]]], fp: Fingerprint,
+def _pack(out: Path, planned: list[tuple[CacheEntry, _Measured]], fp: Fingerprint,
           zstd: bool, level: int, progress: Progress, jobs: int) -> tuple[Manifest, int]:
     made_by = producer()
-    room = json_size(fp, made_by, ((e.kind, e.name, e.is_dir,
-                                     ((f.rel, f.size, f.mode) for f in files))
-                                    for e, files in planned))
+    room = json_size(fp, made_by, ((e.kind, e.name, e.is_dir, files) for e, files in planned))
     writer = ArchiveWriter(out, room, zstd, level, jobs)
     try:
-        total = sum(f.size for _, files in planned for f in files)
+        total = sum(size for _, files in planned for _, size, _ in files)
         progress.start("pack", total)
-        hashes = _compress_frames(writer, planned, level, jobs, progress) if zstd else \
+        packed = _compress_frames(writer, planned, level, jobs, progress) if zstd else \
             _encode_forked(writer, planned, jobs, progress.advance)
-        if hashes is None:
+        if packed is None:
             if progress.done:           # workers counted some of it, then one failed: anew
                 progress.start("pack", total)
-            hashes = [_encode_entry(writer, e, files, progress.advance) for e, files in planned]
-        manifest = Manifest(fp, tuple(_record(e, files, h)
-                                      for (e, files), h in zip(planned, hashes)), made_by)
-        size = writer.finish(manifest.to_json())
+            packed = [_encode_entry(writer, e, _plan_entry(e), progress.advance)
+                      for e, _ in planned]
+        manifest = Manifest(fp, tuple(_entry_record(e, files, p)
+                                      for (e, files), p in zip(planned, packed)), made_by)
+        size = writer.finish(manifest.to_json([p.text for p in packed]))
     finally:
         writer.close()
     progress.finish()
     return manifest, size
 
 
-def _layout(start: int, planned: list[tuple[CacheEntry, list[_File]]]) -> tuple[list[int], int]:
+def _layout(start: int, planned: list[tuple[CacheEntry, _Measured]]) -> tuple[list[int], int]:
     """Each entry's first header offset and the end of the payload, members laid out from
     ``start`` by the names and sizes alone."""
-    return tarfmt.layout(start, ((member_prefix(e.kind, e.name),
-                                  ((f.rel, f.size, f.mode) for f in files))
-                                 for e, files in planned))
+    return tarfmt.layout(start, ((member_prefix(e.kind, e.name), files) for e, files in planned))
 
 
-def _encode_forked(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list[_File]]],
-                   jobs: int, advance: Callable[[int], None]) -> list[list[str]] | None:
-    """The payload read, hashed and written in place by forked workers, run of entries after
-    run of entries (``forks.map_runs``), each at the offset the layout gives it (it follows from
-    the names and sizes); their sha256s.  None when the payload is to be written here (a
-    small cache, no fork, a worker that failed: that path then says what is wrong)."""
-    nbytes = sum(f.size for _, files in planned for f in files)
+def _encode_forked(writer: ArchiveWriter, planned: list[tuple[CacheEntry, _Measured]],
+                   jobs: int, advance: Callable[[int], None]) -> list[_Packed] | None:
+    """The payload planned, read, hashed and written in place by forked workers, run of
+    entries after run of entries (``forks.map_runs``), each at the offset the layout gives it
+    (it follows from the names and sizes); each entry as packed.  None when the payload is to
+    be written here (a small cache, no fork, a worker that failed: that path then says what is
+    wrong)."""
+    sizes = [sum(size for _, size, _ in files) for _, files in planned]
     nfiles = sum(len(files) for _, files in planned)
-    if not forks.worth(nfiles, nbytes) or not forks.usable(jobs):
+    if not forks.worth(nfiles, sum(sizes)) or not forks.usable(jobs):
         return None
     offsets, offset = _layout(writer.offset, planned)
     fd = writer.fileno()
 
     def work(first: int, end: int, progress: Callable[[int], None]) -> bytes:
         """One run of entries read, hashed and written in place; (the index of an entry that
-        vanished or -1, the hashes of the entries before it)."""
+        vanished or -1, the entries packed before it)."""
         sink = PlacedWriter(fd, offsets[first])
-        hashes = []
+        packed = []
         for i in range(first, end):
+            entry = planned[i][0]
             try:
-                hashes.append(_encode_entry(sink, *planned[i], progress))
+                packed.append(tuple(_encode_entry(sink, entry, _plan_entry(entry), progress)))
             except _Vanished:
-                return marshal.dumps((i, hashes))
+                return marshal.dumps((i, packed))
         sink.flush()
-        return marshal.dumps((-1, hashes))
+        return marshal.dumps((-1, packed))
 
-    results = forks.map_runs([forks.weight(sum(f.size for f in files), len(files))
-                              for _, files in planned], jobs, work, advance)
+    results = forks.map_runs([forks.weight(size, len(files))
+                              for size, (_, files) in zip(sizes, planned)], jobs, work, advance)
     if results is None:
         return None
-    hashes = []
+    packed = []
     for vanished, some in map(marshal.loads, results):
         if vanished >= 0:
             raise _Vanished(planned[vanished][0])
-        hashes += some
+        packed += map(_Packed._make, some)
     writer.placed(offset)
-    return hashes
+    return packed
 
 
-def _compress_frames(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list[_File]]],
-                     level: int, jobs: int, progress: Progress) -> list[list[str]]:
-    """A zstd archive's payload, read, hashed and compressed in frames (``frame_cuts``): runs
-    of frames by forked workers where they pay, else all of them here (compressed on a thread
-    of their own); the entries' sha256s."""
-    sizes = [sum(f.size for f in files) for _, files in planned]
+def _compress_frames(writer: ArchiveWriter, planned: list[tuple[CacheEntry, _Measured]],
+                     level: int, jobs: int, progress: Progress) -> list[_Packed]:
+    """A zstd archive's payload, planned, read, hashed and compressed in frames
+    (``frame_cuts``): runs of frames by forked workers where they pay, else all of them here
+    (compressed on a thread of their own); each entry as packed."""
+    sizes = [sum(size for _, size, _ in files) for _, files in planned]
     cuts = frame_cuts(sizes)
     paths = writer.frame_paths(max(len(cuts), 1))
 
     def compress(first: int, end: int, background: bool, advance: Callable[[int], None]
                  ) -> bytes:
         """Frames ``first`` to ``end`` into ``paths[first]``: (first, the index of an entry
-        that vanished or -1, the hashes of the entries before it)."""
-        hashes: list[list[str]] = []
+        that vanished or -1, the entries packed before it)."""
+        packed: list[tuple[list[str], str, str]] = []
         frames = ZstdFrames(paths[first], level, background)
         try:
             for c in range(first, end):
                 if c > first:
                     frames.cut()
                 for i in range(*cuts[c]):
+                    entry = planned[i][0]
                     try:
-                        hashes.append(_encode_entry(frames, *planned[i], advance))
+                        packed.append(tuple(_encode_entry(frames, entry, _plan_entry(entry),
+                                                          advance)))  # type: ignore[arg-type]
                     except _Vanished:
-                        return marshal.dumps((first, i, hashes))
+                        return marshal.dumps((first, i, packed))
         finally:
             frames.close()
-        return marshal.dumps((first, -1, hashes))
+        return marshal.dumps((first, -1, packed))
 
     nfiles = sum(len(files) for _, files in planned)
     results = None
@@ -307,29 +353,29 @@ def _compress_frames(writer: ArchiveWriter, planned: list[tuple[CacheEntry, list
         if progress.done:               # workers counted some of it, then one failed: anew
             progress.start("pack", sum(sizes))
         results = [compress(0, len(cuts), True, progress.advance)] if cuts else []
-    files, hashes = [], []
+    files, packed = [], []
     for first, vanished, some in map(marshal.loads, results):
         if vanished >= 0:
             raise _Vanished(planned[vanished][0])
         files.append(paths[first])
-        hashes += some
+        packed += map(_Packed._make, some)
     writer.framed(files, _layout(writer.offset, planned)[1])
-    return hashes
+    return packed
 
 
 _Sink = ArchiveWriter | PlacedWriter | ZstdFrames
 
 
 def _encode_entry(sink: _Sink, entry: CacheEntry, files: list[_File],
-                  advance: Callable[[int], None]) -> list[str]:
-    """One entry's members written to ``sink``; their sha256s."""
+                  advance: Callable[[int], None]) -> _Packed:
+    """One entry's members written to ``sink``; the entry as packed."""
     encoded = _encode(entry, files)
     if encoded is None:            # a file too large to hold: streamed
-        return _write_entry(sink, entry, files, advance)
+        return _packed(entry, files, _write_entry(sink, entry, files, advance))
     blob, hashes = encoded
     sink.write(blob)
     advance(sum(f.size for f in files))
-    return hashes
+    return _packed(entry, files, hashes)
 
 
 def _encode(entry: CacheEntry, files: list[_File]) -> tuple[bytes, list[str]] | None:

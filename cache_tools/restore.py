@@ -10,6 +10,7 @@ first, because a server in another working directory reads those paths.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -60,11 +61,12 @@ class EntryPlanView:
     def by_action(self, action: str) -> tuple[PlannedEntry, ...]:
         return tuple(i for i in self.items if i.action == action)
 
-    @property
+    @functools.cached_property
     def to_write(self) -> tuple[PlannedEntry, ...]:
+        """(Computed once: the rendering and the execution ask for it several times.)"""
         return tuple(i for i in self.items if i.action in ("add", "fill"))
 
-    @property
+    @functools.cached_property
     def bytes_to_write(self) -> int:
         return sum(i.entry.size for i in self.to_write)
 

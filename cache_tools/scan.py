@@ -222,18 +222,24 @@ def scan_kind(loc: Location, jobs: int = 1) -> KindInfo:
 
 
 class _Spot(NamedTuple):
-    """Where the walk found an entry; ``_entry`` reads it."""
+    """Where the walk found an entry, and whether a directory; ``_entry`` reads it."""
 
     parts: tuple[str, ...]
     rule: EntryRule
     path: Path
-    st: os.stat_result
+    is_dir: bool
 
 
 def _read_spot(k: CacheKind, root: Path, spot: _Spot
                ) -> tuple[CacheEntry | None, list[CacheWarning]]:
     warnings: list[CacheWarning] = []
-    return _entry(k, root, spot.parts, spot.rule, warnings, spot.path, spot.st), warnings
+    try:
+        st = os.lstat(spot.path)
+    except OSError:
+        return None, warnings     # vanished since the walk (pruned or replaced): nothing to say
+    if stat.S_ISDIR(st.st_mode) != spot.is_dir or stat.S_ISLNK(st.st_mode):
+        return None, warnings     # replaced by another type since the walk: as vanished
+    return _entry(k, root, spot.parts, spot.rule, warnings, spot.path, st), warnings
 
 
 def _read_forked(k: CacheKind, root: Path, spots: list[_Spot], jobs: int
@@ -279,24 +285,29 @@ def entry_at(k: CacheKind, root: Path, name: str) -> CacheEntry | None:
 
 
 def _walk(k: CacheKind, root: Path, parts: tuple[str, ...],
-          found: list[CacheWarning | _Spot]) -> None:
-    """Append to ``found``, in walk order, the warnings and the spots of the entries."""
-    path = root.joinpath(*parts)
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return  # vanished while scanning (pruned or replaced): nothing to report
-    if stat.S_ISLNK(st.st_mode):
+          found: list[CacheWarning | _Spot], path: Path | None = None,
+          mode: int | None = None) -> None:
+    """Append to ``found``, in walk order, the warnings and the spots of the entries.  ``mode``:
+    the type bits of ``path`` as its directory's listing gave them (else it is lstat'ed); the
+    workers that read an entry stat it then."""
+    path = path if path is not None else root.joinpath(*parts)
+    if mode is None:
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            return  # vanished while scanning (pruned or replaced): nothing to report
+    if stat.S_ISLNK(mode):
         found.append(CacheWarning(k.name, path, "symbolic link; never packed"))
         return
-    is_dir = stat.S_ISDIR(st.st_mode)
+    is_dir = stat.S_ISDIR(mode)
     verdict, rule = k.layout.match(parts, is_dir)
     if verdict == "entry":
         assert rule is not None
-        found.append(_Spot(parts, rule, path, st))
+        found.append(_Spot(parts, rule, path, is_dir))
         return
     if verdict == "descend" and is_dir:
-        for name in _listdir(path):
+        for d in _scandir(path):
+            name = d.name
             if _own(name):
                 found.append(CacheWarning(k.name, path / name, _own_message(name)))
                 continue
@@ -306,10 +317,35 @@ def _walk(k: CacheKind, root: Path, parts: tuple[str, ...],
                 found.append(CacheWarning(k.name, path / name,
                                           "in-flight or abandoned temporary file; skipped"))
                 continue
-            _walk(k, root, parts + (name,), found)
+            _walk(k, root, parts + (name,), found, path / name, _type_bits(d))
         return
     found.append(CacheWarning(k.name, path, f"not part of the known {k.name} layout; "
                                             "left alone"))
+
+
+def _scandir(path: Path) -> list[os.DirEntry]:
+    """A directory's entries sorted by name (none when it cannot be listed)."""
+    try:
+        with os.scandir(path) as it:
+            return sorted(it, key=lambda d: d.name)
+    except OSError:
+        return []
+
+
+def _type_bits(d: os.DirEntry) -> int | None:
+    """The type of a listed name from the listing itself (no system call where the file system
+    reports types): a symbolic link, a directory, a regular file; None for anything else or
+    when it cannot be told (the walk then lstat's it)."""
+    try:
+        if d.is_symlink():
+            return stat.S_IFLNK
+        if d.is_dir(follow_symlinks=False):
+            return stat.S_IFDIR
+        if d.is_file(follow_symlinks=False):
+            return stat.S_IFREG
+    except OSError:
+        pass
+    return None
 
 
 def _staged_beside(kind_name: str, root: Path) -> list[CacheWarning]:
@@ -333,13 +369,6 @@ def _own_message(name: str) -> str:
         return "restore staging directory (a restore is running or was interrupted; the next " \
                "restore removes it)"
     return "prune trash directory (a prune is running or was interrupted)"
-
-
-def _listdir(path: Path) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
 
 
 def _entry(k: CacheKind, root: Path, parts: tuple[str, ...], rule: EntryRule,

@@ -401,11 +401,18 @@ def refuse_links(roots: Mapping[str, Path], entries: Iterable[EntryRecord],
         dirs.add(root)
         if base is not None:
             dirs.update(p for p in root.parents if p.is_relative_to(base) and p != base)
+    # The directories of each entry's name: ROOT/a and ROOT/a/b for a/b/c (none for a name of
+    # one component, most of them); spelled as text, deduplicated, then made paths (a path
+    # per entry cost 30 us: 0.3 s of a 10,000-entry restore's plan).
+    inner: set[tuple[str, str]] = set()
     for entry in entries:
-        root = roots.get(entry.kind)
-        if root is not None:
-            dirs.update(p for p in target_of(root, entry).parents
-                        if p.is_relative_to(root) and p != root)
+        name = entry.name
+        if "/" in name and roots.get(entry.kind) is not None:
+            head = name.rpartition("/")[0]
+            while head and (entry.kind, head) not in inner:
+                inner.add((entry.kind, head))
+                head = head.rpartition("/")[0]
+    dirs.update(roots[k].joinpath(*head.split("/")) for k, head in inner)
     for path in sorted(dirs, key=lambda p: len(p.parts)):
         if os.path.islink(path):
             raise CacheError(f"{path}: a symbolic link (to {os.readlink(path)}); nothing was "

@@ -9,9 +9,10 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cache_tools import groups
 from cache_tools.locations import KIND_NAMES
-from cache_tools.manifest import (EntryRecord, FileRecord, Manifest, json_size,
-                                  slow_content_digest)
+from cache_tools.manifest import (EntryRecord, FileRecord, Manifest, content_digest_of,
+                                  entry_json, files_json, json_size, slow_content_digest)
 
 # Any text that UTF-8 can carry (what a manifest holds): quotes, backslashes, control
 # characters and non-ASCII letters all change how long their JSON spelling is.
@@ -73,3 +74,23 @@ def test_json_size_of_a_real_shaped_manifest(fp):
                                                  ((f.path, f.size, f.mode) for f in e.files))
                                                 for e in entries)) == len(m.to_json())
     assert json_size(fp, "", ()) == len(Manifest(fp, (), "").to_json())
+
+
+@EXAMPLES
+@given(entries=_entries, created_by=_text)
+def test_records_made_elsewhere_join_into_the_same_bytes(fp, entries, created_by):
+    """Pack's workers spell each entry's record (``entry_json`` of ``files_json``) where they
+    hash its files; the parent joins them: the same bytes as ``to_json`` builds."""
+    m = Manifest(fp, tuple(entries), created_by)
+    made = []
+    for e in entries:
+        listed = files_json(tuple(f) for f in e.files)
+        made.append(entry_json(e.kind, e.name, e.is_dir, listed,
+                               content_digest_of(listed, e.is_dir)))
+    assert m.to_json(made) == m.to_json() == _document(m)
+
+
+@EXAMPLES
+@given(children=st.lists(_text, max_size=6))
+def test_a_group_files_archive_size_is_its_length(children):
+    assert groups.archive_size(children) == len(groups.archive_form(children))
