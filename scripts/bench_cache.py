@@ -10,20 +10,27 @@ Two caches are built from real artifacts:
   cloned into FlashInfer's layout, ``<version>/<archs>/cached_ops/<op>/<op>.so``, until it holds
   ``--so-mb`` MiB (default: 1 GiB, scaled with ``--size-mb``).
 
-Each round runs ours and the baseline back to back in this process (the order alternates
-between rounds), and the table prints medians of the per-round ratios ours / baseline:
+``--entries N`` clones the Triton seed to exactly N entries instead (8 files each).
 
-| operation | ours | baseline |
+Ours is timed as a user runs it: the whole ``sglang-warmup cache ...`` process (start-up,
+imports, planning, the work, the forked workers, the output), against the baseline's whole
+process; the library call the command makes is timed in this process beside it.  Each round
+runs the command, the library call and the baseline back to back (the order rotates between
+rounds), and the table prints medians of the per-round ratios to the baseline:
+
+| operation | ours: the command (and the library call) | baseline |
 |---|---|---|
-| pack | ``archive.pack`` | ``tar -cf`` |
-| pack zstd | ``archive.pack(zstd=True)`` | ``tar -cf - | zstd -3 -T0`` |
-| verify | ``archive.verify`` (forked workers where usable) | ``tar -xOf ARCHIVE | sha256sum`` (same archive) |
-| restore | ``plan_restore().execute()`` (forked workers where usable) | ``tar -xf ARCHIVE`` (same archive, same file system) |
-| restore j1 | ``plan_restore().execute(jobs=1)`` (one process) | the same |
+| pack | ``cache pack OUT --root DIR --kinds K -y -q`` (``archive.pack``) | ``tar -cf`` |
+| pack zstd | the same with ``--zstd`` (``archive.pack(zstd=True)``) | ``tar -cf - | zstd -3 -T0`` |
+| verify | ``cache verify ARCHIVE -q`` (``archive.verify``) | ``tar -xOf ARCHIVE | sha256sum`` (same archive) |
+| restore | ``cache restore ARCHIVE --dest DIR -q`` (``plan_restore().execute()``) | ``tar -xf ARCHIVE`` (same archive, same file system) |
+| restore j1 | the same with ``--jobs 1`` (one process) | the same |
 | restore zstd | the same on the zstd archive | ``zstd -dc ARCHIVE | tar -xf -`` |
 
     .venv/bin/python scripts/bench_cache.py                    # full size, 5 rounds
     .venv/bin/python scripts/bench_cache.py --size-mb 40 --rounds 3   # a quick run
+    .venv/bin/python scripts/bench_cache.py --seed /dev/shm/seed --caches triton \
+        --entries 2000 --ops pack,restore --rounds 7 --workdir /dev/shm/b   # as the issue timed
 
 Ratios, not absolute times, are what this measures: shared machines are noisy, and a ratio of
 two runs made seconds apart on the same data cancels most of the noise.
@@ -150,14 +157,18 @@ def clone_name(src: str, i: int) -> str:
     return base64.b32encode(digest).decode().rstrip("=")
 
 
-def build_triton(seed: Path, cache: Path, size: int) -> int:
-    """Clone the seed entries under new hash names until ``cache`` holds ``size`` bytes; each
-    clone's group file lists the clone's own files, as Triton would have written it there."""
+def build_triton(seed: Path, cache: Path, size: int, count: int | None = None) -> int:
+    """Clone the seed entries under new hash names until ``cache`` holds ``size`` bytes (or
+    ``count`` entries); each clone's group file lists the clone's own files, as Triton would
+    have written it there."""
     entries = sorted(p for p in seed.iterdir() if p.is_dir())
-    total = i = 0
+    total = i = made = 0
     cache.mkdir(parents=True)
-    while total < size:
+    while (made < count) if count is not None else (total < size):
         for src in entries:
+            if count is not None and made >= count:
+                break
+            made += 1
             dst = cache / clone_name(src.name, i)
             dst.mkdir()
             for f in sorted(src.iterdir()):
@@ -168,7 +179,7 @@ def build_triton(seed: Path, cache: Path, size: int) -> int:
                                                        for c, p in children.items()}}).encode()
                 (dst / f.name).write_bytes(data)
                 total += len(data)
-            if total >= size:
+            if count is None and total >= size:
                 break
         i += 1
     return total
@@ -220,6 +231,20 @@ def sh(cmd: str) -> None:
     subprocess.run(["bash", "-o", "pipefail", "-c", cmd], check=True, stdout=subprocess.DEVNULL)
 
 
+def cli() -> list[str]:
+    """The ``sglang-warmup`` a user runs: the console script beside this interpreter (this
+    tree's code: the environment's editable install, or PYTHONPATH), else ``python -m``."""
+    script = Path(sys.executable).parent / "sglang-warmup"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "warmup"]
+
+
+def command(args: list[str]) -> Callable[[], object]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    return lambda: subprocess.run([*cli(), *args], check=True, env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def clock(fn: Callable[[], object], before: Callable[[], None] | None) -> float:
     if before:
         before()
@@ -228,22 +253,27 @@ def clock(fn: Callable[[], object], before: Callable[[], None] | None) -> float:
     return time.perf_counter() - t
 
 
-def paired(rounds: int, ours: Callable[[], object], base: Callable[[], object],
-           before: Callable[[], None] | None = None) -> dict[str, float]:
-    """Median times and the median of per-round ratios; the order alternates per round."""
-    t_ours, t_base, ratios = [], [], []
+def paired(rounds: int, cmd: Callable[[], object], ours: Callable[[], object],
+           base: Callable[[], object], before: Callable[[], None] | None = None
+           ) -> dict[str, object]:
+    """Median times, and the medians of the per-round ratios of the command and of the library
+    call to the baseline; the order of the three rotates per round."""
+    runs: dict[str, list[float]] = {"cmd": [], "ours": [], "base": []}
+    ratios: list[float] = []
+    inproc: list[float] = []
+    order = ["cmd", "ours", "base"]
+    fns = {"cmd": cmd, "ours": ours, "base": base}
     for r in range(rounds):
-        if r % 2:
-            b = clock(base, before)
-            o = clock(ours, before)
-        else:
-            o = clock(ours, before)
-            b = clock(base, before)
-        t_ours.append(o)
-        t_base.append(b)
-        ratios.append(o / b)
-    return {"ours_s": statistics.median(t_ours), "base_s": statistics.median(t_base),
-            "ratio": statistics.median(ratios), "ratios": ratios}
+        got = {}
+        for who in order[r % 3:] + order[:r % 3]:
+            got[who] = clock(fns[who], before)
+            runs[who].append(got[who])
+        ratios.append(got["cmd"] / got["base"])
+        inproc.append(got["ours"] / got["base"])
+    return {"cmd_s": statistics.median(runs["cmd"]), "ours_s": statistics.median(runs["ours"]),
+            "base_s": statistics.median(runs["base"]), "ratio": statistics.median(ratios),
+            "ratios": ratios, "inproc_ratio": statistics.median(inproc),
+            "inproc_ratios": inproc, "load": os.getloadavg()[0]}
 
 
 def bench_cache(name: str, root: Path, kind_dir: str, loc: Location, work: Path, rounds: int,
@@ -260,34 +290,41 @@ def bench_cache(name: str, root: Path, kind_dir: str, loc: Location, work: Path,
     def restore(path: Path, jobs: int | None = None) -> Callable[[], object]:
         return lambda: archive.plan_restore(path, dest=dest, local=fp).execute(jobs=jobs)
 
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, object]] = {}
     # The archives the read-side operations use exist before those are timed.
     archive.pack(ours_tar, [loc], fingerprint=fp)
     if "pack zstd" in ops or "restore zstd" in ops:
         archive.pack(ours_zst, [loc], zstd=True, fingerprint=fp)
+    packed = work / "cmd.tar"                   # the command's own output (ours_tar stays)
+    pack_args = ["cache", "pack", "--root", str(root), "--kinds", loc.kind.name, "-y", "-q"]
     for op in ops:
         if op == "pack":
-            out[op] = paired(rounds, lambda: archive.pack(ours_tar, [loc], fingerprint=fp),
+            out[op] = paired(rounds, command([*pack_args, str(packed)]),
+                             lambda: archive.pack(packed, [loc], fingerprint=fp),
                              lambda: sh(f"tar -cf {base_tar} -C {root} {kind_dir}"))
         elif op == "pack zstd":
-            out[op] = paired(rounds,
-                             lambda: archive.pack(ours_zst, [loc], zstd=True, fingerprint=fp),
+            out[op] = paired(rounds, command([*pack_args, "--zstd", f"{packed}.zst"]),
+                             lambda: archive.pack(f"{packed}.zst", [loc], zstd=True,
+                                                  fingerprint=fp),
                              lambda: sh(f"tar -cf - -C {root} {kind_dir} | zstd -q -3 -T0 -f "
                                         f"-o {base_zst}"))
         elif op == "verify":
-            out[op] = paired(rounds, lambda: archive.verify(ours_tar, local=fp),
+            out[op] = paired(rounds, command(["cache", "verify", str(ours_tar), "-q"]),
+                             lambda: archive.verify(ours_tar, local=fp),
                              lambda: sh(f"tar -xOf {ours_tar} | sha256sum"))
-        elif op == "restore":
-            out[op] = paired(rounds, restore(ours_tar),
-                             lambda: sh(f"tar -xf {ours_tar} -C {dest}"), fresh)
-        elif op == "restore j1":
-            out[op] = paired(rounds, restore(ours_tar, jobs=1),
-                             lambda: sh(f"tar -xf {ours_tar} -C {dest}"), fresh)
-        elif op == "restore zstd":
-            out[op] = paired(rounds, restore(ours_zst),
-                             lambda: sh(f"zstd -q -dc {ours_zst} | tar -xf - -C {dest}"), fresh)
-        print(f"  {name:10} {op:13} ours {out[op]['ours_s']:7.3f}s  baseline "
-              f"{out[op]['base_s']:7.3f}s  ratio {out[op]['ratio']:.2f}", flush=True)
+        elif op in ("restore", "restore j1", "restore zstd"):
+            path = ours_zst if op == "restore zstd" else ours_tar
+            jobs = 1 if op == "restore j1" else None
+            out[op] = paired(rounds, command(["cache", "restore", str(path), "--dest", str(dest),
+                                              "-q", *(["--jobs", "1"] if jobs else [])]),
+                             restore(path, jobs),
+                             lambda: sh(f"zstd -q -dc {ours_zst} | tar -xf - -C {dest}"
+                                        if op == "restore zstd" else
+                                        f"tar -xf {ours_tar} -C {dest}"), fresh)
+        t = out[op]
+        print(f"  {name:10} {op:13} command {t['cmd_s']:7.3f}s  in-process {t['ours_s']:7.3f}s"
+              f"  baseline {t['base_s']:7.3f}s  ratio {t['ratio']:.2f} (in-process "
+              f"{t['inproc_ratio']:.2f})  load {t['load']:.1f}", flush=True)
     shutil.rmtree(dest, ignore_errors=True)
     return out
 
@@ -295,6 +332,9 @@ def bench_cache(name: str, root: Path, kind_dir: str, loc: Location, work: Path,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mb", type=int, default=268, help="Triton cache size (MiB)")
+    ap.add_argument("--entries", type=int, default=None,
+                    help="Triton cache: exactly this many entries (8 files each) instead of "
+                         "--size-mb")
     ap.add_argument("--so-mb", type=int, default=None,
                     help="FlashInfer cache size (MiB; default: 1024 scaled like --size-mb)")
     ap.add_argument("--rounds", type=int, default=5)
@@ -335,7 +375,7 @@ def main() -> None:
                 seed = args.seed or work / "seed-triton"
                 if not seed.is_dir():
                     compile_seed(seed)
-                data = build_triton(seed, root / "triton", args.size_mb << 20)
+                data = build_triton(seed, root / "triton", args.size_mb << 20, args.entries)
                 kind_dir, loc = "triton", Location(kind("triton"), root / "triton", "bench")
             elif name == "flashinfer":
                 base = root / ".cache" / "flashinfer"
@@ -354,14 +394,15 @@ def main() -> None:
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\nmedian of {args.rounds} paired rounds; {results['cpus']} CPUs; "
+    print(f"\nmedian of {args.rounds} rounds; {results['cpus']} CPUs; "
           f"Python {results['python']}\n")
-    print("| cache | operation | ours / baseline (median) | ours (s) | baseline (s) |")
-    print("|---|---|---:|---:|---:|")
+    print("| cache | operation | command / baseline (median) | in-process / baseline | "
+          "command (s) | in-process (s) | baseline (s) |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for name, c in results["caches"].items():  # type: ignore[union-attr]
         for op, t in c["ops"].items():
-            print(f"| {name} | {op} | {t['ratio']:.2f} | {t['ours_s']:.2f} | "
-                  f"{t['base_s']:.2f} |")
+            print(f"| {name} | {op} | {t['ratio']:.2f} | {t['inproc_ratio']:.2f} | "
+                  f"{t['cmd_s']:.2f} | {t['ours_s']:.2f} | {t['base_s']:.2f} |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 
