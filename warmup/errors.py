@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import reprlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cache_tools.errors import HintedError
+
+if TYPE_CHECKING:  # an annotation only: the base layer imports nothing above it
+    from warmup.serve.report import RunReport
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 36, 36
@@ -51,7 +54,10 @@ class HttpAppError(TransportError):
 
 
 class DriverError(WarmupError):
-    """The warm-up failed in strict mode (a request or the final flush failed)."""
+    """The warm-up failed in strict mode (a request or the final flush failed).  ``report``:
+    the run report so far, set by the driver before it raises."""
+
+    report: RunReport | None = None
 
 
 class RegistrationError(WarmupError):

@@ -29,7 +29,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cache_tools import atomic
 from warmup.coverage.attribution import (CLASS_PREFIX, Attribution, CompileLogAttribution,
@@ -41,6 +41,9 @@ from warmup.coverage.counts import (COMPILE_METRIC, LOAD_METRIC, ServingCounts, 
 from warmup.coverage.traffic import STEP_FIELDS, TrafficStep, parse_step
 from warmup.errors import TransportError, WarmupError
 from warmup.serve.report import as_number
+
+if TYPE_CHECKING:  # an annotation only: the transport is imported when an audit runs
+    from warmup.serve.transport import HttpTransport
 
 logger = logging.getLogger("sglang_warmup.audit")
 
@@ -260,7 +263,8 @@ def check_fits(steps: Sequence[TrafficStep], facts: Any) -> None:
 def run(url: str, steps: Sequence[TrafficStep], *, state_dir: str | os.PathLike[str] | None = None,
         max_misses: int = 0, traffic_name: str = "", timeout_s: float = 600.0,
         flush_timeout_s: float = 60.0, api_key: str | None = None, seed: str = "audit",
-        progress: Callable[[str], None] | None = None, transport: Any = None) -> AuditReport:
+        progress: Callable[[str], None] | None = None,
+        transport: HttpTransport | None = None) -> AuditReport:
     """Audit ``steps`` against the ready server at ``url`` (see the module docstring)."""
     return asyncio.run(_Audit(url, list(steps), state_dir=state_dir, max_misses=max_misses,
                               traffic_name=traffic_name, timeout_s=timeout_s,
@@ -272,7 +276,7 @@ class _Audit:
     def __init__(self, url: str, steps: list[TrafficStep], *, state_dir: Any, max_misses: int,
                  traffic_name: str, timeout_s: float, flush_timeout_s: float,
                  api_key: str | None, seed: str, progress: Callable[[str], None] | None,
-                 transport: Any) -> None:
+                 transport: HttpTransport | None) -> None:
         from warmup.serve.transport import HttpTransport
 
         if not steps:

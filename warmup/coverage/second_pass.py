@@ -21,15 +21,46 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from cache_tools import atomic, compile_log
 from cache_tools.compile_log import is_miss, kernel_name
 from warmup.coverage.classes import ClassLatency, Coverage, compute
+from warmup.errors import DriverError
 from warmup.observe import metrics
 from warmup.serve.report import RunReport
 
+if TYPE_CHECKING:  # annotations only (the transports' module imports the HTTP client)
+    from warmup.observe.metrics import Metrics
+    from warmup.plan.model import Expansion
+    from warmup.serve.transport import Transport
+
 logger = logging.getLogger("sglang_warmup.coverage")
+
+
+class PassDriver(Protocol):
+    """What a pass uses of its driver (:class:`warmup.serve.driver.Driver` is one)."""
+
+    #: the second pass appends to its token salt for the replay (fresh ids), then restores it
+    transport: Transport
+    #: where the SGLang processes write the compile log (None: ``WARMUP_STATE_DIR``)
+    state_dir: str | None
+    #: where the coverage's first-hit ratios and the ready time go; None: nowhere
+    metrics: Metrics | None
+    #: False inside the server: the caller records the ready time at the real readiness
+    serving_at_end: bool
+    #: one line of progress (the second replay's announcement, the coverage's lines)
+    progress: Callable[[str], None]
+
+    async def run(self, exp: Expansion) -> RunReport:
+        """Send the expansion; the final report.  A failure in strict mode raises
+        :class:`~warmup.errors.DriverError` carrying the report so far."""
+        ...
+
+    def replay(self) -> PassDriver:
+        """A driver for the second replay: the same transport, state directory, progress and
+        readiness; lenient, repeating every step, recording no plan metrics."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -122,14 +153,20 @@ class Passes:
     coverage: Coverage | None = None
 
 
-async def _one_pass(driver: Any, exp: Any, state_dir: Any, mp_dir: str | None) -> PassResult:
+async def _one_pass(driver: PassDriver, exp: Expansion,
+                    state_dir: str | os.PathLike[str] | None, mp_dir: str | None) -> PassResult:
     window = PassWindow(state_dir, mp_dir)
     report: RunReport | None = None
     error: Exception | None = None
     try:
         report = await driver.run(exp)
-    except Exception as exc:  # the caller decides: a WarmupError carries the report so far
-        report, error = getattr(exc, "report", None), exc
+    except DriverError as exc:  # strict mode: it carries the report so far
+        report, error = exc.report, exc
+    # What else ended the pass is its result's too; the callers decide: run() raises the first
+    # pass's again and lists the second's in the coverage, the sidecar fails the attempt on a
+    # WarmupError and raises anything else (a bug of ours) as its internal error.
+    except Exception as exc:  # the pass's result carries it: its caller raises or reports it
+        error = exc
     check = window.close()
     return PassResult(report, error, check, window.records)
 
@@ -142,7 +179,7 @@ def latency(report: RunReport | None) -> dict[str, ClassLatency]:
             for c in report.classes if c.repeat_ms > 0}
 
 
-async def run_passes(driver: Any, exp: Any, *, second: Any = None,
+async def run_passes(driver: PassDriver, exp: Expansion, *, second: PassDriver | None = None,
                      state_dir: str | os.PathLike[str] | None = None, mp_dir: str | None = None,
                      salt: str = "second-pass",
                      on_pass: Callable[[int, PassResult], None] | None = None) -> Passes:
@@ -158,15 +195,13 @@ async def run_passes(driver: Any, exp: Any, *, second: Any = None,
     if second is None or first.error is not None or first.report is None \
             or first.report.skipped_reason:
         return Passes(first)
-    tokens = getattr(second.transport, "tokens", None)
-    old_salt = getattr(tokens, "salt", None)
-    if tokens is not None:
-        tokens.salt = f"{old_salt or ''}{salt}"
+    tokens = second.transport.tokens
+    old_salt = tokens.salt
+    tokens.salt = f"{old_salt}{salt}"
     try:
         again = await _one_pass(second, exp, state_dir, mp_dir)
     finally:
-        if tokens is not None:
-            tokens.salt = old_salt
+        tokens.salt = old_salt
     if on_pass is not None:
         on_pass(2, again)
     cov = None
@@ -194,7 +229,7 @@ class CoverageReport:
         return d
 
 
-async def run(driver: Any, exp: Any, *, second_pass: bool | None = None,
+async def run(driver: PassDriver, exp: Expansion, *, second_pass: bool | None = None,
               state_dir: str | os.PathLike[str] | None = None) -> CoverageReport:
     """Run the expansion with ``driver``; with ``second_pass`` (default: WARMUP_SECOND_PASS),
     replay it once more through the same transport and measure the :class:`Coverage` (also
@@ -212,16 +247,14 @@ async def run(driver: Any, exp: Any, *, second_pass: bool | None = None,
         second_pass = settings.SECOND_PASS.get()
     if not second_pass:
         return CoverageReport(await driver.run(exp))
-    sdir = state_dir if state_dir is not None else getattr(driver, "state_dir", None)
+    sdir = state_dir if state_dir is not None else driver.state_dir
     if not sdir:
         sdir = settings.STATE_DIR.get() or None
     if not sdir:
         return CoverageReport(await driver.run(exp), Coverage(
             plan=exp.plan, classes=(), note="no state directory: the compile log that coverage "
             "reads is not written; second replay skipped"))
-    replay = type(driver)(driver.transport, lenient=True, flush_timeout_s=driver.flush_timeout_s,
-                          state_dir=driver.state_dir, metrics=None, progress=driver.progress,
-                          repeat=True, serving_at_end=getattr(driver, "serving_at_end", True))
+    replay = driver.replay()
 
     def announce(n: int, result: PassResult) -> None:
         if n == 1 and result.error is None and result.report is not None \
@@ -244,22 +277,22 @@ async def run(driver: Any, exp: Any, *, second_pass: bool | None = None,
     cov = passes.coverage or compute((), (), classes=exp.classes, plan=exp.plan)
     cov = replace(cov, second_pass_failures=failures)
     _write(cov, sdir)
-    recorder = getattr(driver, "metrics", None)
+    recorder = driver.metrics
     if recorder is not None:
         try:
             for c in cov.classes:
                 if c.latency is not None and c.latency.ratio is not None:
                     recorder.class_first_hit_ratio(c.shape_class, c.latency.ratio)
-            if getattr(driver, "serving_at_end", True):  # else the caller marks it at readiness
+            if driver.serving_at_end:  # else the caller marks it at readiness
                 recorder.ready(time.time())  # ready is after the second replay
-        except Exception:
-            pass
+        except Exception as exc:  # a metrics update never fails the warm-up: logged
+            logger.debug("sglang-warmup: coverage metrics not recorded: %r", exc)
     for line in cov.render().splitlines():
         driver.progress(line)
     return CoverageReport(first.report, cov)
 
 
-def _write(cov: Coverage, state_dir: Any) -> None:
+def _write(cov: Coverage, state_dir: str | os.PathLike[str]) -> None:
     path = Path(state_dir) / "coverage.json"
     try:
         atomic.write_text(path, json.dumps(cov.to_json(), indent=2) + "\n")

@@ -15,13 +15,17 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from cache_tools import compile_log
 from warmup.observe import phase as phase_mod
 from warmup.errors import DriverError, TransportError
 from warmup.plan.model import Expansion, WarmupStep
 from warmup.serve.report import ClassReport, RunReport
+
+if TYPE_CHECKING:  # annotations only: the transports' module imports the HTTP client
+    from warmup.observe.metrics import Metrics
+    from warmup.serve.transport import Transport
 
 logger = logging.getLogger("sglang_warmup.driver")
 
@@ -67,10 +71,10 @@ class Driver:
     ``--warmups`` entries, so the phase stays ``warmup`` (class :data:`AFTER_PLAN`) until the
     caller calls :meth:`mark_serving` at the real readiness."""
 
-    def __init__(self, transport: Any, *, lenient: bool = False, flush_timeout_s: float = 60.0,
-                 state_dir: str | None = None, metrics: Any = None,
-                 progress: Callable[[str], None] | None = None, repeat: bool = False,
-                 serving_at_end: bool = True) -> None:
+    def __init__(self, transport: Transport, *, lenient: bool = False,
+                 flush_timeout_s: float = 60.0, state_dir: str | None = None,
+                 metrics: Metrics | None = None, progress: Callable[[str], None] | None = None,
+                 repeat: bool = False, serving_at_end: bool = True) -> None:
         self.transport = transport
         self.repeat = repeat
         self.serving_at_end = serving_at_end
@@ -78,7 +82,15 @@ class Driver:
         self.flush_timeout_s = flush_timeout_s
         self.state_dir = state_dir
         self.metrics = metrics
-        self.progress = progress or (lambda line: logger.info("%s", line))
+        self.progress: Callable[[str], None] = progress or (lambda line: logger.info("%s", line))
+
+    def replay(self) -> Driver:
+        """A driver for a second replay of the same plan (the second pass): the same transport,
+        flush timeout, state directory, progress and readiness; lenient, repeating every step,
+        recording no plan metrics."""
+        return Driver(self.transport, lenient=True, flush_timeout_s=self.flush_timeout_s,
+                      state_dir=self.state_dir, metrics=None, progress=self.progress,
+                      repeat=True, serving_at_end=self.serving_at_end)
 
     async def run(self, exp: Expansion) -> RunReport:
         """Send every step, then flush; the returned report is final.  A DriverError (strict
@@ -121,21 +133,21 @@ class Driver:
                 self.progress(f"sglang-warmup [{pi}/{len(phases)}] phase {ph}: done in "
                               f"{time.perf_counter() - p0:.1f} s")
         except DriverError as exc:
-            exc.report = final()  # type: ignore[attr-defined]
+            exc.report = final()
             raise
         self._set_phase("warmup", phase_mod.FLUSH)
         if exp.flush:
             try:
                 flush = await self.transport.flush(self.flush_timeout_s)
                 self.progress(f"sglang-warmup: cache flush: {flush}")
-            except Exception as exc:
+            except Exception as exc:  # the transport reaches into SGLang: the failure is reported
                 msg = f"cache flush failed: {_describe(exc)}"
                 failures.append(msg)
                 if not self.lenient:
                     err = DriverError(f"warm-up {exp.plan}: {msg}",
                                       hint="the server would start with warm-up prefixes in its "
                                            "cache; see the scheduler log (--lenient to go on)")
-                    err.report = final()  # type: ignore[attr-defined]
+                    err.report = final()
                     raise err from None
                 logger.warning("sglang-warmup: %s (lenient: going on)", msg)
         report = final()
@@ -155,8 +167,8 @@ class Driver:
         if self.metrics is not None:
             try:
                 self.metrics.ready(time.time())
-            except Exception:
-                pass
+            except Exception as exc:  # a metrics update never fails the warm-up: logged
+                logger.debug("sglang-warmup: ready time not recorded: %r", exc)
 
     async def _step(self, step: WarmupStep, c: _Tally, failures: list[str]) -> None:
         self._set_phase("warmup", step.shape_class, step.index)
@@ -177,15 +189,15 @@ class Driver:
                     salt: str = "") -> tuple[float, int]:
         """Send ``step`` once (``salt`` appended to the transport's token salt: fresh ids);
         return its latency in ms and how many requests failed."""
-        tokens = getattr(self.transport, "tokens", None) if salt else None
-        old = getattr(tokens, "salt", "")
+        tokens = self.transport.tokens if salt else None
+        old = tokens.salt if tokens is not None else ""
         if tokens is not None:
             tokens.salt = f"{old}{salt}"
         t = time.perf_counter()
         try:
             await self.transport.send(step)
             failed = 0
-        except Exception as exc:  # every failure is reported with its class and step
+        except Exception as exc:  # the transport reaches into SGLang: reported with the step
             failed = step.num_requests
             msg = (f"class {step.shape_class}, step {step.index}{what} ({step.mode}: "
                    f"{step.note}): {_describe(exc)}")
@@ -204,10 +216,9 @@ class Driver:
         return (time.perf_counter() - t) * 1000, failed
 
     def _set_phase(self, phase: str, shape_class: str | None = None, request: int | None = None) -> None:
-        try:
-            phase_mod.set_phase(phase, shape_class, request, state_dir=self.state_dir)
-        except Exception as exc:  # bookkeeping never stops the warm-up
-            logger.debug("sglang-warmup: phase not recorded: %s", exc)
+        # set_phase logs a phase file it cannot write (bookkeeping never stops the warm-up);
+        # what else it raises (an unknown phase) is a bug of ours
+        phase_mod.set_phase(phase, shape_class, request, state_dir=self.state_dir)
 
     def _count_compiles(self, report: RunReport) -> RunReport:
         """The report counted over the compile log (written by the scheduler processes)."""
@@ -215,7 +226,8 @@ class Driver:
             return report
         try:
             records = compile_log.read_dir(self.state_dir)
-        except Exception:  # bookkeeping never fails the warm-up
+        except OSError as exc:  # bookkeeping never fails the warm-up
+            logger.warning("sglang-warmup: compile log not read, compiles not counted: %s", exc)
             return report
         return report.with_compiles(records)
 
@@ -233,8 +245,8 @@ class Driver:
             self.metrics.plan_coverage(done=sum(1 for c in report.classes if not c.failures),
                                        skipped=len(skipped_classes),
                                        failed=sum(1 for c in report.classes if c.failures))
-        except Exception as exc:
-            logger.debug("sglang-warmup: plan metrics not recorded: %s", exc)
+        except Exception as exc:  # a metrics update never fails the warm-up: logged
+            logger.debug("sglang-warmup: plan metrics not recorded: %r", exc)
 
 
 def _describe(exc: BaseException) -> str:

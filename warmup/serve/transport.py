@@ -4,7 +4,7 @@ opens, during ``--warmups``), or over HTTP (a sidecar warming a server started b
 Both transports take the driver's :class:`~warmup.plan.model.WarmupStep` and return one
 :class:`Outcome` per request; they raise :class:`~warmup.errors.TransportError` when SGLang
 refuses, aborts or does not answer in time.  Token ids are made here, deterministically, from
-the step (see :class:`TokenMaker`).
+the step (see :class:`TokenMaker`).  :class:`Transport` is what the driver uses of any of them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from warmup.errors import HttpAppError, TransportError
 from warmup.plan.facts import ServerFacts
@@ -81,6 +81,28 @@ class TokenMaker:
         ``token_ids_logprob`` and ``stop_token_ids``)."""
         count = max(0, min(count, self.hi - self.lo))
         return sorted(self._rng("feature", what).sample(range(self.lo, self.hi), count))
+
+
+# --- the contract -------------------------------------------------------------------------------
+class Transport(Protocol):
+    """What the driver (:mod:`warmup.serve.driver`) and the second pass
+    (:mod:`warmup.coverage.second_pass`) use of a transport: the in-process and HTTP ones here,
+    the sidecar's, and the tests' stand-ins all have it."""
+
+    #: the token ids of every request; the driver appends to its ``salt`` for a step's repeat,
+    #: the second pass for its whole replay (fresh ids: no radix-cache hit), then restores it
+    tokens: TokenMaker
+
+    async def send(self, step: WarmupStep) -> list[Outcome]:
+        """Send every request of ``step``; one outcome per request.  Raises
+        :class:`~warmup.errors.TransportError` when SGLang refuses, aborts or does not answer
+        in time (a stand-in may raise anything: the driver reports it with the step)."""
+        ...
+
+    async def flush(self, timeout_s: float) -> str:
+        """Flush the server's radix cache within ``timeout_s`` seconds; one line saying what
+        was flushed (``flushed on 2 rank(s)``)."""
+        ...
 
 
 def sampling_params(req: WarmupRequest, tokens: TokenMaker | None = None) -> dict[str, Any]:
@@ -444,5 +466,4 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: A
         pass
 
 
-Transport = InProcessTransport | HttpTransport
 __all__: Sequence[str] = ("InProcessTransport", "HttpTransport", "Outcome", "TokenMaker", "Transport")

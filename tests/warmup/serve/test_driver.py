@@ -412,3 +412,42 @@ def test_count_compiles_from_manifest_records():
     assert report.classes[0].compiles == 7 and report.compiles_total == 0
     with pytest.raises(dataclasses.FrozenInstanceError):
         report.ok = False  # type: ignore[misc]
+
+
+# --- the seams: the second pass's replay, an unreadable compile log ------------------------------
+def test_the_replay_driver_is_lenient_repeating_and_records_no_metrics(fake_tokenizer_manager):
+    """What the second pass replays with (second_pass.PassDriver.replay): the same transport,
+    flush timeout, state directory, progress and readiness; lenient, repeating, no metrics."""
+    from typing import Any
+
+    transport = InProcessTransport(fake_tokenizer_manager(), vocab_size=TINY_VOCAB)
+    lines: list[str] = []
+    metrics: Any = object()  # never called: the replay records none
+    driver = Driver(transport, flush_timeout_s=7.0, state_dir="/state", metrics=metrics,
+                    progress=lines.append, serving_at_end=False)
+    replay = driver.replay()
+    assert type(replay) is Driver and replay is not driver
+    assert (replay.transport, replay.flush_timeout_s, replay.state_dir, replay.progress,
+            replay.serving_at_end) == (transport, 7.0, "/state", lines.append, False)
+    assert (replay.lenient, replay.repeat, replay.metrics) == (True, True, None)
+
+
+def test_an_unreadable_compile_log_leaves_the_compiles_uncounted_with_a_warning(
+        fake_tokenizer_manager, tiny_plan_path, warmup_isolated, caplog):
+    """The driver narrows what it forgives to the compile log's OSError (a FIFO where a log
+    file should be): the report stands without counts, and the log says why."""
+    import os
+
+    logs = warmup_isolated / "compile_log"
+    logs.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(logs / "compiles-1.jsonl")
+    tm = fake_tokenizer_manager()
+    exp = tiny_expansion(tm, tiny_plan_path, only={"extends"})
+    with caplog.at_level(logging.WARNING, logger="sglang_warmup"):
+        report = run(Driver(InProcessTransport(tm, vocab_size=TINY_VOCAB),
+                            state_dir=str(warmup_isolated), progress=lambda line: None), exp)
+    assert report.ok and report.compiles_total == 0
+    assert [r.getMessage() for r in caplog.records
+            if "compile log" in r.getMessage()] == [
+        f"sglang-warmup: compile log not read, compiles not counted: "
+        f"[Errno 22] not a regular file (a FIFO): '{logs / 'compiles-1.jsonl'}'"]
