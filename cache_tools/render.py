@@ -28,26 +28,59 @@ if TYPE_CHECKING:  # annotations only: importing the archive machinery here woul
 # --- tables -------------------------------------------------------------------------------------
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, align: str = "") -> str:
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, align: str = "",
+          width: int | None = None, drop: Sequence[int] = ()) -> str:
     """A fixed-width table: header, a dashed rule, one line per row, trailing spaces stripped.
 
     ``align`` holds one of ``l``/``r`` per column; by default numbers go right and text left.
-    Cells: ``None`` is ``-``, ints get thousands separators, floats one decimal."""
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        for i, c in enumerate(row):
-            widths[i] = max(widths[i], len(c))
+    Cells: ``None`` is ``-``, ints get thousands separators, floats one decimal.
 
-    def just(i: int, text: str, raw: Any) -> str:
-        right = align[i] == "r" if i < len(align) else isinstance(raw, (int, float))
+    ``width``: the widest line allowed (a terminal's columns).  Past it, the columns named in
+    ``drop`` (indices, least useful first) are left out one at a time, then the widest text
+    columns are cut, their cells ending in ``…`` (never below 8 characters)."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    keep = list(range(len(headers)))
+    widths = [max([len(headers[i])] + [len(row[i]) for row in cells]) for i in keep]
+
+    def total(cols: list[int]) -> int:
+        return sum(widths[i] for i in cols) + 2 * (len(cols) - 1)
+
+    if width is not None:
+        for i in drop:
+            if total(keep) <= width:
+                break
+            if i in keep and len(keep) > 1:
+                keep.remove(i)
+        while total(keep) > width:
+            text_cols = [i for i in keep if not _right(align, i, rows)]
+            widest = max(text_cols, key=lambda i: widths[i], default=None)
+            if widest is None or widths[widest] <= 8:
+                break
+            widths[widest] = max(8, widths[widest] - (total(keep) - width))
+            cells = [[_cut(c, widths[i]) if i == widest else c for i, c in enumerate(row)]
+                     for row in cells]
+
+    def just(i: int, text: str, raw: Sequence[Any]) -> str:
+        right = _right(align, i, [raw])
         return text.rjust(widths[i]) if right else text.ljust(widths[i])
 
-    lines = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip(),
-             "  ".join("-" * w for w in widths)]
+    lines = ["  ".join(_cut(headers[i], widths[i]).ljust(widths[i]) for i in keep).rstrip(),
+             "  ".join("-" * widths[i] for i in keep)]
     for raw, row in zip(rows, cells):
-        lines.append("  ".join(just(i, c, raw[i]) for i, c in enumerate(row)).rstrip())
+        lines.append("  ".join(just(i, row[i], raw) for i in keep).rstrip())
     return "\n".join(lines)
+
+
+def _right(align: str, i: int, rows: Sequence[Sequence[Any]]) -> bool:
+    """Column ``i`` is aligned right: as ``align`` says, else when its first row holds a
+    number."""
+    if i < len(align):
+        return align[i] == "r"
+    return bool(rows) and isinstance(rows[0][i], (int, float))
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def _cell(v: Any) -> str:

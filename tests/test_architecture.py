@@ -34,9 +34,11 @@ LAYERS = {
 #: Imports against the layers, each with the reason it is allowed (kept short on purpose).
 EXCEPTIONS = {
     # The plugin is SGLang's entry point into every process: it wires the layers together
-    # (events, patches, the --warmups hook and, with WARMUP_SECOND_PASS, the second pass).
+    # (events, patches, the --warmups hook with the view's text for its log lines and, with
+    # WARMUP_SECOND_PASS, the second pass).
     ("warmup.serve.plugin", "warmup.patches"): "entry point",
     ("warmup.serve.plugin", "warmup.coverage"): "entry point",
+    ("warmup.serve.plugin", "warmup.view"): "entry point",
 }
 #: Modules that may import the CLI: the package's ``python -m`` entry.
 CLI_IMPORTERS = {"warmup.__main__"}

@@ -11,6 +11,7 @@ from warmup.cli import options, output
 from warmup.cli.options import Format
 from warmup.coverage import audit, traffic
 from warmup.errors import AuditMissesError
+from warmup.view import text
 
 
 def audit_command(
@@ -46,7 +47,7 @@ def audit_command(
     if options.output_format(fmt, json_alias) == "json":
         output.data_json(report.to_json(), indent=1)
     else:
-        output.data(report.render())
+        output.data(text.audit(report, width=output.width()))
     if not report.ok:
         raise AuditMissesError(f"{report.misses} post-ready compile event(s) during the audit, "
                                f"above --max-misses {max_misses}",

@@ -67,8 +67,9 @@ COMMANDS: dict[str, Command] = {
                        "compiled: prebake --plan P --out A -- <sglang args>", registered=True,
                        context_settings=_PASS_THROUGH),
     "report": Command("warmup.cli.report", "report_command",
-                      "Render a saved report: per-class latency, first hit against repeat, "
-                      "compiles by phase,\nthe warm-up's timeline, what was skipped and why."),
+                      "Render a saved report: a run report, an audit, a coverage record, or "
+                      "any other JSON\ndocument sglang-warmup wrote (docs/data/*.json: its "
+                      "fields and the reports it holds)."),
     "serve": Command("warmup.cli.serve", "serve_command",
                      "Run SGLang with a plan warmed before the port opens: serve --plan P -- "
                      "<sglang args>", registered=True, context_settings=_PASS_THROUGH),

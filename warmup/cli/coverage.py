@@ -9,6 +9,7 @@ import typer
 from warmup.cli import options, output
 from warmup.cli.options import Format
 from warmup.coverage import classes
+from warmup.view import text
 
 
 def coverage_command(
@@ -24,4 +25,4 @@ def coverage_command(
     if options.output_format(fmt, json_alias) == "json":
         output.data_json(cov.to_json(), indent=1)
     else:
-        output.data(cov.render())
+        output.data(text.coverage(cov, width=output.width()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import warnings
 from contextlib import contextmanager
@@ -26,6 +27,17 @@ def data(text: str, *, nl: bool = True) -> None:
 def data_json(value: Any, *, indent: int = 2, sort_keys: bool = False) -> None:
     """The command's result as JSON, on stdout."""
     typer.echo(json.dumps(value, indent=indent, sort_keys=sort_keys, default=str))
+
+
+def width() -> int | None:
+    """The terminal's columns when stdout is one (tables are fitted to them), else None: a
+    file or a pipe gets every column."""
+    try:
+        if not sys.stdout.isatty():
+            return None
+    except (AttributeError, ValueError):  # a replaced or closed stdout
+        return None
+    return shutil.get_terminal_size().columns
 
 
 def note(line: str) -> None:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from cache_tools import compile_log, jsonfile
-from cache_tools.render import table
 from warmup.errors import shown
 from warmup.serve.report import as_number
 
@@ -29,29 +28,32 @@ MAX_AMOUNT = 10 ** 12
 
 
 class RecordError(ValueError):
-    """A saved coverage record (coverage.json, a run report's) with a field that is not what it
-    should be: ``str()`` is ``FIELD: what`` (the caller names the file)."""
+    """A saved record (coverage.json, a run report's coverage, an audit file) with a field that
+    is not what it should be: ``str()`` is ``FIELD: what`` (the caller names the file)."""
 
 
-def _object(v: Any, where: str) -> Mapping[str, Any]:
+def read_object(v: Any, where: str) -> Mapping[str, Any]:
+    """A field of a saved record that must be an object."""
     if not isinstance(v, Mapping):
         raise RecordError(f"{where}: expected an object, not {shown(v)}")
     return v
 
 
-def _objects(v: Any, where: str) -> list[Mapping[str, Any]]:
+def read_objects(v: Any, where: str) -> list[Mapping[str, Any]]:
+    """A field of a saved record that must be a list of objects (absent: none)."""
     if v is not None and not isinstance(v, list):
         raise RecordError(f"{where}: expected a list of objects, not {shown(v)}")
-    return [_object(x, f"{where}[{i}]") for i, x in enumerate(v or ())]
+    return [read_object(x, f"{where}[{i}]") for i, x in enumerate(v or ())]
 
 
-def _amount(d: Mapping[str, Any], key: str, where: str, kind: type = int) -> Any:
+def read_amount(d: Mapping[str, Any], key: str, where: str, kind: type = int) -> Any:
     """A count (``int``) or a measure (``float``) of a saved record, from 0 to MAX_AMOUNT."""
     v = d.get(key) or 0
     if not (isinstance(v, (int, float) if kind is float else int) and not isinstance(v, bool)
             and math.isfinite(v) and 0 <= v <= MAX_AMOUNT):
         what = "a number" if kind is float else "an integer"
-        raise RecordError(f"{where}.{key}: expected {what} from 0 to 10^12, not {shown(v)}")
+        field = f"{where}.{key}" if where else key
+        raise RecordError(f"{field}: expected {what} from 0 to 10^12, not {shown(v)}")
     return kind(v)
 
 
@@ -103,18 +105,6 @@ class KeyEvents:
         """Compile events (everything but device loads)."""
         return self.compiled + self.disk_hits + self.failed
 
-    @property
-    def label(self) -> str:
-        short = f" [{self.hash[:10]}]" if self.hash else ""
-        sig = f" ({self.signature})" if self.signature else ""
-        return f"{self.name}{short}{sig}"
-
-    def what(self) -> str:
-        """``compiled 2, disk 1, loads 2`` for tables."""
-        parts = [(self.compiled, "compiled"), (self.disk_hits, "disk"), (self.failed, "failed"),
-                 (self.device_loads, "loads")]
-        return ", ".join(f"{label} {n}" for n, label in parts if n) or "-"
-
     def to_json(self) -> dict[str, Any]:
         return {"compiler": self.compiler, "name": self.name, "module": self.module,
                 "hash": self.hash, "signature": self.signature, "compiled": self.compiled,
@@ -125,13 +115,13 @@ class KeyEvents:
     @classmethod
     def from_json(cls, d: Any, where: str = "key") -> "KeyEvents":
         """A key read back from a saved record; RecordError names the field that is wrong."""
-        d = _object(d, where)
-        counts = {k: _amount(d, k, where) for k in ("compiled", "disk_hits", "device_loads",
+        d = read_object(d, where)
+        counts = {k: read_amount(d, k, where) for k in ("compiled", "disk_hits", "device_loads",
                                                       "failed", "processes")}
         return cls(compiler=str(d.get("compiler") or "triton"), name=str(d.get("name") or "?"),
                    module=_text(d.get("module")), hash=_text(d.get("hash")),
                    signature=str(d.get("signature") or ""), **counts,
-                   seconds=_amount(d, "seconds", where, float))
+                   seconds=read_amount(d, "seconds", where, float))
 
 
 def signature_text(record: Mapping[str, Any]) -> str:
@@ -260,7 +250,7 @@ class ClassLatency:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any], where: str = "latency") -> "ClassLatency":
-        return cls(*(_amount(d, k, where, float)
+        return cls(*(read_amount(d, k, where, float)
                      for k in ("first_ms", "repeat_ms", "worst_step_ratio")))
 
 
@@ -338,69 +328,26 @@ class Coverage:
         """A coverage record read back; RecordError names the field that is wrong."""
         def keys(c: Mapping[str, Any], name: str, where: str) -> tuple[KeyEvents, ...]:
             return tuple(KeyEvents.from_json(k, f"{where}{name}[{i}]")
-                         for i, k in enumerate(_objects(c.get(name), f"{where}{name}")))
+                         for i, k in enumerate(read_objects(c.get(name), f"{where}{name}")))
 
         def one(c: Mapping[str, Any], where: str) -> ClassCoverage:
             latency = c.get("latency")
             return ClassCoverage(str(c.get("class")), keys(c, "first", f"{where}."),
                                  keys(c, "second", f"{where}."),
                                  None if latency is None else
-                                 ClassLatency.from_json(_object(latency, f"{where}.latency"),
+                                 ClassLatency.from_json(read_object(latency, f"{where}.latency"),
                                                         f"{where}.latency"))
 
-        gate = _object(d.get("first_hit") or {}, "first_hit")
+        gate = read_object(d.get("first_hit") or {}, "first_hit")
         return cls(plan=str(d.get("plan") or ""),
                    classes=tuple(one(c, f"classes[{i}]")
-                                 for i, c in enumerate(_objects(d.get("classes"), "classes"))),
+                                 for i, c in enumerate(read_objects(d.get("classes"), "classes"))),
                    outside_first=keys(d, "outside_first", ""),
                    outside_second=keys(d, "outside_second", ""),
                    second_pass_failures=tuple(map(str, _list(d, "second_pass_failures"))),
                    note=str(d.get("note") or ""),
-                   max_ratio=_amount(gate, "max_ratio", "first_hit", float) or FIRST_HIT_RATIO,
-                   min_ms=_amount(gate, "min_ms", "first_hit", float) or FIRST_HIT_MIN_MS)
-
-    def summary(self) -> str:
-        measured = any(c.latency is not None for c in self.classes)
-        gate = f" and every class's first hit within {self.max_ratio:g}x of its repeat"
-        if self.closed:
-            return (f"plan {self.plan} closed: a second replay in the same server compiled and "
-                    f"loaded nothing" + (gate if measured else ""))
-        n = sum(len(c.second) for c in self.classes) + len(self.outside_second)
-        parts = []
-        if n:
-            where = ", ".join(self.open_classes) or "outside the plan's classes"
-            parts.append(f"{n} compile key(s) still triggered on a second replay ({where})")
-        if self.slow_classes:
-            parts.append(f"first hit over {self.max_ratio:g}x its repeat in "
-                         f"{', '.join(self.slow_classes)}")
-        return f"plan {self.plan} NOT closed: " + "; ".join(parts)
-
-    def render(self) -> str:
-        rows = []
-        for c in self.classes:
-            lat = c.latency
-            slow = lat is not None and lat.slow(self.max_ratio, self.min_ms)
-            rows.append([c.shape_class, len(c.first), sum(k.compiled for k in c.first),
-                         sum(k.disk_hits for k in c.first), sum(k.device_loads for k in c.first),
-                         len(c.second),
-                         None if lat is None or lat.ratio is None else f"{lat.ratio:.2f}x",
-                         "closed" if c.closed and not slow else ("SLOW" if c.closed else "OPEN")])
-        out = [self.summary(), table(["class", "keys", "compiled", "disk", "loads",
-                                      "2nd replay", "first/repeat", "state"], rows,
-                                     align="lrrrrrrl")]
-        for c in self.classes:
-            for k in c.second:
-                out.append(f"  still triggered by {c.shape_class}: {k.label} ({k.what()})")
-        for k in self.outside_second:
-            out.append(f"  still triggered outside the plan's classes: {k.label} ({k.what()})")
-        if self.outside_first:
-            out.append(f"{len(self.outside_first)} key(s) on the first replay were not stamped "
-                       "with a plan class (flush, another phase or other traffic)")
-        for f in self.second_pass_failures:
-            out.append(f"second replay failure: {f}")
-        if self.note:
-            out.append(f"note: {self.note}")
-        return "\n".join(out)
+                   max_ratio=read_amount(gate, "max_ratio", "first_hit", float) or FIRST_HIT_RATIO,
+                   min_ms=read_amount(gate, "min_ms", "first_hit", float) or FIRST_HIT_MIN_MS)
 
 
 def compute(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]], *,

@@ -30,7 +30,7 @@ from cache_tools import inputfile
 from warmup import settings
 from warmup.errors import RegistrationError, WarmupError
 from warmup.plan import loader, shipped
-from warmup.serve.report import RunReport, render, write_json
+from warmup.serve.report import RunReport, write_json
 
 logger = logging.getLogger("sglang_warmup.hook")
 
@@ -44,14 +44,18 @@ _failed: list[str] = []  # registrations that failed in this process, with the r
 #: the RunReport, or an object around it with ``.run`` (the RunReport) and ``.to_dict()`` (the
 #: JSON document written as the report); a DriverError carries ``.report`` either way.
 Runner = Callable[[Any, Any], Awaitable[Any]]
+#: The run report as text for SGLang's log (the plugin passes the view's, warmup/view/text.py;
+#: this layer renders nothing itself).
+Describe = Callable[[RunReport], str]
 
 
 def register(plan_path: str | os.PathLike[str], *, name: str | None = None,
              report_path: str | None = None, lenient: bool | None = None,
-             runner: Runner | None = None) -> str:
+             runner: Runner | None = None, describe: Describe | None = None) -> str:
     """Load ``plan_path`` (it is validated now, not at warm-up time) and register it as a
     ``--warmups`` entry; return the name.  Verifies that SGLang's registry holds it.
-    ``runner``: how the expansion is run (default: the driver alone)."""
+    ``runner``: how the expansion is run (default: the driver alone); ``describe``: the run
+    report's text, logged line by line when the warm-up ends (default: none)."""
     plan = loader.load(plan_path)
     entry = name or plan.name
     from sglang.srt.entrypoints import warmup as sglang_warmup
@@ -60,7 +64,7 @@ def register(plan_path: str | os.PathLike[str], *, name: str | None = None,
         await _run(plan, entry, disaggregation_mode, tokenizer_manager,
                    report_path=report_path if report_path is not None else settings.REPORT.get(),
                    lenient=lenient if lenient is not None else settings.LENIENT.get(),
-                   runner=runner)
+                   runner=runner, describe=describe)
 
     run_plan.__qualname__ = f"sglang_warmup[{entry}]"
     registry = getattr(sglang_warmup, "_warmup_registry", None)
@@ -84,7 +88,8 @@ def register(plan_path: str | os.PathLike[str], *, name: str | None = None,
     return entry
 
 
-def register_from_env(runner: Runner | None = None) -> str | None:
+def register_from_env(runner: Runner | None = None,
+                      describe: Describe | None = None) -> str | None:
     """The plugin's step: register WARMUP_PLAN (a file or a shipped plan's name) in SGLang's
     main process (not in its spawned workers) with ``runner``, and make sure the launch command
     lists it in ``--warmups``.  Without WARMUP_PLAN, a ``--warmups`` name of a shipped plan
@@ -93,12 +98,13 @@ def register_from_env(runner: Runner | None = None) -> str | None:
         return None
     plan_path = settings.PLAN.get()
     if not plan_path:
-        return _register_listed_shipped(runner)
+        return _register_listed_shipped(runner, describe)
     # Guard first: if the plan cannot be registered, SGLang must not start cold silently
     # (SGLang's plugin loader only logs exceptions raised here).
     guard_execute_warmups()
     try:
-        name = register(plan_path, name=settings.WARMUP_NAME.get() or None, runner=runner)
+        name = register(plan_path, name=settings.WARMUP_NAME.get() or None, runner=runner,
+                        describe=describe)
     except WarmupError as exc:
         _failed.append(f"{exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
         logger.error("sglang-warmup: %s", exc.message)
@@ -109,7 +115,8 @@ def register_from_env(runner: Runner | None = None) -> str | None:
     return name
 
 
-def _register_listed_shipped(runner: Runner | None) -> str | None:
+def _register_listed_shipped(runner: Runner | None,
+                             describe: Describe | None = None) -> str | None:
     """Register every shipped plan that the launch command names in ``--warmups``."""
     names = [n for n in listed_warmups(sys.argv) if shipped.path(n) is not None]
     if not names:
@@ -117,7 +124,7 @@ def _register_listed_shipped(runner: Runner | None) -> str | None:
     guard_execute_warmups()
     for name in names:
         try:
-            register(name, name=name, runner=runner)
+            register(name, name=name, runner=runner, describe=describe)
         except WarmupError as exc:
             _failed.append(f"{exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
             logger.error("sglang-warmup: %s", exc.message)
@@ -218,7 +225,8 @@ def guard_execute_warmups() -> None:
 
 
 async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manager: Any, *,
-               report_path: str, lenient: bool, runner: Runner | None = None) -> None:
+               report_path: str, lenient: bool, runner: Runner | None = None,
+               describe: Describe | None = None) -> None:
     """The registered warm-up: facts from the live server, expansion, driver, report."""
     from warmup.plan import facts as facts_mod
     from warmup.plan.expand import expand
@@ -266,7 +274,7 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
         if result is not None:
             report = result if isinstance(result, RunReport) else result.run
             _write_report(result.to_dict(), report_path)
-            for line in render(report).splitlines():
+            for line in (describe(report) if describe is not None else "").splitlines():
                 logger.info("%s", line)
     if settings.FREEZE_GC.get():
         await _freeze_gc(transport)

@@ -8,6 +8,7 @@ must never raise into SGLang: each step logs its own failure and the others stil
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 
@@ -153,7 +154,11 @@ def _register_plan() -> None:
         return
     from warmup.serve import hook
 
+    from warmup.view import text  # the entry point wires the view's text into the log lines
+
     runner = None
-    if settings.SECOND_PASS.get():  # the entry point wires the coverage layer into the hook
-        from warmup.coverage.second_pass import run as runner
-    hook.register_from_env(runner=runner)
+    if settings.SECOND_PASS.get():  # ... and the coverage layer into the hook
+        from warmup.coverage import second_pass
+
+        runner = functools.partial(second_pass.run, describe=text.coverage)
+    hook.register_from_env(runner=runner, describe=text.run_report)

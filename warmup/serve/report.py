@@ -1,5 +1,6 @@
 """The run report: what one warm-up run sent per shape class, how long it took, what failed and
-what compiled; frozen once the driver returns it, and its one text rendering.
+what compiled; frozen once the driver returns it, written as JSON and read back
+(:meth:`RunReport.from_json`).  It is data only: ``warmup/view/`` renders it.
 
 Layers above the driver (the second-pass check, the sidecar) build their own objects around a
 :class:`RunReport` instead of changing it; :meth:`RunReport.with_compiles` returns a copy
@@ -16,7 +17,6 @@ from typing import Any, Iterable, Mapping
 
 from cache_tools import atomic
 from cache_tools.compile_log import ALLOCATOR, GEMM_SWEEP, HIT, JIT_BUILD, is_miss, kernel_name
-from cache_tools.render import bar, table
 
 #: The run report's JSON format and version (``sglang-warmup report`` reads them).
 FORMAT = "sglang-warmup-run"
@@ -64,10 +64,30 @@ class ClassReport:
         """First sends over repeats (None when the steps were not repeated)."""
         return self.total_ms / self.repeat_ms if self.repeat_ms > 0 else None
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ClassReport":
+        """A class read back from a saved report (someone else's bytes: a count or a time that
+        is not a finite number reads as 0, a name that is not text as its text).  A report
+        written before ``repeat_ms`` keeps its ``first_hit_ratio``."""
+        total = as_number(d.get("total_ms"))
+        repeat = as_number(d.get("repeat_ms"))
+        ratio = as_number(d.get("first_hit_ratio"))
+        if not repeat and ratio > 0:
+            repeat = total / ratio
+        return cls(shape_class=_text(d.get("shape_class")), phase=_text(d.get("phase")),
+                   kind=_text(d.get("kind")), steps=_count(d.get("steps")),
+                   requests=_count(d.get("requests")), failures=_count(d.get("failures")),
+                   total_ms=total, max_step_ms=as_number(d.get("max_step_ms")),
+                   compiles=_count(d.get("compiles")), disk_hits=_count(d.get("disk_hits")),
+                   jit_builds=_count(d.get("jit_builds")), kernels=_texts(d.get("kernels")),
+                   errors=_texts(d.get("errors")), repeat_ms=repeat,
+                   worst_step_ratio=as_number(d.get("worst_step_ratio")))
+
 
 @dataclass(frozen=True)
 class RunReport:
-    """The outcome of one warm-up run (JSON via :meth:`to_dict`; text via :func:`render`).
+    """The outcome of one warm-up run (JSON via :meth:`to_dict`, read back by :meth:`from_json`;
+    text and HTML in ``warmup/view/``).
 
     ``skipped_reason``: why nothing was sent (PD disaggregation); ``flush``: the flush's answer;
     ``skipped``: items the expansion left out; ``failures``: one line per failed step or flush;
@@ -163,6 +183,50 @@ class RunReport:
     def write(self, path: str | Path) -> None:
         write_json(self.to_dict(), path)
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "RunReport":
+        """A report read back from its JSON (:meth:`to_dict`, or a file written before the
+        format marker).  Lenient as the views need it: a field of the wrong type reads as
+        empty, a number that is not finite as 0; the classes must be objects (the caller checks
+        that, naming the file)."""
+        phases = d.get("compiles_by_phase")
+        by_phase = {str(k): _count(v) for k, v in phases.items()} \
+            if isinstance(phases, Mapping) else {}
+        return cls(plan=_text(d.get("plan")), plan_sha256=_text(d.get("plan_sha256")),
+                   expansion_digest=_text(d.get("expansion_digest")),
+                   transport=_text(d.get("transport")) or "?",
+                   started_at=as_number(d.get("started_at")), ok=bool(d.get("ok", True)),
+                   skipped_reason=None if d.get("skipped_reason") is None
+                   else _text(d.get("skipped_reason")),
+                   duration_s=as_number(d.get("duration_s")),
+                   flush=None if d.get("flush") is None else _text(d.get("flush")),
+                   classes=tuple(ClassReport.from_json(c) for c in _maps(d.get("classes"))),
+                   skipped=tuple({str(k): _text(v) for k, v in m.items()}
+                                 for m in _maps(d.get("skipped"))),
+                   failures=_texts(d.get("failures")),
+                   facts=dict(d["facts"]) if isinstance(d.get("facts"), Mapping) else {},
+                   compiles_total=_count(d.get("compiles_total")), compiles_by_phase=by_phase,
+                   gemm_sweeps=tuple(_maps(d.get("gemm_sweeps"))),
+                   allocator_kept=tuple(_maps(d.get("allocator_kept"))),
+                   warnings=_texts(d.get("warnings")))
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _texts(value: Any) -> tuple[str, ...]:
+    return tuple(map(str, value)) if isinstance(value, list) else ()
+
+
+def _count(value: Any) -> int:
+    return int(as_number(value))
+
+
+def _maps(value: Any) -> list[Mapping[str, Any]]:
+    """The objects of a list field (anything else: none)."""
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
 
 def write_json(document: Mapping[str, Any], path: str | Path) -> None:
     """Write a report document as indented JSON, replacing the file in one step."""
@@ -176,40 +240,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
     return value
-
-
-def render(report: RunReport) -> str:
-    """The run report as text: a head line, one table row per class, compiles by phase, the
-    failures (used by the CLI and by the ``--warmups`` hook's log lines)."""
-    if report.skipped_reason:
-        return f"warm-up {report.plan}: skipped ({report.skipped_reason})"
-    longest = max((c.total_ms for c in report.classes), default=0.0)
-    rows = [[c.phase, c.shape_class, c.requests, round(c.total_ms), round(c.ms_per_request, 1),
-             c.failures, c.compiles, bar(c.total_ms, longest, 20)] for c in report.classes]
-    head = (f"warm-up {report.plan}: {'ok' if report.ok else 'FAILED'}, {report.requests} "
-            f"requests in {report.duration_s:.1f} s via {report.transport}"
-            + (f"; flush: {report.flush}" if report.flush else ""))
-    out = [head, table(["phase", "class", "requests", "total ms", "ms/request", "failed",
-                        "compiles", ""], rows, align="llrrrrrl")]
-    if report.compiles_by_phase:
-        out.append("compiles by phase: " + ", ".join(f"{k}={v}" for k, v in
-                                                     report.compiles_by_phase.items()))
-    if report.gemm_sweeps:
-        out.append(sweep_line(report.gemm_sweeps))
-    kept = allocator_line(report.allocator_kept)
-    if kept:
-        out.append(kept)
-    if report.skipped:
-        out.append(f"{len(report.skipped)} item(s) skipped by the expansion "
-                   "(`sglang-warmup plan show` lists them)")
-    for skip in report.skipped:
-        if ".." in str(skip.get("item", "")):  # a range a class did not reach
-            out.append(f"not warmed: {skip.get('class')}: {skip.get('reason')}")
-    for w in report.warnings:
-        out.append(f"warning: {w}")
-    for f in report.failures:
-        out.append(f"failure: {f}")
-    return "\n".join(out)
 
 
 def _this_lifetime(records: list[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
@@ -259,23 +289,6 @@ def sweep_processes(sweeps: Iterable[Any]) -> list[dict[str, Any]]:
     return sorted(procs.values(), key=lambda p: -p["duration_s"])
 
 
-def sweep_line(sweeps: Iterable[Any]) -> str:
-    """One line for the GEMM sweeps: scheduler processes, and the longest one's numbers."""
-    procs = sweep_processes(sweeps)
-    if not procs:
-        return "GEMM sweep before the warm-up: none recorded"
-    worst = procs[0]
-    cut = sum(1 for p in procs if p["cut"])
-    failed = sum(p["failed"] for p in procs)
-    capped = worst["capped"]
-    return (f"GEMM sweep before the warm-up: {len(procs)} scheduler(s), {worst['shapes']:.0f} "
-            f"shapes, rows 1-{worst['rows_reached']:.0f} of {worst['max_rows']:.0f}"
-            + (f" ({capped[1]} to {capped[0]:.0f})" if capped else "")
-            + f", {worst['duration_s']:.1f} s"
-            + (f"; {cut} stopped by WARMUP_GEMM_SWEEP_S" if cut else "")
-            + (f"; {failed} shape(s) failed (the scheduler log names them)" if failed else ""))
-
-
 def allocator_kept(kept: Any) -> tuple[int, float]:
     """The schedulers whose caching allocator kept its blocks across the warm-up's flush (those
     whose record the report read: another tensor-parallel rank may finish its flush a moment
@@ -284,13 +297,3 @@ def allocator_kept(kept: Any) -> tuple[int, float]:
     records = [k for k in kept if isinstance(k, Mapping)] if isinstance(kept, (list, tuple)) \
         else []
     return len(records), max((as_number(k.get("kept_bytes")) for k in records), default=0.0)
-
-
-def allocator_line(kept: Any) -> str | None:
-    """One line for :func:`allocator_kept`, or None when no scheduler kept its blocks."""
-    count, most = allocator_kept(kept)
-    if not count:
-        return None
-    return (f"the warm-up's flush kept the caching allocator's blocks in {count} scheduler(s)"
-            + (f", at most {most / 2**20:,.0f} MiB cached and unused in one" if most > 0 else "")
-            + " (WARMUP_KEEP_ALLOCATOR=0 empties them)")

@@ -100,7 +100,8 @@ def test_table_and_threshold(recording, tmp_path, capsys):
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith(f"audit of {server.url}: 6 traffic steps from {traffic}, sent twice")
-    assert lines[2] == ("post-ready misses: 5 compile event(s) in 4 step(s); --max-misses 5: ok")
+    assert lines[2] == ("compiled after ready: 5 compile event(s) in 4 step(s); --max-misses 5: "
+                        "ok")
     assert lines[3].split() == ["step", "label", "kind", "prompts", "pass", "1", "ms", "pass",
                                 "2", "ms", "x", "miss", "1", "miss", "2", "slow", "because",
                                 "kernels"]

@@ -16,7 +16,8 @@ from warmup.coverage import second_pass
 from warmup.plan import facts as facts_mod, loader
 from warmup.cli import main
 from warmup.serve.driver import Driver
-from warmup.serve.report import render
+from warmup.view.text import coverage as render_coverage, coverage_summary
+from warmup.view.text import run_report as render
 from warmup.errors import WarmupError
 from warmup.plan.expand import expand
 from warmup.serve.transport import Outcome, TokenMaker
@@ -127,7 +128,7 @@ def test_a_second_replay_that_compiles_nothing_closes_the_plan(recording):
         ("standin_extend", "*fp32:16,*fp32:16,i32; BS=4,HAS_PREFIX=0")]
     assert all(k.compiled == 1 and k.processes == 1 for c in cov.classes for k in c.first)
     assert cov.outside_first == () and cov.outside_second == ()
-    assert cov.summary() == ("plan cov closed: a second replay in the same server compiled and "
+    assert coverage_summary(cov) == ("plan cov closed: a second replay in the same server compiled and "
                              "loaded nothing and every class's first hit within 1.1x of its "
                              "repeat")
     # the second replay sent every step twice and timed both
@@ -139,8 +140,8 @@ def test_a_second_replay_that_compiles_nothing_closes_the_plan(recording):
     assert json.loads((recording.state_dir / "coverage.json").read_text()) == cov.to_json()
     assert [(c.shape_class, c.compiles) for c in report.classes] == [
         ("lengths", 4), ("hits", 2), ("batches", 5)]
-    text = render(report).splitlines() + cov.render().splitlines()
-    assert cov.summary() in text
+    text = render(report).splitlines() + render_coverage(cov).splitlines()
+    assert coverage_summary(cov) in text
 
 
 def test_what_still_compiles_on_the_second_replay_is_listed(recording, capsys):
@@ -157,12 +158,12 @@ def test_what_still_compiles_on_the_second_replay_is_listed(recording, capsys):
     assert [(k.name, k.signature) for k in by["hits"].second] == [
         ("standin_sample", f"*fp32:16,*fp32:16,i32; FAMILY={n}") for n in range(104, 110)]
     assert all(c.closed for c in cov.classes if c.shape_class != "hits")
-    assert cov.summary() == ("plan cov NOT closed: 6 compile key(s) still triggered on a second "
+    assert coverage_summary(cov) == ("plan cov NOT closed: 6 compile key(s) still triggered on a second "
                              "replay (hits)")
     # `sglang-warmup coverage STATE_DIR` shows the same.
     main(["coverage", str(recording.state_dir)])
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == cov.summary()
+    assert out[0] == coverage_summary(cov)
     assert out[1].split() == ["class", "keys", "compiled", "disk", "loads", "2nd", "replay",
                               "first/repeat", "state"]
     assert out[3].split()[:6] + out[3].split()[-1:] == ["lengths", "4", "4", "0", "0", "0",
@@ -254,13 +255,13 @@ def test_the_first_hit_gate_closes_or_opens_the_plan():
            "tiny": coverage.ClassLatency(4.0, 1.0, 4.0)}  # 4x, but 3 ms: noise
     cov = coverage.compute((), (), classes=["fast", "slow", "tiny"], plan="p", latency=lat)
     assert not cov.closed and cov.open_classes == () and cov.slow_classes == ("slow",)
-    assert cov.summary() == "plan p NOT closed: first hit over 1.1x its repeat in slow"
+    assert coverage_summary(cov) == "plan p NOT closed: first hit over 1.1x its repeat in slow"
     again = coverage.Coverage.from_json(cov.to_json())
     assert again.to_json() == cov.to_json() and again.slow_classes == ("slow",)
     relaxed = coverage.compute((), (), classes=["fast", "slow", "tiny"], plan="p", latency=lat,
                                max_ratio=5.0)
     assert relaxed.closed
-    rows = {line.split()[0]: line.split() for line in cov.render().splitlines()[3:6]}
+    rows = {line.split()[0]: line.split() for line in render_coverage(cov).splitlines()[3:6]}
     assert rows["slow"][-2:] == ["3.00x", "SLOW"] and rows["fast"][-2:] == ["1.04x", "closed"]
 
 

@@ -255,7 +255,8 @@ def test_the_kept_blocks_reach_the_run_report_of_this_run_only(site, warmup_isol
 
     from cache_tools import compile_log
     from warmup.observe import events
-    from warmup.serve.report import RunReport, render
+    from warmup.serve.report import RunReport
+    from warmup.view.text import run_report as render
 
     wrapper, fw, _, _, _ = _server(site)
     started = time.time() - 1

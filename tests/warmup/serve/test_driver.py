@@ -16,7 +16,8 @@ from warmup.plan import facts as facts_mod
 from warmup.plan import loader
 from warmup.observe import phase
 from warmup.serve.driver import Driver
-from warmup.serve.report import ClassReport, RunReport, render
+from warmup.serve.report import ClassReport, RunReport
+from warmup.view.text import run_report as render
 from warmup.errors import DriverError
 from warmup.plan.expand import expand
 from warmup.serve.transport import InProcessTransport, sampling_params
@@ -331,7 +332,8 @@ def test_the_run_report_as_json_and_table(fake_tokenizer_manager, tiny_plan_path
     lines = render(report).splitlines()
     assert lines[0].startswith("warm-up tiny_plan: FAILED, 28 requests in ")
     assert lines[0].endswith(" s via InProcessTransport; flush: flushed on 1 rank(s)")
-    assert lines[1].split() == ["phase", "class", "requests", "total", "ms", "ms/request", "failed", "compiles"]
+    assert lines[1].split() == ["phase", "class", "requests", "ms", "ms/request", "failed", "compiles", "jit",
+                                "disk", "hits", "first/repeat"]
     table_rows = [ln.split() for ln in lines[3:3 + len(CLASSES)]]
     assert [(r[0], r[1], r[2], r[5]) for r in table_rows] == [
         ("prefill", "extends", "3", "1"), ("prefill", "chunked", "1", "0"), ("prefill", "prefix_hits", "3", "0"),

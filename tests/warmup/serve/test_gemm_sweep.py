@@ -331,7 +331,8 @@ def test_the_sweep_is_a_compile_log_record_that_the_run_report_shows(tmp_path, m
 
     from cache_tools import compile_log
     from warmup.observe import events, phase
-    from warmup.serve.report import RunReport, render
+    from warmup.serve.report import RunReport
+    from warmup.view.text import run_report as render
 
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     monkeypatch.setenv("WARMUP_GC_PAUSE_MS", "0")   # a slow collection on a busy host: no record
@@ -370,7 +371,7 @@ def test_the_report_keeps_the_sweeps_of_the_latest_start_only():
     records = [rec(1000.0, 1), rec(4600.0, 2), rec(4603.0, 3, stopped=True)]
     report = RunReport("p", "0" * 64, "d", "in-process", 0.0).with_compiles(records)
     assert [s["pid"] for s in report.gemm_sweeps] == [2, 3]
-    from warmup.serve.report import render
+    from warmup.view.text import run_report as render
     assert render(report).splitlines()[-1] == (
         "GEMM sweep before the warm-up: 2 scheduler(s), 4 shapes, rows 1-8192 of 8192, 4.0 s; "
         "1 stopped by WARMUP_GEMM_SWEEP_S")
@@ -390,7 +391,7 @@ def test_a_tied_lm_head_is_swept_under_its_own_name():
 
 
 def test_a_shape_capped_by_the_buffer_limit_is_named_in_the_summary_and_the_report(monkeypatch):
-    from warmup.serve.report import sweep_line
+    from warmup.view.text import sweep_line
 
     monkeypatch.setattr(gemm_sweep, "MAX_BUFFER_BYTES", (100 + 32) * 2 * 40)
     shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")

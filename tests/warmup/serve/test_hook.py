@@ -320,7 +320,7 @@ def test_a_runner_decides_how_the_plan_runs_and_what_is_written(sglang_warmups, 
         seen.append((type(driver).__name__, exp.plan))
         return Measured(await driver.run(exp), "measured around the report")
 
-    hook.register(tiny_plan_path, runner=runner)
+    hook.register(tiny_plan_path, runner=runner, describe=lambda r: f"described {r.plan}\nline 2")
     tm = fake_tokenizer_manager()
     with caplog.at_level(logging.INFO):
         asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
@@ -329,14 +329,17 @@ def test_a_runner_decides_how_the_plan_runs_and_what_is_written(sglang_warmups, 
     assert report["note"] == "measured around the report"
     assert report["ok"] is True and report["requests"] == 28
     messages = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("warm-up tiny_plan: ok, 28 requests in ") for m in messages), messages
+    assert ["described tiny_plan", "line 2"] == [m for m in messages
+                                                 if m in ("described tiny_plan", "line 2")]
 
 
 def test_the_plugin_hands_the_second_pass_to_the_hook(sglang_warmups, tiny_plan_path,
                                                      fake_tokenizer_manager, warmup_isolated,
-                                                     monkeypatch):
+                                                     monkeypatch, caplog):
     """WARMUP_SECOND_PASS=1: the plugin wires warmup.coverage.second_pass into the hook (which
-    imports nothing above it); the report gets the coverage, the plan is sent twice."""
+    imports nothing above it); the report gets the coverage, the plan is sent twice.  The log
+    lines are the view's text of the run report and of the coverage (the hook and the second
+    pass render nothing themselves)."""
     from warmup.serve import plugin
 
     monkeypatch.setenv("WARMUP_PLAN", str(tiny_plan_path))
@@ -344,7 +347,12 @@ def test_the_plugin_hands_the_second_pass_to_the_hook(sglang_warmups, tiny_plan_
     monkeypatch.setattr(sys, "argv", ["sglang.launch_server", "--model-path", "/models/m"])
     plugin._register_plan()
     tm = fake_tokenizer_manager()
-    asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
+    with caplog.at_level(logging.INFO):
+        asyncio.run(sglang_warmups.execute_warmups("null", ["tiny_plan"], tm))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("warm-up tiny_plan: ok, 28 requests in ") for m in messages), messages
+    assert any(m.startswith("compiled after ready: not measured") for m in messages)
+    assert any(m.startswith("plan tiny_plan ") and "closed" in m for m in messages), messages
     report = json.loads((warmup_isolated / "report.json").read_text())
     # the first replay sends the plan once, the second twice (each step's first hit, repeat)
     assert report["ok"] is True and report["requests"] == 28 and len(tm.items) == 84

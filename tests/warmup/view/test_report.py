@@ -19,7 +19,7 @@ from warmup.coverage.classes import ClassLatency, compute
 from warmup.cli import main
 from warmup.errors import WarmupError
 from warmup.serve.report import ClassReport, RunReport
-from warmup.view import documents, html
+from warmup.view import documents, html, text
 
 REPO = Path(__file__).resolve().parents[3]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -59,16 +59,48 @@ def test_a_run_report_renders_for_the_terminal(tmp_path, capsys):
     code, out, err = cli(capsys, "report", str(path))
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0] == (f"run report {path}: plan default, ok, 1231 requests in 15.9 s via "
-                        "InProcessTransport")
-    assert lines[1].split()[:4] == ["phase", "class", "requests", "ms"]
+    assert lines[0] == f"{path}: run report"
+    assert lines[1] == ("warm-up default: ok, 1,231 requests in 15.9 s via InProcessTransport; "
+                        "flush: flushed on 1 rank(s)")
+    assert lines[2].split() == ["phase", "class", "requests", "ms", "ms/request", "failed",
+                                "compiles", "jit", "disk", "hits", "first/repeat"]
+    rows = {line.split()[1]: line.split() for line in lines[4:7]}
+    # compiles, JIT builds and disk hits apart; first/repeat from the second replay
+    assert rows["extend_int_classes"][6:10] == ["9", "1", "0", "1.05x"]
+    assert rows["input_logprobs"][6:10] == ["0", "0", "2", "2.50x"]
     assert "compiles by phase: init=26, warmup=13" in lines
+    assert next(x for x in lines if x.startswith("compiled after ready: ")).startswith(
+        "compiled after ready: not measured (the report is written before the server takes "
+        "traffic): `sglang-warmup audit --url URL --traffic FILE --state-dir DIR`")
     assert ("GEMM sweep before the warm-up: 1 scheduler(s), 4 shapes, rows 1-8192 of 8192, "
             "2.4 s") in lines
     assert ("the warm-up's flush kept the caching allocator's blocks in 1 scheduler(s), at most "
             "3,390 MiB cached and unused in one (WARMUP_KEEP_ALLOCATOR=0 empties them)") in lines
     assert ("skipped class past_context_bucket: the prefill CUDA graph is disabled") in lines
     assert "plan default NOT closed: first hit over 1.1x its repeat in input_logprobs" in lines
+
+
+def test_terminal_tables_fit_the_terminal(tmp_path, capsys, monkeypatch):
+    """On a terminal of 80 columns every line fits: the bar, ms/request, phase and failed
+    columns go first, then long class names are cut, and sentences wrap.  Off a terminal
+    (a file, a pipe) every column is kept."""
+    from warmup.cli import output
+
+    path = run_report(tmp_path)
+    data = json.loads(path.read_text())
+    data["classes"][0]["shape_class"] = "a_class_name_far_too_long_for_a_narrow_terminal_x"
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(output, "width", lambda: 80)
+    monkeypatch.chdir(tmp_path)                   # a short path on the first line
+    code, out, _ = cli(capsys, "report", "report.json")
+    assert code == 0 and max(map(len, out.splitlines())) <= 80, out
+    head = next(x for x in out.splitlines() if x.startswith("class "))
+    assert head.split() == ["class", "requests", "ms", "compiles", "jit", "disk", "hits",
+                            "first/repeat"]
+    assert any(x.startswith("a_class_name_far_too_l…") for x in out.splitlines())
+    monkeypatch.setattr(output, "width", lambda: None)
+    code, wide, _ = cli(capsys, "report", str(path))
+    assert max(map(len, wide.splitlines())) > 150 and "█" in wide
 
 
 def test_the_html_page_is_self_contained_and_escaped(tmp_path):
@@ -106,10 +138,66 @@ def test_numbers_too_large_or_not_finite_render_as_nothing(tmp_path, capsys):
     assert "nan" not in out.lower() and "inf" not in out.lower()
     page = html.render(documents.load(path))
     assert "kept by the allocator" not in page and "NaN" not in page
-    for title in ("Time per class", "First hit against repeat (second replay)",
-                  "Compiles and disk hits per class", "Compiles by phase",
+    for title in ("Legend", "Compiles after ready", "First hit against repeat, per class",
+                  "Time per class", "Compiles and disk hits per class", "Compiles by phase",
                   "Timeline of the warm-up", "Skipped by the expansion"):
         assert f"<h2>{title}</h2>" in page
+
+
+def _section(page: str, title: str) -> str:
+    start = page.index(f"<h2>{title}</h2>")
+    return page[start:page.index("</section>", start)]
+
+
+def test_the_page_tells_not_measured_from_nothing_compiled_after_ready(tmp_path):
+    """A report written before ready cannot know what compiled after it: the page says so and
+    how to measure it; one that knows (a 'serving' phase) shows the count, 0 included."""
+    path = run_report(tmp_path)
+    page = html.render(documents.load(path))
+    assert "Not measured: this report is written before the server takes traffic" in \
+        _section(page, "Compiles after ready")
+    assert "<code>sglang-warmup audit --url URL --traffic FILE --state-dir DIR</code>" in page
+    assert "serving (after ready)" in _section(page, "Compiles by phase")
+    assert "not measured" in _section(page, "Compiles by phase")
+    data = json.loads(path.read_text())
+    data["compiles_by_phase"]["serving"] = 0
+    path.write_text(json.dumps(data))
+    page = html.render(documents.load(path))
+    assert "Nothing compiled after ready (0 compile events)." in page
+    assert "not measured" not in _section(page, "Compiles by phase")
+    text_out = text.render(documents.load(path))
+    assert "compiled after ready: 0" in text_out.splitlines()
+
+
+def test_first_hit_against_repeat_and_compiles_apart_from_disk_hits(tmp_path):
+    path = run_report(tmp_path)
+    page = html.render(documents.load(path))
+    first = _section(page, "First hit against repeat, per class")
+    assert "input_logprobs · first hit: 30.0 ms" in first and "repeat: 12.0 ms" in first
+    assert "slow: input_logprobs" in first
+    compiles = _section(page, "Compiles and disk hits per class")
+    # one bar and one number per measure: 9 compiles, 1 JIT build, 0 disk hits (not 10)
+    assert 'title="extend_int_classes · Triton compiles: 9"' in compiles
+    assert 'title="extend_int_classes · JIT builds: 1"' in compiles
+    assert 'title="extend_int_classes · disk hits: 0"' in compiles
+    assert ": 10\"" not in compiles
+    data = json.loads(path.read_text())
+    data["coverage"] = None
+    path.write_text(json.dumps(data))
+    page = html.render(documents.load(path))
+    assert "Not measured: this run had no second replay." in page
+    assert "<code>sglang-warmup serve --second-pass</code>" in page
+
+
+def test_the_timeline_names_every_class_in_full(tmp_path):
+    path = run_report(tmp_path)
+    data = json.loads(path.read_text())
+    long = "a_class_whose_name_is_much_longer_than_its_share_of_the_strip"
+    data["classes"][1]["shape_class"] = long
+    path.write_text(json.dumps(data))
+    timeline = _section(html.render(documents.load(path)), "Timeline of the warm-up")
+    assert f"<td>{long}</td>" in timeline and "…" not in timeline
+    assert timeline.count('<i class="sw"') == 3
 
 
 def test_audit_and_coverage_documents(tmp_path, capsys):
@@ -119,6 +207,7 @@ def test_audit_and_coverage_documents(tmp_path, capsys):
         "traffic": "t.jsonl", "mode_note": "compile log", "ok": True, "misses": 0,
         "pass1_ms": 120.0, "pass2_ms": 60.0, "steps": [
             {"index": 0, "kind": "single", "label": "logprobs_from_0", "prompts": [300],
+             "features": {"return_logprob": True, "logprob_start_len": 0},
              "pass1": {"ms": 100.0, "misses": 0}, "pass2": {"ms": 20.0, "misses": 0},
              "misses": 0, "slow_first": True, "ratio": 5.0,
              "cause": "first use of input logprobs, logprobs"},
@@ -126,9 +215,15 @@ def test_audit_and_coverage_documents(tmp_path, capsys):
              "pass2": {"ms": 40.0}, "misses": 0, "slow_first": False}]}))
     code, out, _ = cli(capsys, "report", str(audit))
     assert code == 0
-    assert out.splitlines()[0].startswith(f"audit {audit}: http://127.0.0.1:30000, 2 steps, 0 ")
+    assert out.splitlines()[:2] == [
+        f"{audit}: audit report",
+        "audit of http://127.0.0.1:30000: 2 traffic steps from t.jsonl, sent twice (pass 1 120 "
+        "ms, pass 2 60 ms)"]
+    assert "compiled after ready: 0 compile event(s); --max-misses 0: ok" in out.splitlines()
     assert "first use of input logprobs, logprobs" in out
-    assert "first use of input logprobs, logprobs" in html.render(documents.load(audit))
+    page = html.render(documents.load(audit))
+    assert "first use of input logprobs, logprobs" in page
+    assert "compiled after ready" in page
     cov = tmp_path / "coverage.json"
     cov.write_text(json.dumps(json.loads(run_report(tmp_path).read_text())["coverage"]))
     assert documents.load(cov).kind == documents.COVERAGE
@@ -138,13 +233,13 @@ def test_audit_and_coverage_documents(tmp_path, capsys):
 @pytest.mark.parametrize("content, message", [
     ('{"format": "sglang-warmup-run", "version": 2, "plan": "p", "classes": []}',
      "a run report of format version 2, newer than this sglang-warmup reads (1)"),
-    ('{"format": "sglang-warmup-cache-archive", "version": 1, "entries": []}',
-     "a cache archive's manifest, not a run report, an audit report or a coverage record"),
-    ('{"event": "miss", "phase": "warmup"}',
-     "a compile-log line, not a run report, an audit report or a coverage record"),
-    ('[1, 2]', "a JSON list, not a saved report"),
     ('{"format": "sglang-warmup-run", "version": 1, "plan": "p", "classes": [1]}',
      "a run report whose classes are not objects"),
+    ('{"format": "sglang-warmup-audit", "version": 1, "url": "u", "steps": [{"prompts": []}]}',
+     "steps[0]: prompts: expected a non-empty list of positive integers"),
+    ('{"format": "sglang-warmup-audit", "version": 1, "url": "u", "steps": '
+     '[{"prompts": [3], "pass1": {"ms": "slow"}}]}',
+     "steps[0].pass1.ms: expected a number from 0 to 10^12, not 'slow'"),
     ("{oops", "not JSON: Expecting property name enclosed in double quotes: line 1 column 2 "
               "(char 1)"),
 ])
@@ -154,6 +249,59 @@ def test_a_file_of_another_kind_or_version_is_one_line(tmp_path, content, messag
     with pytest.raises(WarmupError) as err:
         documents.load(p)
     assert err.value.message == f"{p}: {message}"
+
+
+@pytest.mark.parametrize("content, what", [
+    ('{"format": "sglang-warmup-cache-archive", "version": 1, "entries": []}',
+     "a cache archive's manifest"),
+    ('{"event": "miss", "phase": "warmup"}', "a compile-log line"),
+    ('[1, 2]', "a JSON list of 2 value(s)"),
+    ('{"format": ["sglang-warmup-run"], "plan": "p", "classes": []}',
+     "a JSON document (benchmark data and the like)"),
+])
+def test_any_other_json_document_is_an_outline_of_its_fields(tmp_path, capsys, content, what):
+    p = tmp_path / "x.json"
+    p.write_text(content)
+    code, out, err = cli(capsys, "report", str(p), "--html", str(tmp_path / "x.html"))
+    assert code == 0, err
+    assert out.splitlines()[:2] == [f"{p}: JSON document", what]
+    assert (tmp_path / "x.html").read_text().startswith("<!doctype html>")
+
+
+DATA = REPO / "docs" / "data"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("*.json")))
+def test_every_benchmark_file_under_docs_data_renders(name, tmp_path, capsys):
+    """`report` accepts every JSON document the project writes: the benchmark files show the
+    run reports they hold (at their JSON path), then their own fields and tables."""
+    code, out, err = cli(capsys, "report", str(DATA / name), "--html", str(tmp_path / "b.html"))
+    assert code == 0, err
+    assert out.splitlines()[0] == f"{DATA / name}: JSON document"
+    held = [x for x in out.splitlines() if x.startswith("== ") and x.endswith(": run report")]
+    assert len(held) == EMBEDDED.get(name, 0), held
+    page = (tmp_path / "b.html").read_text()
+    assert page.count('<article class="part">') == len(held)
+
+
+#: the run reports held by the benchmark files (the GPU scripts keep each launch's report)
+EMBEDDED = {"buckets-lo1-eager.json": 1, "dsv4-h200-abc.json": 3, "dsv4-h200-c128.json": 2,
+            "e2e-eager-default.json": 2, "e2e-features-abc-freeze.json": 2,
+            "e2e-features-abc-logprob-rows.json": 2, "e2e-features-abc-long256.json": 2,
+            "e2e-features-abc-trimmed.json": 2, "e2e-features-default.json": 1,
+            "e2e-features-eager.json": 1, "e2e-features-gc.json": 4, "e2e-solo.json": 6,
+            "sampling4-eager.json": 1}
+
+
+def test_a_benchmark_file_shows_its_report_and_its_rows(capsys):
+    code, out, _ = cli(capsys, "report", str(DATA / "e2e-features-default.json"))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[3] == f"== {DATA / 'e2e-features-default.json'}: default-C.report: run report"
+    assert lines[4].startswith("warm-up default: ok, 1,711 requests in 13.1 s")
+    assert "default-A.ready_s  107.069" in " ".join(lines) or any(
+        x.split() == ["default-A.ready_s", "107.069"] for x in lines)
+    assert "default-A.pass1:" in lines      # a list of flat rows is one table
 
 
 def test_the_html_file_is_not_overwritten_without_yes(tmp_path, capsys):
@@ -205,27 +353,80 @@ def _png_colours(png: bytes) -> int:
     return len(seen)
 
 
+#: Appended to a copy of the page (the page itself has no script): what Chromium laid out.
+PROBE = """<script>
+const out = {width: innerWidth, scroll: document.documentElement.scrollWidth, clipped: [],
+             outside: [], bars: document.querySelectorAll(".bar").length,
+             swatches: document.querySelectorAll(".legend .sw").length,
+             sections: [...document.querySelectorAll("h2")].map(h => h.textContent)};
+for (const el of document.querySelectorAll("main *")) {
+  if (el.closest(".scroll")) continue;           // a wide table scrolls in its own box
+  const text = el.children.length === 0 ? el.textContent.trim() : "";
+  if (text && el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflow !== "visible")
+    out.clipped.push(text.slice(0, 60));
+  if (el.getBoundingClientRect().right > innerWidth + 1) out.outside.push(el.className || el.tagName);
+}
+const pre = document.createElement("pre");
+pre.id = "probe";
+pre.textContent = JSON.stringify(out);
+document.body.appendChild(pre);
+</script>"""
+
+
+def _audit_doc(tmp_path: Path) -> Path:
+    steps = [{"index": i, "kind": "single", "label": f"step_with_a_rather_long_label_{i}",
+              "prompts": [300 + i], "pass1": {"ms": 40.0 + 30 * (i % 3), "misses": i % 2,
+                                                "keys": [{"name": "kernel_" + str(i),
+                                                          "hash": "ab" * 20, "compiled": 1}]
+                                                if i % 2 else []},
+              "pass2": {"ms": 20.0}} for i in range(8)]
+    path = tmp_path / "audit-1.json"
+    path.write_text(json.dumps({"format": "sglang-warmup-audit", "version": 1, "url": "http://h:1",
+                                "traffic": "t.jsonl", "mode_note": "compile log", "steps": steps,
+                                "max_misses": 0}))
+    return path
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (scripts/test.sh installs it)")
-def test_chromium_draws_the_page(tmp_path):
-    """The page as a user sees it: a real headless Chromium renders it to a screenshot with the
-    charts' colours in it, and its DOM holds every chart."""
+@pytest.mark.parametrize("kind", ["run", "audit", "benchmark"])
+@pytest.mark.parametrize("width", [900, 1400])
+def test_chromium_draws_the_page_from_900_px_up(tmp_path, kind, width):
+    """The page as a user sees it, in a real headless Chromium at two widths: a screenshot with
+    the charts' colours in it, and (a copy of the page with a probe script) nothing wider than
+    the window, no text cut, every chart and legend laid out."""
+    source = {"run": lambda: run_report(tmp_path), "audit": lambda: _audit_doc(tmp_path),
+              "benchmark": lambda: DATA / "e2e-features-default.json"}[kind]()
     page = tmp_path / "report.html"
-    page.write_text(html.render(documents.load(run_report(tmp_path))))
+    page.write_text(html.render(documents.load(source)))
     flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
              "--no-first-run", "--disable-background-networking", "--disable-component-update",
-             "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars"]
+             "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars",
+             f"--window-size={width},2400"]
     shot = tmp_path / "report.png"
-    subprocess.run([*flags, "--window-size=1000,1600", f"--screenshot={shot}", page.as_uri()],
-                   check=True, capture_output=True, timeout=120)
-    colours = _png_colours(shot.read_bytes())
-    assert colours > 8, "the screenshot is (nearly) blank"
-    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], check=True, capture_output=True,
-                         text=True, timeout=120).stdout
-    assert dom.count("<svg") == 5 and dom.count("<rect") > 10
+    subprocess.run([*flags, f"--screenshot={shot}", page.as_uri()], check=True,
+                   capture_output=True, timeout=120)
+    assert _png_colours(shot.read_bytes()) > 8, "the screenshot is (nearly) blank"
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    dom = subprocess.run([*flags, "--virtual-time-budget=3000", "--dump-dom", probe.as_uri()],
+                         check=True, capture_output=True, text=True, timeout=120).stdout
+    import html as html_lib
+    import re
+
+    laid = json.loads(html_lib.unescape(re.search(r'<pre id="probe">(.*?)</pre>', dom,
+                                                  re.S).group(1)))
+    assert laid["width"] == width
+    assert laid["scroll"] <= width and laid["outside"] == [], laid
+    assert laid["clipped"] == [], laid
+    assert laid["bars"] >= 8 and laid["swatches"] >= 2, laid
+    if kind == "run":
+        assert {"Legend", "Compiles after ready", "First hit against repeat, per class",
+                "Compiles and disk hits per class", "Timeline of the warm-up"} <= set(
+            laid["sections"])
 
 
 def test_the_run_report_names_what_no_plan_class_warms():
-    from warmup.serve.report import RunReport, render
+    from warmup.view.text import run_report as render
 
     report = RunReport(plan="p", plan_sha256="", expansion_digest="", transport="T",
                        started_at=0.0,
@@ -243,9 +444,6 @@ def test_the_run_report_names_what_no_plan_class_warms():
 
 # --- hostile saved documents: rendered, or one line naming the file and the field --------------
 @pytest.mark.parametrize("doc, message", [
-    ({"format": ["sglang-warmup-run"], "plan": "p", "classes": []},
-     "a JSON object with keys classes, format, plan, not a run report, an audit report or a "
-     "coverage record"),
     ({"format": "sglang-warmup-coverage", "version": 1, "plan": "p",
       "classes": [{"class": "c", "first": ["x"]}]},
      "classes[0].first[0]: expected an object, not 'x'"),
