@@ -372,30 +372,40 @@ def _encode_entry(sink: _Sink, entry: CacheEntry, files: list[_File],
     encoded = _encode(entry, files)
     if encoded is None:            # a file too large to hold: streamed
         return _packed(entry, files, _write_entry(sink, entry, files, advance))
-    blob, hashes = encoded
-    sink.write(blob)
+    parts, hashes = encoded
+    if isinstance(sink, PlacedWriter):
+        sink.write_parts(parts)    # gathered by pwritev: no copy of the data here
+    else:
+        sink.write(b"".join(parts))
     advance(sum(f.size for f in files))
     return _packed(entry, files, hashes)
 
 
-def _encode(entry: CacheEntry, files: list[_File]) -> tuple[bytes, list[str]] | None:
-    """An entry's members (header, data, padding each) and sha256s, read from disk; None when
-    a file is too large to hold in memory (the caller streams the entry)."""
+def _encode(entry: CacheEntry, files: list[_File]) -> tuple[list[bytes], list[str]] | None:
+    """An entry's members (header, data, padding each, in a row) and sha256s, read from disk;
+    None when a file is too large to hold in memory (the caller streams the entry)."""
     if any(f.size > WHOLE for f in files):
         return None
     prefix = member_prefix(entry.kind, entry.name)
-    parts = [_encode_one(entry, f, f"{prefix}/{f.rel}" if f.rel else prefix) for f in files]
-    return b"".join(p[0] for p in parts), [p[1] for p in parts]
+    parts: list[bytes] = []
+    hashes = []
+    for f in files:
+        hashes.append(_encode_one(entry, f, f"{prefix}/{f.rel}" if f.rel else prefix, parts))
+    return parts, hashes
 
 
-def _encode_one(entry: CacheEntry, f: _File, name: str) -> tuple[bytes, str]:
-    """One member (header, data, padding) and its sha256."""
+def _encode_one(entry: CacheEntry, f: _File, name: str, parts: list[bytes]) -> str:
+    """One member (header, data, padding) added to ``parts``; its sha256."""
     try:
         data = _read_file(f)
     except FileNotFoundError:
         raise _Vanished(entry) from None
-    return (b"".join((tarfmt.header(name, f.size, f.mode), data, tarfmt.padding(f.size))),
-            hashlib.sha256(data).hexdigest())
+    parts.append(tarfmt.header(name, f.size, f.mode))
+    parts.append(data)
+    pad = -f.size % tarfmt.BLOCK
+    if pad:
+        parts.append(tarfmt.ZERO_BLOCK[:pad])
+    return hashlib.sha256(data).hexdigest()
 
 
 def _write_entry(sink: _Sink, entry: CacheEntry, files: list[_File],
@@ -406,9 +416,9 @@ def _write_entry(sink: _Sink, entry: CacheEntry, files: list[_File],
     for f in files:
         name = f"{prefix}/{f.rel}" if f.rel else prefix
         if f.size <= WHOLE:
-            member, digest = _encode_one(entry, f, name)
-            sink.write(member)
-            hashes.append(digest)
+            member: list[bytes] = []
+            hashes.append(_encode_one(entry, f, name, member))
+            sink.write(b"".join(member))
             advance(f.size)
             continue
         try:

@@ -283,20 +283,38 @@ class PlacedWriter:
         self._held = 0
 
     def write(self, data: bytes | memoryview) -> None:
-        self._parts.append(data)
-        self._held += len(data)
-        self.offset += len(data)
+        self.write_parts((data,))
+
+    def write_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        """``parts`` in a row (headers, data, paddings): gathered by the kernel (``pwritev``),
+        not joined here first."""
+        self._parts.extend(parts)
+        n = sum(map(len, parts))
+        self._held += n
+        self.offset += n
         if self._held >= CHUNK:
             self.flush()
 
     def flush(self) -> None:
-        view = memoryview(b"".join(self._parts))
-        while view:
-            n = os.pwrite(self.fd, view, self._at)
+        parts = self._parts
+        while parts:
+            batch = parts[:_IOV_MAX]
+            n = os.pwritev(self.fd, batch, self._at)
             self._at += n
-            view = view[n:]
-        self._parts.clear()
+            done = 0
+            for part in batch:                   # drop what was written, cut a part begun
+                if n < len(part):
+                    break
+                n -= len(part)
+                done += 1
+            del parts[:done]
+            if n:
+                parts[0] = memoryview(parts[0])[n:]
         self._held = 0
+
+
+#: buffers one pwritev takes at most (Linux's IOV_MAX)
+_IOV_MAX = 1024
 
 
 def _copy(src: IO[bytes], dst: IO[bytes]) -> None:

@@ -79,3 +79,38 @@ def test_the_thread_gets_a_mib_at_a_time(tmp_path, monkeypatch):
     frames.write(b"q" * (5 * CHUNK + 3))
     frames.close()
     assert max(sizes) == CHUNK and sum(sizes) == 5 * CHUNK + 3
+
+
+@pytest.mark.parametrize("most", [1, 7, 512, 1 << 30])
+def test_placed_parts_land_in_a_row_whatever_pwritev_takes_at_once(tmp_path, monkeypatch, most):
+    """A pack worker's members go to the kernel as parts (headers, data, paddings) of one
+    pwritev, not joined first: the bytes land in order at the run's offset even when a call
+    writes only part of them (at most ``most`` bytes here), and past IOV_MAX parts."""
+    from cache_tools import writer
+
+    real = os.pwritev
+
+    def short(fd, buffers, offset):
+        take, out = most, []
+        for b in buffers:
+            out.append(memoryview(b)[:take])
+            take -= len(out[-1])
+            if not take:
+                break
+        return real(fd, out, offset)
+
+    monkeypatch.setattr(writer.os, "pwritev", short)
+    fd = os.open(tmp_path / "run.bin", os.O_RDWR | os.O_CREAT)
+    try:
+        sink = writer.PlacedWriter(fd, 10)
+        expected = b""
+        for i in range(3000 if most >= 512 else 300):
+            parts = [PIECES[i % len(PIECES)][:200 + i % 900], b"", bytes(i % 511)]
+            sink.write_parts(parts)
+            expected += b"".join(parts)
+        sink.write(b"tail")
+        sink.flush()
+        assert os.pread(fd, len(expected) + 100, 0) == bytes(10) + expected + b"tail"
+        assert sink.offset == 10 + len(expected) + 4
+    finally:
+        os.close(fd)
