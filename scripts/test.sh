@@ -1,31 +1,42 @@
 #!/usr/bin/env bash
 # The test command (README; .ci/run calls exactly this).  Sets up the pinned CPU profile,
 # starts a loopback Redis and an OCI registry (Debian's docker-registry) for the shared-cache
-# tests, installs Debian's Chromium for the HTML report test and runs pytest on every core.
-# No GPU needed.  pytest's own exit code is ours: a run that collects nothing exits 5.
+# tests, installs Debian's Chromium for the HTML report tests (apt-get: root, or the tests that
+# need a missing package are skipped) and runs pytest on every core.  No GPU needed.
+# pytest's own exit code is ours: a run that collects nothing exits 5.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PYBIN=.venv/bin
 
-# Redis on loopback for cache_tools' push/pull tests (a real store, not a stand-in).
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "test: installing redis-server (Debian package)"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
-    || echo "test: redis-server could not be installed; the Redis tests will fail"
-fi
-# Debian's registry (the distribution project's registry:2) for the OCI store's tests.
-if ! command -v docker-registry >/dev/null 2>&1; then
-  echo "test: installing docker-registry (Debian package)"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null) \
-    || echo "test: docker-registry could not be installed; the OCI registry tests will be skipped"
-fi
-# Debian's Chromium, headless, for the HTML report test (the page as a user sees it).
-if ! command -v chromium >/dev/null 2>&1; then
-  echo "test: installing chromium (Debian package, for the HTML report test)"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-    || echo "test: chromium could not be installed; the HTML report test will be skipped"
-fi
+# Debian packages for the tests that need a real service or browser.  Installing one needs root
+# (apt-get); without root (and no password-less sudo) the script says so and the tests that need
+# the package are skipped, as they are when it cannot be installed.
+apt_updated=
+install_deb() {  # PACKAGE COMMAND WHAT-IS-SKIPPED-WITHOUT-IT
+  command -v "$2" >/dev/null 2>&1 && return 0
+  local sudo=
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo=sudo
+    else
+      echo "test: $1 is not installed, and installing it needs root (apt-get install $1);" \
+        "$3 will be skipped"
+      return 0
+    fi
+  fi
+  echo "test: installing $1 (Debian package, apt-get as root)"
+  { [ -n "$apt_updated" ] || $sudo apt-get update -qq; } \
+    && apt_updated=1 \
+    && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$1" >/dev/null \
+    || echo "test: $1 could not be installed; $3 will be skipped"
+}
+# Redis on loopback for cache_tools' push/pull tests (a real store, not a stand-in), Debian's
+# registry (the distribution project's registry:2) for the OCI store's tests, and Debian's
+# Chromium, headless, for the HTML report tests (the page as a user sees it).
+install_deb redis-server redis-server "the Redis tests"
+install_deb docker-registry docker-registry "the OCI registry tests"
+install_deb chromium chromium "the HTML report's browser tests"
 REDIS_PORT=${WARMUP_TEST_REDIS_PORT:-6391}
 redis_dir=$(mktemp -d)
 registry_dir=$(mktemp -d)
