@@ -21,11 +21,11 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from cache_tools import atomic, compile_log
 from cache_tools.compile_log import is_miss, kernel_name
-from warmup.coverage.classes import ClassLatency, Coverage, compute
+from warmup.coverage.classes import ClassLatency, Coverage, RecordError, compute, read_object
 from warmup.errors import DriverError
 from warmup.observe import metrics
 from warmup.serve.report import RunReport
@@ -228,9 +228,23 @@ class CoverageReport:
         d["coverage"] = self.coverage.to_json() if self.coverage is not None else None
         return d
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "CoverageReport":
+        """A run report read back, with its coverage when the second pass ran; RecordError
+        names a damaged coverage field (``coverage.classes[0]...``)."""
+        cov = d.get("coverage")
+        if cov is None:
+            return cls(RunReport.from_json(d))
+        try:
+            return cls(RunReport.from_json(d), Coverage.from_json(read_object(cov, "coverage")))
+        except RecordError as exc:
+            text = str(exc)
+            raise RecordError(text if text.startswith("coverage") else f"coverage.{text}") from None
+
 
 async def run(driver: PassDriver, exp: Expansion, *, second_pass: bool | None = None,
-              state_dir: str | os.PathLike[str] | None = None) -> CoverageReport:
+              state_dir: str | os.PathLike[str] | None = None,
+              describe: Callable[[Coverage], str] | None = None) -> CoverageReport:
     """Run the expansion with ``driver``; with ``second_pass`` (default: WARMUP_SECOND_PASS),
     replay it once more through the same transport and measure the :class:`Coverage` (also
     written as ``<state_dir>/coverage.json``).
@@ -239,7 +253,8 @@ async def run(driver: PassDriver, exp: Expansion, *, second_pass: bool | None = 
     with the plan's flush as the first did.  Its failures never fail the warm-up: they are
     listed in the coverage.  Without a state directory there is no compile log to read; the
     second replay is skipped and the coverage says so.  A failure of the first replay raises
-    as the driver raised it.
+    as the driver raised it.  ``describe``: the coverage as text, whose lines go to the
+    driver's progress (the plugin passes the view's; this layer renders nothing itself).
     """
     from warmup import settings
 
@@ -287,7 +302,7 @@ async def run(driver: PassDriver, exp: Expansion, *, second_pass: bool | None = 
                 recorder.ready(time.time())  # ready is after the second replay
         except Exception as exc:  # a metrics update never fails the warm-up: logged
             logger.debug("sglang-warmup: coverage metrics not recorded: %r", exc)
-    for line in cov.render().splitlines():
+    for line in (describe(cov) if describe is not None else "").splitlines():
         driver.progress(line)
     return CoverageReport(first.report, cov)
 
