@@ -130,7 +130,7 @@ def plugin_entry_point() -> dict:
     """Whether ``sglang.srt.plugins`` → ``warmup.serve.plugin:register`` is registered."""
     try:
         eps = _metadata.entry_points(group=ENTRY_POINT_GROUP)
-    except Exception as exc:  # broken metadata
+    except Exception as exc:  # broken metadata (any kind) is the check's finding
         return {"registered": False, "name": None, "distribution": None, "detail": repr(exc)}
     for ep in eps:
         if ep.value == ENTRY_POINT_VALUE:
@@ -144,14 +144,14 @@ def cache_locations() -> list[dict]:
     """The JIT cache directories in effect for SGLang here (``cache_tools.locations``)."""
     try:
         from cache_tools import locations
-    except Exception as exc:
+    except ImportError as exc:
         return [{"kind": "all", "path": None, "source": "", "active": False,
                  "note": f"cache_tools.locations unavailable: {exc}"}]
     try:
         return [{"kind": loc.kind.name, "path": str(loc.path) if loc.path is not None else None,
                  "source": loc.source, "active": loc.active, "note": loc.note}
                 for loc in locations.resolve()]
-    except Exception as exc:
+    except Exception as exc:  # the self-check reports what it cannot resolve; it does not fail
         return [{"kind": "all", "path": None, "source": "", "active": False,
                  "note": f"cache locations could not be resolved: {exc}"}]
 
@@ -250,7 +250,7 @@ def _child_main(conn: Any, result_path: str, log_path: str) -> None:
         if after is not None:
             result["install"] = after.to_json()
         result["ok"] = True
-    except BaseException as exc:
+    except BaseException as exc:  # the child reports every way it ends in its result file
         import traceback
 
         result["ok"] = False
@@ -258,7 +258,7 @@ def _child_main(conn: Any, result_path: str, log_path: str) -> None:
         result["traceback"] = traceback.format_exc()
         try:
             conn.send("failed")
-        except Exception:
+        except (OSError, ValueError):  # the parent is gone: the result file says it all
             pass
     finally:
         Path(result_path).write_text(json.dumps(result, default=str))
@@ -268,7 +268,7 @@ def _load_plugins_like_sglang(notes: list[str]) -> str:
     """Load the general plugins the way SGLang's processes do; return which way was used."""
     try:
         from sglang.srt.plugins import load_plugins
-    except Exception as exc:
+    except Exception as exc:  # SGLang's import may raise anything: noted, the entry point then
         notes.append(f"SGLang not importable here ({type(exc).__name__}: {exc}); "
                      "the plugin was loaded from its entry point directly")
         for ep in _metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -283,7 +283,7 @@ def _install_sglang_watch(notes: list[str]) -> None:
     """SGLang's scheduler installs its Triton load watch after the plugins; do the same."""
     try:
         from sglang.srt.utils import triton_load_watch
-    except Exception as exc:
+    except Exception as exc:  # SGLang's import may raise anything: noted, not exercised
         notes.append(f"sglang.srt.utils.triton_load_watch not importable ({exc}); "
                      "chaining with it not exercised")
         return
@@ -297,7 +297,7 @@ def _target(result: dict) -> Iterator[None]:
 
     try:
         target = driver.active.get_current_target()
-    except Exception as exc:
+    except Exception as exc:  # no GPU: Triton raises what its release raises; compile only
         with compile_only_target(FALLBACK_TARGET) as target:
             result["target"] = f"{target.backend}:{target.arch} (compile only: {_no_driver(exc)})"
             result["launch"] = False
@@ -327,7 +327,7 @@ def _launch(kernel: Any, result: dict) -> None:
         kernel[(16,)](x, y, 4096, BLOCK=256)
         torch.cuda.synchronize()
         result["launched"] = bool(torch.all(y == 1.0).item())
-    except Exception as exc:
+    except Exception as exc:  # a launch that fails is the self-check's note, not its failure
         result["notes"].append(f"kernel launch not exercised: {type(exc).__name__}: {exc}")
 
 
@@ -365,7 +365,7 @@ def _cache_environment(root: Path, notes: list[str]) -> tuple[dict[str, str | No
         if triton.path is None:
             raise ValueError("no Triton cache directory under the root")
         return dict(pairs), Path(triton.path)
-    except Exception as exc:
+    except Exception as exc:  # the self-check notes it and pins the Triton cache alone
         notes.append(f"cache_tools.locations unusable ({exc}); only the Triton cache was "
                      "pinned to the check's directory")
         return {"TRITON_CACHE_DIR": str(root / "triton")}, root / "triton"
@@ -376,7 +376,7 @@ def _has_attr(module: str, attr: str) -> bool:
 
     try:
         return hasattr(importlib.import_module(module), attr)
-    except Exception:
+    except Exception:  # an import of SGLang's may raise anything: not there, then
         return False
 
 
@@ -444,12 +444,12 @@ def _read_back(dirs: dict[str, Path], notes: list[str]) -> tuple[dict, list[dict
 
     try:
         counts = metrics.collect(dirs["prometheus"])
-    except Exception as exc:
+    except Exception as exc:  # prometheus_client's reader of a torn file: the check's note
         notes.append(f"metrics could not be read back: {exc}")
         counts = {}
     try:
         log_records = compile_log.read_dir(dirs["state"])
-    except Exception as exc:
+    except OSError as exc:
         notes.append(f"compile log could not be read back: {exc}")
         log_records = []
     return counts, log_records

@@ -53,7 +53,7 @@ class DynamoHooks:
             return
         try:
             self._register(module)
-        except Exception as exc:
+        except Exception as exc:  # a guest never raises into its host's import: counted, logged
             self.inst.failed("dynamo", exc)
 
     def _register(self, module: Any) -> None:
@@ -68,7 +68,7 @@ class DynamoHooks:
         """Dynamo begins compiling a frame (the outermost of nested compiles)."""
         try:
             self.started[threading.get_ident()] = (time.perf_counter(), _compiled_function())
-        except Exception as exc:
+        except Exception as exc:  # a guest never raises into Dynamo's compile: counted, logged
             self.inst.failed("dynamo", exc)
 
     def end(self, *args: Any) -> None:
@@ -83,7 +83,7 @@ class DynamoHooks:
                 name = f"{name} [{compile_id}]"
             self.inst.build(compile_log.BUILT, name, round(time.perf_counter() - began[0], 4),
                             compiler=compile_log.DYNAMO)
-        except Exception as exc:
+        except Exception as exc:  # a guest never raises into Dynamo's compile: counted, logged
             self.inst.failed("dynamo", exc)
 
 

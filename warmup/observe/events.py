@@ -239,7 +239,7 @@ class _Installation:
             rec = self.new_record(event, self.phase(), compiler)
             rec.update(fields)
             self.write(rec)
-        except Exception as exc:
+        except Exception as exc:  # a guest never raises into its host: counted, logged
             self.failed(event, exc)
 
     def build(self, outcome: str, module_name: str | None, duration_s: float | None, *,
@@ -272,8 +272,8 @@ class _Installation:
             log = logger.warning if _error_logs <= _MAX_ERROR_LOGS else logger.debug
             log("sglang-warmup: recording in %s failed (the host call went on): %r", hook, exc)
             self.metrics.hook_error(hook)
-        except Exception:
-            pass
+        except Exception as again:  # counting a guest's failure never raises into its host
+            logger.debug("sglang-warmup: the failure in %s was not counted: %r", hook, again)
 
     def measure(self, record: Callable[[metrics.Metrics], None]) -> None:
         """Record one sample through our metrics (``record(metrics)``); a failure is counted,
@@ -289,7 +289,7 @@ class _Installation:
             return
         try:
             self.log.write(record)
-        except Exception as exc:
+        except Exception as exc:  # a guest never raises into its host: counted, logged
             self.failed("compile_log", exc)
 
     def add(self, name: str, state: str, detail: str = "") -> None:
@@ -319,7 +319,7 @@ class _Installation:
         for undo in reversed(self._undo):
             try:
                 undo()
-            except Exception as exc:
+            except Exception as exc:  # best-effort cleanup: the other steps still run, logged
                 logger.debug("sglang-warmup: uninstall step failed: %r", exc)
         self._undo.clear()
         if self.log is not None:

@@ -73,14 +73,14 @@ class JitHooks:
             if module is not None:
                 try:
                     inst.add(name, "installed", self._patch(module, attr, make))
-                except Exception as exc:
+                except Exception as exc:  # a guest: a hook it cannot place is reported, not raised
                     inst.add(name, "failed", repr(exc))
                 continue
             try:
                 inst.on_uninstall(importer.finder().watch(
                     module_name, functools.partial(self._patch_on_import, attr, make)))
                 inst.add(name, "armed", "patched when the module is imported")
-            except Exception as exc:
+            except Exception as exc:  # a guest: a hook it cannot place is reported, not raised
                 inst.add(name, "failed", repr(exc))
         return layout
 
@@ -89,7 +89,7 @@ class JitHooks:
             return
         try:
             self._patch(module, attr, make)
-        except Exception as exc:
+        except Exception as exc:  # a guest never raises into its host's import: counted, logged
             self.inst.failed("sglang_jit", exc)
 
     def _patch(self, module: Any, attr: str, make: Callable) -> str:
@@ -142,7 +142,7 @@ def _wrap_ninja_build(hooks: JitHooks, original: Callable) -> Callable:
         start = time.perf_counter()
         try:
             result = original(*args, **kwargs)
-        except BaseException as exc:
+        except BaseException as exc:  # the host's own failure: recorded, then raised as it was
             hooks.record(compile_log.FAILED, _spec_name(args, kwargs), time.perf_counter() - start,
                          error=_error(exc))
             raise
@@ -196,8 +196,8 @@ def _wrap_load_jit(hooks: JitHooks, original: Callable) -> Callable:
         # The original is torch.compiler.disable'd; keep Dynamo out of our frame as well.
         try:
             return disable(load_jit)
-        except Exception:
-            pass
+        except Exception as exc:  # a torch that refuses: Dynamo may trace our frame, no worse
+            logger.debug("sglang-warmup: torch.compiler.disable refused load_jit: %r", exc)
     return load_jit
 
 
@@ -217,7 +217,7 @@ def _wrap_tvm_build_ninja(hooks: JitHooks, original: Callable) -> Callable:
         start = time.perf_counter()
         try:
             result = original(*args, **kwargs)
-        except BaseException as exc:
+        except BaseException as exc:  # the host's own failure: recorded, then raised as it was
             hooks.record(compile_log.FAILED, module_name, time.perf_counter() - start,
                          compiler=compiler, error=_error(exc))
             raise
@@ -238,7 +238,7 @@ def _spec_name(args: tuple, kwargs: dict) -> str | None:
     spec = kwargs.get("spec", args[0] if args else None)
     try:
         return str(spec.module_name)
-    except Exception:
+    except AttributeError:  # another release's spec, or none: the build is unnamed
         return None
 
 

@@ -130,7 +130,7 @@ def current(*, state_dir: str | os.PathLike | None = None) -> PhaseState:
     """
     try:
         directory = resolve_state_dir(state_dir)
-    except Exception:  # a malformed variable must not break a compile hook
+    except WarmupError:  # a malformed variable must not break a compile hook
         directory = None
     if directory is None:
         return _local

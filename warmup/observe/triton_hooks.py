@@ -91,7 +91,7 @@ class TritonHooks:
                 inst.on_uninstall(functools.partial(_restore_slot, owner, attr, wrapper))
                 inst.add(name, "chained" if prev is not None else "installed",
                          f"wraps {_describe(prev)}" if prev is not None else "")
-            except Exception as exc:
+            except Exception as exc:  # a guest: a hook it cannot place is reported, not raised
                 inst.add(name, "failed", repr(exc))
 
         for name, attr, end in ((LOAD_START_HOOK, "kernel_load_start_hook", False),
@@ -107,7 +107,7 @@ class TritonHooks:
                 others = [c for c in getattr(chain, "calls", ()) if c is not fn]
                 inst.add(name, "chained" if others else "installed",
                          f"alongside {', '.join(_describe(c) for c in others)}" if others else "")
-            except Exception as exc:
+            except Exception as exc:  # a guest: a hook it cannot place is reported, not raised
                 inst.add(name, "failed", repr(exc))
         return getattr(triton, "__version__", None)
 
@@ -183,7 +183,7 @@ class TritonHooks:
             record = triton_record.build(inst.new_record(event, state, compile_log.TRITON), src,
                                          metadata, metadata_group, times, pending,
                                          self.options_fields)
-        except Exception as exc:
+        except Exception as exc:  # a guest never raises into Triton's compile: counted, logged
             inst.failed("compile_log", exc)
             return
         inst.write(record)
@@ -257,7 +257,7 @@ def _make_listener(hooks: TritonHooks, prev: Any) -> Callable[..., None]:
                     hooks.on_compile(kwargs.get("src"), kwargs.get("metadata"),
                                      kwargs.get("metadata_group"), kwargs.get("times"),
                                      bool(kwargs.get("cache_hit")))
-                except Exception as exc:
+                except Exception as exc:  # a guest never raises into Triton: counted, logged
                     inst.failed("compilation_listener", exc)
 
     sglang_warmup_compilation_listener._sglang_warmup_prev = prev
@@ -278,7 +278,7 @@ def _make_jit_hook(hooks: TritonHooks, prev: Any, *, post: bool) -> Callable[...
             if inst.active and not (result and not post):
                 try:
                     hooks.on_jit_hook(kwargs, post=post)
-                except Exception as exc:
+                except Exception as exc:  # a guest never raises into Triton: counted, logged
                     inst.failed(hook_name, exc)
         return result  # the previous hook's result, never ours
 
@@ -304,7 +304,7 @@ def _make_load_hook(hooks: TritonHooks, *, end: bool) -> Callable[..., None]:
                 hooks.on_load_end(name, hash)
             else:
                 hooks.on_load_start(name, hash)
-        except Exception as exc:
+        except Exception as exc:  # a guest never raises into Triton's kernel load: counted, logged
             inst.failed(hook_name, exc)
 
     sglang_warmup_load_hook.__name__ = f"sglang_warmup_{hook_name}"
@@ -326,7 +326,7 @@ def _free_device_bytes() -> float | None:
             return None
         free, _total = torch.cuda.mem_get_info()
         return float(free)
-    except Exception:
+    except Exception:  # a guest in a kernel load: CUDA's refusal (any kind) is no number
         return None
 
 
@@ -335,7 +335,7 @@ def _get_knob(group: str, attr: str) -> Any:
         from triton import knobs
 
         return getattr(getattr(knobs, group), attr)
-    except Exception:
+    except (ImportError, AttributeError):  # no Triton, or one without that knob
         return None
 
 

@@ -56,15 +56,15 @@ def build(record: dict, src: Any, metadata: dict, metadata_group: dict | None, t
         try:
             fields = options_fields(target)
             options = {k: metadata[k] for k in sorted(fields) if k in metadata}
-        except Exception:
+        except Exception:  # Triton's backend API varies by version: a record without options
             options = {}
     env = {}
     try:
         from triton._C.libtriton import get_cache_invalidating_env_vars
 
         env = {k: metadata[k] for k in get_cache_invalidating_env_vars() if k in metadata}
-    except Exception:
-        pass
+    except Exception:  # Triton's private C API varies by version: a record without them
+        env = {}
     record.update({
         "kernel": kernel,
         "key": None if pending is None else jsonable(pending.get("key")),
@@ -111,10 +111,10 @@ def _specialization(pending: dict, fn: Any) -> dict:
 def source_sha256(fn: Any) -> str | None:
     """The sha256 of a JITFunction's source as Triton holds it (``fn.src``), which replay
     checks against the installed kernel before importing it; None when there is none."""
+    src = getattr(fn, "src", None)
     try:
-        src = getattr(fn, "src", None)
         return hashlib.sha256(src.encode("utf-8")).hexdigest() if isinstance(src, str) else None
-    except Exception:
+    except UnicodeEncodeError:  # a lone surrogate in the source: no hash, so no replay
         return None
 
 
@@ -122,12 +122,9 @@ def is_generated(function: Any) -> bool:
     """Whether a kernel was defined in a module made at run time, which no other process can
     import by name: Inductor executes each generated kernel file as a module without an import
     spec (``torch._inductor.runtime.compile_tasks.<key>``).  Never raises."""
-    try:
-        namespace = getattr(function, "__globals__", None)
-        return isinstance(namespace, dict) and namespace.get("__spec__", True) is None \
-            and namespace.get("__name__") != "__main__"
-    except Exception:
-        return False
+    namespace = getattr(function, "__globals__", None)
+    return isinstance(namespace, dict) and namespace.get("__spec__", True) is None \
+        and namespace.get("__name__") != "__main__"
 
 
 # --- the toolchain the key hashed ------------------------------------------------------------
@@ -155,7 +152,7 @@ def toolchain(target: Any) -> dict | None:
             _toolchains[key] = {"ptxas": nvidia.get_ptxas(arch).path,
                                 "ptxas_version": nvidia.get_ptxas_version(arch)}
         return _toolchains[key]
-    except Exception:
+    except Exception:  # Triton's NVIDIA backend API varies by version: no toolchain, a record
         return None
 
 
@@ -163,10 +160,7 @@ def toolchain(target: Any) -> dict | None:
 
 def _entry_dir(metadata_group: dict | None) -> str | None:
     for path in (metadata_group or {}).values():
-        try:
-            return Path(str(path)).parent.name
-        except Exception:
-            return None
+        return Path(str(path)).parent.name
     return None
 
 
@@ -179,7 +173,7 @@ def _stages(times: Any) -> dict | None:
             "lowering_s": {str(name): us / 1e6 for name, us in times.lowering_stages},
             "store_results_s": times.store_results / 1e6,
         }
-    except Exception:
+    except (AttributeError, TypeError, ValueError):  # a Triton whose stage times differ
         return None
 
 
