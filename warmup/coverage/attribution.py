@@ -12,7 +12,6 @@ Both answer the same five calls of the audit's run loop: ``start``, ``before_ste
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
@@ -24,8 +23,6 @@ from warmup.coverage.traffic import TrafficStep
 from warmup.errors import WarmupError
 from warmup.observe import gc_pauses
 from warmup.observe import phase as phase_mod
-
-logger = logging.getLogger("sglang_warmup.audit")
 
 CLASS_PREFIX = "audit:"
 
@@ -138,10 +135,9 @@ class CompileLogAttribution:
         phase_mod.set_phase("serving", state_dir=self.state_dir)
 
     def close(self) -> None:
-        try:  # the server is ready: later compiles belong to no audit step
-            phase_mod.set_phase("serving", state_dir=self.state_dir)
-        except Exception as exc:  # the audit's result stands; the phase file is the server's
-            logger.warning("sglang-warmup: could not reset the phase file: %s", exc)
+        # The server is ready: later compiles belong to no audit step.  A phase file that
+        # cannot be written is logged by set_phase (the audit's result stands).
+        phase_mod.set_phase("serving", state_dir=self.state_dir)
 
     async def results(self, times: dict[int, float], windows: dict[int, tuple[float, float]],
                       steps: Sequence[TrafficStep]

@@ -364,7 +364,7 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
                                 f"{cache_root} and they would not be baked")
         spec = launch.plan_launch(str(plan), args, report=str(wd / "report.json"),
                                   state_dir=str(wd / "state"), environ=env)
-    except BaseException:
+    except BaseException:  # cleanup on any way out (Ctrl-C too), then raised as it was
         if temporary:
             shutil.rmtree(wd, ignore_errors=True)
         raise

@@ -22,15 +22,20 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import yaml
 
 from cache_tools import inputfile
 from warmup import settings
-from warmup.errors import RegistrationError, WarmupError
+from warmup.errors import DriverError, RegistrationError, WarmupError
 from warmup.plan import loader, shipped
 from warmup.serve.report import RunReport, write_json
+
+if TYPE_CHECKING:  # annotations only: the driver and the transports load when the plan runs
+    from warmup.plan.model import Expansion
+    from warmup.serve.driver import Driver
+    from warmup.serve.transport import InProcessTransport
 
 logger = logging.getLogger("sglang_warmup.hook")
 
@@ -43,7 +48,7 @@ _failed: list[str] = []  # registrations that failed in this process, with the r
 #: Runs an expansion with a driver: ``(driver, expansion) -> awaitable result``.  The result is
 #: the RunReport, or an object around it with ``.run`` (the RunReport) and ``.to_dict()`` (the
 #: JSON document written as the report); a DriverError carries ``.report`` either way.
-Runner = Callable[[Any, Any], Awaitable[Any]]
+Runner = Callable[["Driver", "Expansion"], Awaitable[Any]]
 #: The run report as text for SGLang's log (the plugin passes the view's, warmup/view/text.py;
 #: this layer renders nothing itself).
 Describe = Callable[[RunReport], str]
@@ -259,7 +264,7 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
             from warmup.observe import metrics as metrics_mod
 
             metrics = metrics_mod.default()
-        except Exception as exc:
+        except Exception as exc:  # in SGLang's process metrics are optional: warned, warm-up on
             logger.warning("sglang-warmup: metrics unavailable: %s", exc)
     driver = Driver(transport, lenient=lenient, flush_timeout_s=settings.FLUSH_TIMEOUT_S.get(),
                     state_dir=settings.STATE_DIR.get() or None, metrics=metrics,
@@ -267,8 +272,8 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
     result: Any = None
     try:
         result = await (runner(driver, exp) if runner is not None else driver.run(exp))
-    except WarmupError as exc:
-        result = getattr(exc, "report", None)
+    except DriverError as exc:  # strict mode: the report so far is written all the same
+        result = exc.report
         raise
     finally:
         if result is not None:
@@ -325,7 +330,7 @@ def sglang_freezes_after_warmup() -> bool:
     return "def _freeze_gc_after_server_warmup(" in source
 
 
-async def _freeze_gc(transport: Any) -> None:
+async def _freeze_gc(transport: InProcessTransport) -> None:
     """After the warm-up: one full collection in this process (the tokenizer manager's; SGLang's
     freeze does not collect, and what it freezes is never collected), then SGLang's own
     freeze_gc, so that no full collection over the objects the start and the warm-up left lands
@@ -338,7 +343,7 @@ async def _freeze_gc(transport: Any) -> None:
         return
     try:
         await transport.freeze_gc()
-    except Exception as exc:
+    except Exception as exc:  # the server is warm: SGLang's freeze failing any way is a warning
         logger.warning("sglang-warmup: freezing the garbage collector failed: %s", exc)
     else:
         logger.info("sglang-warmup: garbage collector frozen (tokenizer manager, schedulers, "

@@ -470,10 +470,9 @@ class Sidecar:
             self._projection = p
 
     def _set_phase(self, name: str) -> None:
-        try:
-            phase_mod.set_phase(name, state_dir=self.config.state_dir)
-        except Exception as exc:  # bookkeeping never stops the sidecar
-            logger.debug("sglang-warmup sidecar: phase not recorded: %s", exc)
+        # set_phase logs a phase file it cannot write (bookkeeping never stops the sidecar);
+        # what else it raises (an unknown phase) is a bug of ours: the work loop reports it
+        phase_mod.set_phase(name, state_dir=self.config.state_dir)
 
     def _probe_generate(self, timeout: float) -> Probe:
         return self.client.probe("/health_generate", timeout)
