@@ -71,6 +71,18 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, align: str =
     return "\n".join(lines)
 
 
+def lines(parts: Sequence[str], width: int | None = None) -> str:
+    """``parts`` one per line; with ``width``, a sentence longer than it is wrapped (its next
+    lines indented), a table or a block of lines is kept as it is."""
+    if width is None:
+        return "\n".join(parts)
+    import textwrap
+
+    return "\n".join(p if "\n" in p or len(p) <= width else
+                     textwrap.fill(p, width, subsequent_indent="    ", break_long_words=False,
+                                   break_on_hyphens=False) for p in parts)
+
+
 def _right(align: str, i: int, rows: Sequence[Sequence[Any]]) -> bool:
     """Column ``i`` is aligned right: as ``align`` says, else when its first row holds a
     number."""

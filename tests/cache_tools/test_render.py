@@ -36,3 +36,13 @@ def test_a_table_never_cuts_below_eight_characters_nor_numbers(width):
     name = next(cell for cell in text.splitlines()[2].split() if cell.startswith("extend_"))
     assert len(name) >= 8
     assert len(text.splitlines()[2]) <= max(width, 8 + 2 + 8 + 2 + 5)
+
+
+def test_lines_wraps_sentences_and_keeps_tables():
+    from cache_tools.render import lines
+
+    tab = table(["a", "b"], [["x" * 50, "y" * 50]])
+    text = lines(["word " * 30, tab, "short"], 40).splitlines()
+    assert all(len(x) <= 40 for x in text[:4]) and text[1].startswith("    ")
+    assert tab in lines(["word " * 30, tab, "short"], 40) and text[-1] == "short"
+    assert lines(["word " * 30], None) == "word " * 30

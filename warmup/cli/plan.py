@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from cache_tools.render import table
+from cache_tools.render import lines, table
 from warmup import settings
 from warmup.cli import options, output
 from warmup.cli.options import Format
@@ -92,7 +92,7 @@ def show(
     if fmt == "json":
         output.data_json(exp.to_dict())
         return
-    output.data(render_expansion(exp, steps=steps))
+    output.data(render_expansion(exp, steps=steps, width=output.width()))
 
 
 @app.command("facts")
@@ -138,8 +138,9 @@ def _first_sentence(text: str, limit: int = 90) -> str:
     return first if len(first) <= limit else first[: limit - 1] + "…"
 
 
-def render_expansion(exp: Expansion, *, steps: bool = False) -> str:
-    """The expansion for people: facts, then one row per class (and per step with --steps)."""
+def render_expansion(exp: Expansion, *, steps: bool = False, width: int | None = None) -> str:
+    """The expansion for people: facts, then one row per class (and per step with --steps);
+    with ``width`` (a terminal's), the tables fit it and long lines wrap."""
     f = exp.facts
     out = [f"plan {exp.plan}: {len(exp.steps)} steps, {exp.num_requests} requests, "
            f"{sum(s.tokens for s in exp.steps):,} prompt tokens"
@@ -162,20 +163,20 @@ def render_expansion(exp: Expansion, *, steps: bool = False) -> str:
                      _short(lens), _short(sizes), sum(s.tokens for s in ss)])
     out.append("")
     out.append(table(["phase", "class", "kind", "steps", "requests", "prompt tokens",
-                      "requests/step", "total tokens"], rows))
+                      "requests/step", "total tokens"], rows, width=width, drop=(7, 6, 0)))
     if exp.skipped:
         out.append("")
         out.append(table(["phase", "class", "item", "skipped because"],
                          [[k.phase, k.shape_class, k.item or "(whole class)", k.reason]
-                          for k in exp.skipped]))
+                          for k in exp.skipped], width=width, drop=(0,)))
     output.warn(f"warning: {w}" for w in exp.warnings)
     if steps:
         out.append("")
         out.append(table(["#", "class", "mode", "lengths", "sampling", "note"],
                          [[s.index, s.shape_class, s.mode, _short([r.input_len for r in s.requests]),
                            _short(sorted({r.sampling_name for r in s.requests})), s.note]
-                          for s in exp.steps]))
-    return "\n".join(out)
+                          for s in exp.steps], width=width, drop=(5,)))
+    return lines(out, width)
 
 
 def _short(values, limit: int = 8) -> str:

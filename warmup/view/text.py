@@ -6,10 +6,9 @@ columns go first, then long names are cut."""
 
 from __future__ import annotations
 
-import textwrap
 from typing import Any, Iterable
 
-from cache_tools.render import bar, table
+from cache_tools.render import bar, lines, table
 from warmup.coverage.audit import SLOW_RATIO, AuditReport, StepAudit
 from warmup.coverage.classes import Coverage, KeyEvents
 from warmup.serve.report import RunReport, allocator_kept, sweep_processes
@@ -68,16 +67,6 @@ def run_report(report: RunReport, cov: Coverage | None = None, *,
     if cov is not None:
         out.append(coverage(cov, width=width))
     return lines(out, width)
-
-
-def lines(parts: list[str], width: int | None) -> str:
-    """The parts one per line; with ``width``, a sentence longer than it is wrapped (its next
-    lines indented), a table or a block of lines is kept as it is."""
-    if width is None:
-        return "\n".join(parts)
-    return "\n".join(p if "\n" in p or len(p) <= width else
-                     textwrap.fill(p, width, subsequent_indent="    ", break_long_words=False,
-                                   break_on_hyphens=False) for p in parts)
 
 
 def class_rows(report: RunReport, cov: Coverage | None) -> list[list[Any]]:

@@ -50,6 +50,23 @@ def test_show_table_lists_every_pr_class(capsys, pr_facts_file):
     assert "524453, 1048485" in out  # c128 widths up to the 1M context
 
 
+def test_the_tables_fit_the_terminal(capsys, pr_facts_file, monkeypatch):
+    """On an 80-column terminal: total tokens, requests/step and phase go first, long cells are
+    cut, the facts line wraps; off a terminal every column is kept."""
+    from warmup.cli import output
+
+    monkeypatch.setattr(output, "width", lambda: 80)
+    code, out, _ = run(capsys, "plan", "show", "deepseek_v4_serving_shapes", "--facts",
+                       str(pr_facts_file))
+    assert code == 0 and max(map(len, out.splitlines())) <= 80, out
+    assert any(x.split() == ["class", "kind", "steps", "requests", "prompt", "tokens"]
+               for x in out.splitlines())
+    monkeypatch.setattr(output, "width", lambda: None)
+    code, wide, _ = run(capsys, "plan", "show", "deepseek_v4_serving_shapes", "--facts",
+                        str(pr_facts_file))
+    assert max(map(len, wide.splitlines())) > 150 and "requests/step" in wide
+
+
 def test_a_capped_let_names_the_prompt_lengths_left_unwarmed(capsys, pr_facts_file):
     code, out, _ = run(capsys, "plan", "show", "deepseek_v4_serving_shapes", "--facts",
                        str(pr_facts_file), "--let", "long_cap=65536")
