@@ -77,7 +77,7 @@ def _run(argv: list[str] | None) -> int:
         if exc.hint:
             _say(f"hint: {exc.hint}")
         return exc.exit_code
-    except Exception as exc:
+    except Exception as exc:  # click's by name (not imported at start); anything else raises
         kind = _click_kind(exc)
         if kind is None or settings.DEBUG.get():
             raise  # a bug: the traceback is the report

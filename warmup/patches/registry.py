@@ -133,7 +133,7 @@ def evaluate(fix: Any, view: LiveView | FileView, ctx: Context, *, apply: bool) 
         return _row(fix, mode, "absent", None,
                     f"nothing to fix: {exc} (this release predates the code the fix targets, "
                     "or has another design)", predicted)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - detection reads SGLang's code: any failure refuses
         return _row(fix, mode, "refused", None,
                     f"detection failed: {type(exc).__name__}: {exc}", predicted)
     if not detection.needed and mode == "auto":
@@ -157,14 +157,14 @@ def _install(fix: Any, module: ModuleType, mode: str, detected: str, why: str,
         replacement = fix.build(module, original, ctx)
     except Refused as exc:
         return _row(fix, mode, "refused", detected, str(exc))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a build against SGLang's code: any failure refuses
         return _row(fix, mode, "refused", detected,
                     f"could not build the patch: {type(exc).__name__}: {exc}")
     setattr(owner, fix.ATTR, replacement)
     _state.originals[fix.NUMBER] = (owner, fix.ATTR, own, original)
     try:
         note = fix.verify(module, replacement, original)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a patch that fails its check is taken off, reported
         _restore(fix.NUMBER)
         return _row(fix, mode, "refused", detected,
                     f"verification failed, patch removed: {type(exc).__name__}: {exc}")
@@ -230,7 +230,7 @@ def activate() -> None:
                 on_import(module)
             else:
                 _state.unwatch.append(finder().watch(name, on_import))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a guest never raises into its host: warned
         logger.warning("sglang-warmup: patches not armed: %s: %s", type(exc).__name__, exc)
 
 

@@ -226,7 +226,9 @@ def guarded_rewrite(original: Any, *, what: str, old: str, new: str,
     longer compiles, becomes ``Refused`` naming ``what`` (the patched attribute)."""
     try:
         return rewrite_function(original, old=old, new=new, inject=inject, fix=fix)
-    except Exception as exc:
+    # the guards' refusals, no source to read (inspect: OSError, TypeError), source that no
+    # longer compiles; anything else is a bug the registry's boundary names by its type
+    except (RewriteRefused, OSError, TypeError, SyntaxError) as exc:
         raise Refused(f"guarded rewrite of {what} refused: {exc}") from None
 
 

@@ -341,7 +341,7 @@ def from_launch_flags(flags: str | list[str], *, model_config: str | None = None
                              hint=_FLAGS_HINT) from None
         except FactsError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # SGLang's own resolution may raise anything: one FactsError
             raise FactsError(f"SGLang could not resolve the launch flags: "
                              f"{type(exc).__name__}: {exc}",
                              hint="fix the flags; SGLang's own message is above") from None
@@ -397,7 +397,7 @@ def from_server_args(server_args: Any, *, source: str = "server_args",
         model_type = getattr(hf, "model_type", None)
         try:
             defaults = dict(model_config.get_default_sampling_params() or {})
-        except Exception:
+        except Exception:  # SGLang's generation config (model files, older releases): none then
             defaults = {}
     if tokenizer_manager is not None:
         context_length = getattr(tokenizer_manager, "context_len", context_length)
@@ -477,7 +477,7 @@ def _has_gpu() -> bool:
         import torch
 
         return bool(torch.cuda.is_available())
-    except Exception:
+    except Exception:  # no torch, or one whose CUDA probe fails (any kind): no GPU
         return False
 
 
