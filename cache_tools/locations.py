@@ -73,7 +73,16 @@ class Layout:
     def is_ignored(self, name: str) -> bool:
         return self._ignored(name) is not None
 
-    # The compiled patterns' match, kept on the layout: scan asks both of every file it sees.
+    def may_skip(self, name: str) -> bool:
+        """Whether ``name`` may be temporary or ignored (one test for the names scan meets,
+        nearly all of them neither: ``is_temp`` and ``is_ignored`` then say which)."""
+        return self._either(name) is not None
+
+    # The compiled patterns' match, kept on the layout: scan asks of every file it sees.
+    @functools.cached_property
+    def _either(self) -> Callable[[str], object]:
+        return _matcher(self.temp + self.ignore + OWN_PATTERNS)
+
     @functools.cached_property
     def _temp(self) -> Callable[[str], object]:
         return _matcher(self.temp)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import marshal
+import operator
 import os
 import stat
 import time
@@ -327,9 +328,12 @@ def _scandir(path: Path) -> list[os.DirEntry]:
     """A directory's entries sorted by name (none when it cannot be listed)."""
     try:
         with os.scandir(path) as it:
-            return sorted(it, key=lambda d: d.name)
+            return sorted(it, key=_by_name)
     except OSError:
         return []
+
+
+_by_name = operator.attrgetter("name")
 
 
 def _type_bits(d: os.DirEntry) -> int | None:
@@ -424,23 +428,24 @@ def _files(path: Path, layout: Layout, temp_seen: list[str], warnings: list[Cach
     if stat.S_ISREG(st.st_mode):
         yield "", st
         return
-    ignored, temp = layout.is_ignored, layout.is_temp
+    ignored, temp, either = layout.is_ignored, layout.is_temp, layout.may_skip
     stack = [("", str(path))]
     while stack:
         rel, current = stack.pop()
         try:
             with os.scandir(current) as it:
-                children = sorted(it, key=lambda d: d.name)
+                children = sorted(it, key=_by_name)
         except OSError:
             continue
         for d in children:
             name = d.name
             child_rel = f"{rel}/{name}" if rel else name
-            if ignored(name):
-                continue
-            if temp(name):
-                temp_seen.append(child_rel)
-                continue
+            if either(name):
+                if ignored(name):
+                    continue
+                if temp(name):
+                    temp_seen.append(child_rel)
+                    continue
             try:
                 cst = d.stat(follow_symlinks=False)
             except OSError:
