@@ -78,7 +78,7 @@ class Fingerprint:
         for section in ("software", "hardware"):
             value = data.get(section, {})
             if not isinstance(value, Mapping) or not all(
-                    isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+                    _text(k) and _text(v) for k, v in value.items()):
                 raise CacheError(f"{where}.{section}: expected an object of strings",
                                  hint="the archive is malformed")
             parts.append(tuple(sorted(value.items())))
@@ -87,6 +87,18 @@ class Fingerprint:
             raise CacheError(f"{where}.hash does not match its fields",
                              hint="the manifest was edited or corrupted")
         return fp
+
+
+def _text(value: Any) -> bool:
+    """A string that UTF-8 spells: JSON's ``\\ud800`` escapes read as lone surrogates, which the
+    canonical spelling the hash is taken over cannot encode."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _sha(obj: Any) -> str:

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
-from cache_tools.errors import ArchiveError
+from cache_tools.errors import ArchiveError, CacheError
 from cache_tools.fingerprint import Fingerprint, canonical_json
 from cache_tools.groups import MAX_GROUP_BYTES, is_group
 from cache_tools.locations import KIND_NAMES, kind
@@ -249,7 +249,7 @@ class Manifest:
             fp = Fingerprint.from_dict(doc.get("fingerprint"), f"{where}: fingerprint")
         except ArchiveError:
             raise
-        except Exception as exc:  # CacheError from Fingerprint.from_dict
+        except CacheError as exc:  # Fingerprint.from_dict's, named by its field
             raise ArchiveError(str(exc), hint=_HINT) from None
         raw_entries = doc.get("entries")
         if not isinstance(raw_entries, list):

@@ -62,6 +62,17 @@ def test_a_tampered_fingerprint_is_rejected():
     assert err.value.message == "fingerprint.hash does not match its fields"
 
 
+def test_a_lone_surrogate_is_not_a_string_of_a_fingerprint():
+    """JSON's \\ud800 escape reads as a lone surrogate, which the hash's UTF-8 spelling cannot
+    encode: a CacheError naming the section (it was a UnicodeEncodeError out of the Redis and
+    OCI readers; the manifest's reader caught any exception to hide it)."""
+    for section, text in (("software", '{"triton": "\\ud800"}'), ("hardware", '{"\\udfff": "x"}')):
+        data = json.loads(f'{{"{section}": {text}}}')
+        with pytest.raises(CacheError) as err:
+            Fingerprint.from_dict(data, "meta")
+        assert err.value.message == f"meta.{section}: expected an object of strings"
+
+
 def test_software_mismatch_refuses_unless_forced():
     theirs, ours = _fp(triton="3.6.0", sglang="0.5.17"), _fp()
     verdict = compare(theirs, ours)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cache_tools import groups
+from cache_tools.errors import ArchiveError
 from cache_tools.locations import KIND_NAMES
 from cache_tools.manifest import (EntryRecord, FileRecord, Manifest, content_digest_of,
                                   entry_json, files_json, json_size, slow_content_digest)
@@ -94,3 +96,14 @@ def test_records_made_elsewhere_join_into_the_same_bytes(fp, entries, created_by
 @given(children=st.lists(_text, max_size=6))
 def test_a_group_files_archive_size_is_its_length(children):
     assert groups.archive_size(children) == len(groups.archive_form(children))
+
+
+def test_a_fingerprint_the_hash_cannot_spell_is_an_archive_error(fp):
+    """The manifest's reader narrows what it turns into an ArchiveError to the fingerprint's
+    CacheError; a lone surrogate (JSON's \\ud800) in a field is one, naming the field."""
+    doc = json.loads(Manifest(fp, (), "test").to_json())
+    doc["fingerprint"]["software"]["triton"] = "\ud800"
+    with pytest.raises(ArchiveError) as err:
+        Manifest.parse(json.dumps(doc).encode())
+    assert err.value.message == \
+        "manifest.json: fingerprint.software: expected an object of strings"
