@@ -37,7 +37,7 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644,
         finally:
             os.close(fd)
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException:  # the temporary file goes on any way out, then raised as it was
         try:
             os.unlink(tmp)
         except OSError:

@@ -78,7 +78,7 @@ def open_regular(path: str | os.PathLike[str], buffering: int = -1) -> BinaryIO:
             raise NotRead(errno.EINVAL, f"not a regular file ({_kind(mode)})", os.fspath(path))
         _blocking(fd)
         return os.fdopen(fd, "rb", buffering=buffering)
-    except BaseException:
+    except BaseException:  # the descriptor is closed on any way out, then raised as it was
         os.close(fd)
         raise
 

@@ -164,7 +164,7 @@ class ArchiveReader:
                              hint="check the path and its permissions") from None
         try:
             self._open_stream(walked)
-        except BaseException:
+        except BaseException:  # the file is closed on any way out, then raised as it was
             self._file.close()
             raise
         # Decompressed bytes allowed: payload + manifest + tar framing; tightened to what the

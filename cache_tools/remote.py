@@ -127,7 +127,7 @@ class _Store:
     def call(self, command: str, key: str, fn: Callable[..., Any], *args: Any, **kw: Any):
         try:
             return fn(*args, **kw)
-        except Exception as exc:
+        except Exception as exc:  # redis's own errors, by module (redis is imported lazily)
             if type(exc).__module__.split(".")[0] != "redis":
                 raise
             raise _redis_error(exc, self.url, command, key) from None

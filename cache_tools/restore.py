@@ -201,7 +201,7 @@ def stage(plan: RestorePlan, installer: Installer, progress: Progress, jobs: int
             return installer, reader.archive_bytes
         finally:
             reader.close()
-    except BaseException:
+    except BaseException:  # cleanup on any way out (Ctrl-C too), then raised as it was
         if fresh is not None:
             fresh.cleanup()
         raise

@@ -167,7 +167,7 @@ class Registry:
             watchdog.stop()
             conn.close()
             raise self.network_error(exc, what, watchdog) from None
-        except BaseException:
+        except BaseException:  # the connection is closed on any way out, then raised as it was
             watchdog.stop()
             conn.close()
             raise

@@ -149,7 +149,7 @@ def plan_pull(ref_text: str, *, dest: str | os.PathLike[str] | None = None,
         paths = _download(reg, chosen, spool, progress)
         plans = tuple(_plan_layer(str(ref), b, p, remote_fp, dest, env, local)
                       for b, p in zip(chosen, paths))
-    except BaseException:
+    except BaseException:  # the spool is removed on any way out (Ctrl-C too), then raised
         shutil.rmtree(spool, ignore_errors=True)
         raise
     roots = {k: v for p in plans for k, v in p.roots.items()}

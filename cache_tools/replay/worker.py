@@ -207,7 +207,7 @@ def rebuild(fn: Any, record: dict) -> _Rebuilt:
             key += inspect_stages()[0]
     except _Stop:
         raise
-    except Exception as exc:
+    except Exception as exc:  # Triton refuses a record's specialization its own way: skipped
         raise _Stop(SKIPPED, KEY_MISMATCH, f"the recorded specialization does not rebuild "
                                            f"here: {type(exc).__name__}: {str(exc)[:300]}") from None
     return _Rebuilt(src, target, parsed.__dict__,
@@ -261,7 +261,7 @@ def _compile(rebuilt: _Rebuilt) -> Any:
 
     try:
         return triton.compile(rebuilt.src, target=rebuilt.target, options=rebuilt.options)
-    except Exception as exc:
+    except Exception as exc:  # a compile that fails (any kind) is the record's reported result
         first = (str(exc).strip().splitlines() or [""])[-1][:300]
         raise _Stop(FAILED, COMPILE_ERROR, f"{type(exc).__name__}: {first}") from None
 
@@ -275,7 +275,7 @@ def _check_compiled(compiled: Any, computed: str) -> None:
 def _check_triton(record: dict) -> None:
     try:
         import triton
-    except Exception as exc:
+    except Exception as exc:  # an installed Triton may raise anything on import: skipped
         raise _Stop(SKIPPED, TRITON_VERSION, f"Triton does not import here: {exc}") from None
     if triton.__version__ != record["triton_version"]:
         raise _Stop(SKIPPED, TRITON_VERSION,
