@@ -1,5 +1,6 @@
 """The map in docs/architecture.md stays true: every module is on it, imports go only in the
-allowed directions, there is no import circle, and a long module says why at its top."""
+allowed directions, there is no import circle, and a long module says why at its top; a broad
+``except`` says why on its line."""
 
 from __future__ import annotations
 
@@ -242,3 +243,65 @@ def test_no_long_function_without_a_reason():
                             f"({node.end_lineno - first + 1} lines)")
     assert not long, "split these functions into named steps, or say why above them:\n" + \
         "\n".join(long)
+
+
+#: A handler that catches these catches our own bugs as readily as the failure it is for.
+BROAD = ("Exception", "BaseException")
+_NOQA = re.compile(r"noqa(:\s*[A-Z]+[0-9]+(\s*,\s*[A-Z]+[0-9]+)*)?", re.IGNORECASE)
+
+
+def broad_excepts_without_a_reason(text: str) -> list[int]:
+    """The lines of ``except Exception`` / ``except BaseException`` (alone or in a tuple, or a
+    bare ``except:``) that carry no reason: a comment on the ``except`` line with words besides
+    a ``noqa`` code."""
+    import io
+    import tokenize
+
+    comments = {tok.start[0]: tok.string
+                for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+                if tok.type == tokenize.COMMENT}
+    silent = []
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.ExceptHandler):
+            continue
+        types = node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]
+        if node.type is not None and not any(isinstance(t, ast.Name) and t.id in BROAD
+                                             for t in types):
+            continue
+        reason = _NOQA.sub("", comments.get(node.lineno, "").lstrip("#"))
+        if len(re.findall(r"[^\W\d_]{2,}", reason)) < 2:  # two words at least
+            silent.append(node.lineno)
+    return sorted(silent)
+
+
+def test_the_reason_check_reads_the_except_line():
+    text = ("try:\n    pass\n"
+            "except Exception:\n    pass\n"                                   # 3: none
+            "try:\n    pass\n"
+            "except BaseException:  # noqa: BLE001\n    raise\n"             # 7: a code alone
+            "try:\n    pass\n"
+            "except (OSError, Exception) as exc:  # x\n    pass\n"           # 11: no words
+            "try:\n    pass\n"
+            "except:\n    pass\n"                                            # 15: bare
+            "try:\n    pass\n"
+            "except Exception:  # noqa: BLE001 - a guest never raises\n    pass\n"
+            "try:\n    pass\n"
+            "except BaseException:  # cleanup, then raised\n    raise\n"
+            "try:\n    pass\n"
+            "except ValueError:\n    s = '# not a comment: except Exception'\n")
+    assert broad_excepts_without_a_reason(text) == [3, 7, 11, 15]
+
+
+def test_a_broad_except_says_why_on_its_line():
+    """``except Exception`` and ``except BaseException`` only where a guest's failure must not
+    break its host, a cleanup raises again, or a failure becomes a reported result, with the
+    reason in a comment on the ``except`` line; where the exceptions are known, catch those
+    (bugs surface instead of being swallowed)."""
+    silent = []
+    for name, path in MODULES.items():
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        silent += [f"{path.relative_to(REPO)}:{n}: {lines[n - 1].strip()}"
+                   for n in broad_excepts_without_a_reason(text)]
+    assert not silent, ("catch what you expect, or say on the line why everything must be "
+                        "caught here:\n" + "\n".join(silent))
