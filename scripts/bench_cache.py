@@ -238,10 +238,15 @@ def cli() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "warmup"]
 
 
-def command(args: list[str]) -> Callable[[], object]:
+def command(args: list[str], cwd: str | os.PathLike[str] | None = None
+            ) -> Callable[[], object]:
+    """One run of ``sglang-warmup ARGS`` (this tree's code), in ``cwd``: a directory with no
+    package metadata of its own (the repository's root holds the editable install's
+    ``sglang_warmup.egg-info``, which makes metadata lookups take the slow way there)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    return lambda: subprocess.run([*cli(), *args], check=True, env=env,
+    where = str(cwd) if cwd is not None else tempfile.gettempdir()
+    return lambda: subprocess.run([*cli(), *args], check=True, env=env, cwd=where,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -274,6 +279,27 @@ def paired(rounds: int, cmd: Callable[[], object], ours: Callable[[], object],
             "base_s": statistics.median(runs["base"]), "ratio": statistics.median(ratios),
             "ratios": ratios, "inproc_ratio": statistics.median(inproc),
             "inproc_ratios": inproc, "load": os.getloadavg()[0]}
+
+
+STARTUP = (["--version"], ["--help"], ["cache", "--help"], ["cache", "restore", "--help"],
+           ["cache", "pack", "--help"])
+
+
+def startup(runs: int) -> None:
+    """Wall time of each command's whole process, ``runs`` times each in rotation: the start-up
+    a user waits for before a command does anything (in a directory of no package metadata)."""
+    times: dict[str, list[float]] = {"python -c pass": []}
+    with tempfile.TemporaryDirectory() as cwd:
+        for _ in range(runs):
+            times["python -c pass"].append(clock(lambda: subprocess.run(
+                [sys.executable, "-c", "pass"], check=True, cwd=cwd), None))
+            for args in STARTUP:
+                run = command(args, cwd)
+                times.setdefault(" ".join(args), []).append(clock(run, None))
+    print(f"| command | min (ms) | median (ms) |  ({runs} runs; load {os.getloadavg()[0]:.1f})")
+    print("|---|---:|---:|")
+    for name, ts in times.items():
+        print(f"| `{name}` | {min(ts) * 1000:.0f} | {statistics.median(ts) * 1000:.0f} |")
 
 
 def bench_cache(name: str, root: Path, kind_dir: str, loc: Location, work: Path, rounds: int,
@@ -352,9 +378,15 @@ def main() -> None:
                          "CUDA, torch and Triton wheels)")
     ap.add_argument("--compile-seed", type=Path, default=None,
                     help="only compile the seed Triton entries into this directory")
+    ap.add_argument("--startup", type=int, default=None, metavar="N",
+                    help="only time the start-up of --version, --help and the cache commands' "
+                         "--help, N runs each (rotating), against `python -c pass`")
     args = ap.parse_args()
     if args.compile_seed:
         compile_kernels(args.compile_seed)
+        return
+    if args.startup:
+        startup(args.startup)
         return
     so_mb = args.so_mb if args.so_mb is not None else max(1, args.size_mb * 1024 // 268)
     ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
