@@ -40,10 +40,18 @@ install_deb chromium chromium "the HTML report's browser tests"
 REDIS_PORT=${WARMUP_TEST_REDIS_PORT:-6391}
 redis_dir=$(mktemp -d)
 registry_dir=$(mktemp -d)
+# pytest's tmp_path directories live here and go with the run, so the suite leaves nothing in
+# /tmp (pytest's own default keeps the last three runs); WARMUP_TEST_KEEP_TMP=1 keeps them.
+pytest_tmp=$(mktemp -d)
 cleanup() {
   [ -n "${redis_pid:-}" ] && kill "$redis_pid" 2>/dev/null || true
   [ -n "${registry_pid:-}" ] && kill "$registry_pid" 2>/dev/null || true
   rm -rf "$redis_dir" "$registry_dir"
+  if [ "${WARMUP_TEST_KEEP_TMP:-0}" = 1 ]; then
+    echo "test: pytest's temporary directories kept in $pytest_tmp"
+  else
+    rm -rf "$pytest_tmp"
+  fi
 }
 trap cleanup EXIT
 if command -v redis-server >/dev/null 2>&1; then
@@ -86,4 +94,4 @@ unset PYTHONDONTWRITEBYTECODE
 # operator's self-check (`doctor --json`) runs as a test: tests/warmup/observe/test_doctor.py.
 # (nproc counts the CPUs this process may use; without the OpenMP variables, which it obeys.)
 workers=${WARMUP_TEST_WORKERS:-$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) + 1 ))}
-"$PYBIN/python" -m pytest -n "$workers" --dist worksteal "$@"
+"$PYBIN/python" -m pytest -n "$workers" --dist worksteal --basetemp "$pytest_tmp/pytest" "$@"

@@ -53,3 +53,12 @@ def test_an_installed_command_is_left_alone(tmp_path):
 
 def test_no_message_says_a_skipped_test_fails():
     assert "will fail" not in SCRIPT
+
+
+def test_pytest_temporary_directories_go_with_the_run():
+    """pytest's tmp_path root is a directory the script's exit trap removes (pytest's default
+    keeps the last three runs in /tmp)."""
+    assert re.search(r'^pytest_tmp=\$\(mktemp -d\)$', SCRIPT, re.M)
+    assert '--basetemp "$pytest_tmp/pytest"' in SCRIPT
+    trap = re.search(r"^cleanup\(\) \{.*?^\}", SCRIPT, re.S | re.M).group(0)
+    assert 'rm -rf "$pytest_tmp"' in trap and "trap cleanup EXIT" in SCRIPT

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,9 +39,22 @@ def resolve(flags: tuple[str, ...]) -> F.ServerFacts:
     return F.from_launch_flags(list(flags))
 
 
+#: The temporary directories made here, removed at the end of the session (conftest.py).
+CREATED: list[Path] = []
+
+
+def cleanup() -> None:
+    """Remove what this module wrote under the temporary directory."""
+    for d in CREATED:
+        shutil.rmtree(d, ignore_errors=True)
+    CREATED.clear()
+    tiny_model_dir.cache_clear()
+
+
 @functools.lru_cache(maxsize=None)
 def tiny_model_dir() -> Path:
     d = Path(tempfile.mkdtemp(prefix="tiny-config-"))
+    CREATED.append(d)
     subprocess.run([sys.executable, "scripts/gpu/gen_tiny_model.py", str(d), "--no-weights"],
                    check=True, capture_output=True)
     return d

@@ -39,6 +39,16 @@ TINY_GENERATION = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
 TINY_FLAGS = ["--chunked-prefill-size", "256", "--enable-mixed-chunk",
               "--max-running-requests", str(TINY_MAX_RUNNING), "--context-length", str(TINY_CONTEXT)]
 
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_model_configs_removed():
+    """The config-only tiny models written for facts (one per pytest worker) leave nothing in
+    the temporary directory once the session ends."""
+    yield
+    import _facts_cache
+
+    _facts_cache.cleanup()
+
+
 TINY_PLAN = """\
 version: 1
 name: tiny_plan
