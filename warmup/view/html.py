@@ -344,7 +344,7 @@ def audit(report: AuditReport, path: str, level: int = 2) -> tuple[str, str, str
         ["step", "label", "prompts", "pass 1 ms", "pass 2 ms", "x", "compiles", "slow because"],
         [(s.index, s.step.label or s.step.kind, text.prompts_text(s), num(s.first.ms, 1),
           num(s.second.ms, 1), "–" if s.ratio is None else f"{s.ratio:.1f}", s.misses,
-          s.cause or "–") for s in report.steps if s.misses or s.slow_first], "nnnnnnn"),
+          s.cause or "–") for s in report.steps if s.misses or s.slow_first], "n-nnnnn-"),
         level=level))
     keys = [(s.index, n, k.compiler, text.key_label(k), text.key_events(k))
             for s in report.steps for n, p in ((1, s.first), (2, s.second)) for k in p.keys]
