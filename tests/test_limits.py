@@ -564,6 +564,9 @@ def test_pending_jit_records_and_load_starts():
         def count(self, *args: Any) -> None:
             pass
 
+        def measure(self, record: Any) -> None:  # a kernel load's metric: none here
+            pass
+
     hooks = triton_hooks.TritonHooks(Inst())
     sigs = [object() for _ in range(triton_hooks._MAX_PENDING + 1)]
     for s in sigs[:-1]:
