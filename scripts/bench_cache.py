@@ -258,6 +258,33 @@ def clock(fn: Callable[[], object], before: Callable[[], None] | None) -> float:
     return time.perf_counter() - t
 
 
+#: ``--wait-idle``: before each round, wait until the CPUs were at most this busy for a second
+IDLE: float | None = None
+
+
+def busy(seconds: float = 1.0) -> float:
+    """The share of the machine's CPU time spent busy over the next ``seconds`` (/proc/stat)."""
+    def sample() -> list[int]:
+        with open("/proc/stat") as fh:
+            return [int(x) for x in fh.readline().split()[1:]]
+    a = sample()
+    time.sleep(seconds)
+    d = [y - x for x, y in zip(a, sample())]
+    return 1 - (d[3] + d[4]) / max(sum(d), 1)
+
+
+def wait_idle(deadline_s: float = 1800.0) -> float:
+    """Wait (at most ``deadline_s``) for a second in which the CPUs were at most ``IDLE`` busy
+    (a machine shared with other work: each round then runs as on an idle one); how busy."""
+    if IDLE is None:
+        return -1.0
+    end = time.monotonic() + deadline_s
+    while True:
+        b = busy()
+        if b <= IDLE or time.monotonic() > end:
+            return b
+
+
 def paired(rounds: int, cmd: Callable[[], object], ours: Callable[[], object],
            base: Callable[[], object], before: Callable[[], None] | None = None
            ) -> dict[str, object]:
@@ -266,9 +293,11 @@ def paired(rounds: int, cmd: Callable[[], object], ours: Callable[[], object],
     runs: dict[str, list[float]] = {"cmd": [], "ours": [], "base": []}
     ratios: list[float] = []
     inproc: list[float] = []
+    waited: list[float] = []
     order = ["cmd", "ours", "base"]
     fns = {"cmd": cmd, "ours": ours, "base": base}
     for r in range(rounds):
+        waited.append(wait_idle())
         got = {}
         for who in order[r % 3:] + order[:r % 3]:
             got[who] = clock(fns[who], before)
@@ -278,7 +307,7 @@ def paired(rounds: int, cmd: Callable[[], object], ours: Callable[[], object],
     return {"cmd_s": statistics.median(runs["cmd"]), "ours_s": statistics.median(runs["ours"]),
             "base_s": statistics.median(runs["base"]), "ratio": statistics.median(ratios),
             "ratios": ratios, "inproc_ratio": statistics.median(inproc),
-            "inproc_ratios": inproc, "load": os.getloadavg()[0]}
+            "inproc_ratios": inproc, "load": os.getloadavg()[0], "busy_before": waited}
 
 
 STARTUP = (["--version"], ["--help"], ["cache", "--help"], ["cache", "restore", "--help"],
@@ -293,6 +322,7 @@ def startup(runs: int) -> None:
         for _ in range(runs):
             times["python -c pass"].append(clock(lambda: subprocess.run(
                 [sys.executable, "-c", "pass"], check=True, cwd=cwd), None))
+            wait_idle()
             for args in STARTUP:
                 run = command(args, cwd)
                 times.setdefault(" ".join(args), []).append(clock(run, None))
@@ -378,6 +408,10 @@ def main() -> None:
                          "CUDA, torch and Triton wheels)")
     ap.add_argument("--compile-seed", type=Path, default=None,
                     help="only compile the seed Triton entries into this directory")
+    ap.add_argument("--wait-idle", type=float, default=None, metavar="SHARE",
+                    help="before each round, wait until the CPUs were at most SHARE busy "
+                         "(e.g. 0.08) for a second: rounds as on an idle machine, on a shared "
+                         "one")
     ap.add_argument("--startup", type=int, default=None, metavar="N",
                     help="only time the start-up of --version, --help and the cache commands' "
                          "--help, N runs each (rotating), against `python -c pass`")
@@ -385,6 +419,8 @@ def main() -> None:
     if args.compile_seed:
         compile_kernels(args.compile_seed)
         return
+    global IDLE
+    IDLE = args.wait_idle
     if args.startup:
         startup(args.startup)
         return
