@@ -245,6 +245,9 @@ def command(args: list[str], cwd: str | os.PathLike[str] | None = None
     ``sglang_warmup.egg-info``, which makes metadata lookups take the slow way there)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    # An installed package's modules are compiled: bytecode is written on the first run here
+    # too, never compiled again on every run (a machine may set PYTHONDONTWRITEBYTECODE).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     where = str(cwd) if cwd is not None else tempfile.gettempdir()
     return lambda: subprocess.run([*cli(), *args], check=True, env=env, cwd=where,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
