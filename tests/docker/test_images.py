@@ -421,7 +421,7 @@ def test_k8s_init_container_pulls_the_cache_from_a_registry():
     assert init["image"] == _containers()["sglang"]["image"]     # the same toolchain
     assert init["command"][:2] == ["/bin/sh", "-c"] and \
         init["command"][2].startswith('sglang-warmup cache pull "$@" ||')
-    pull = typer.main.get_command(app).get_command(None, "cache").commands["pull"]
+    pull = typer.main.get_command(app).get_command(None, "cache").get_command(None, "pull")
     params = pull.make_context("pull", list(init["args"])).params
     ref = oci.parse(params["ref"])
     assert not ref.plain_http and not ref.tag       # TLS; tagged by the fingerprint

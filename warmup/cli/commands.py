@@ -14,6 +14,7 @@ every ``--help``.
 
 from __future__ import annotations
 
+import copy
 import importlib
 from typing import Any, NamedTuple
 
@@ -96,19 +97,59 @@ class _ListedGroup(_Listed, TyperGroup):
 
 def load(name: str) -> Any:
     """The click command of ``name``, built by typer from its module as it was registered
-    before, its parameters given the plain coercion."""
+    before, its parameters given the plain coercion.  A group's own commands are built when
+    one of them is resolved, or all of them for its ``--help`` (``_Subgroup``)."""
     spec = COMMANDS[name]
     target = getattr(importlib.import_module(spec.module), spec.attribute)
     holder = typer.Typer(add_completion=False, rich_markup_mode=None)
     holder.callback()(_nothing)
+    infos: list[Any] = []
     if isinstance(target, typer.Typer):
-        holder.add_typer(target, name=name, help=spec.help if spec.registered else None)
+        if not target.registered_groups and not target.registered_callback:
+            # Its commands are handed to the group below unbuilt (the group's copy has none:
+            # typer would build them all, 10 ms for the cache group).
+            infos = list(target.registered_commands)
+            target = copy.copy(target)
+            target.registered_commands = []
+        holder.add_typer(target, name=name, help=spec.help if spec.registered else None,
+                         cls=_Subgroup if infos else TyperGroup)
     else:
         holder.command(name, help=spec.help if spec.registered else None,
                        context_settings=spec.context_settings)(target)
     command = typer.main.get_command(holder).commands[name]  # type: ignore[attr-defined]
     values.speed_up(command)
+    if infos:
+        command.adopt(infos, holder.pretty_exceptions_short)
     return command
+
+
+class _Subgroup(TyperGroup):
+    """A command group (``cache``, ``plan``, ...) whose commands typer builds one at a time,
+    when click resolves one, each as typer's own group would have built it
+    (``typer.main.get_command_from_info``); its ``--help`` builds them all."""
+
+    def adopt(self, infos: list[Any], pretty_exceptions_short: bool) -> None:
+        self._infos = {}
+        self._short = pretty_exceptions_short
+        for info in infos:
+            name = info.name or typer.main.get_command_name(info.callback.__name__)
+            self._infos[name] = info
+            self.commands[name] = _ListedCommand(name=name)     # its name, for suggestions
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = self.commands.get(cmd_name)
+        if isinstance(command, _Listed):
+            command = typer.main.get_command_from_info(
+                self._infos[cmd_name], pretty_exceptions_short=self._short,
+                rich_markup_mode=None)
+            values.speed_up(command)
+            self.commands[cmd_name] = command
+        return command
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        for name in list(self.commands):
+            self.get_command(ctx, name)
+        super().format_commands(ctx, formatter)
 
 
 def _nothing() -> None:

@@ -27,8 +27,8 @@ def _params():
         for param in [*command.params, command.get_help_option(ctx)]:
             if param is not None:
                 out.append((command, param))
-        for sub in getattr(command, "commands", {}).values():
-            walk(sub)
+        for name in list(getattr(command, "commands", {})):     # built on demand
+            walk(command.get_command(ctx, name))
 
     for name in commands.COMMANDS:
         walk(commands.load(name))
