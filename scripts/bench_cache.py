@@ -238,13 +238,14 @@ def cli() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "warmup"]
 
 
-def command(args: list[str], cwd: str | os.PathLike[str] | None = None
-            ) -> Callable[[], object]:
-    """One run of ``sglang-warmup ARGS`` (this tree's code), in ``cwd``: a directory with no
-    package metadata of its own (the repository's root holds the editable install's
-    ``sglang_warmup.egg-info``, which makes metadata lookups take the slow way there)."""
+def command(args: list[str], cwd: str | os.PathLike[str] | None = None,
+            tree: Path = REPO) -> Callable[[], object]:
+    """One run of ``sglang-warmup ARGS`` (the code of ``tree``: this one by default), in
+    ``cwd``: a directory with no package metadata of its own (the repository's root holds the
+    editable install's ``sglang_warmup.egg-info``, which makes metadata lookups take the slow
+    way there)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        [str(tree), *filter(None, [os.environ.get("PYTHONPATH")])]))
     # An installed package's modules are compiled: bytecode is written on the first run here
     # too, never compiled again on every run (a machine may set PYTHONDONTWRITEBYTECODE).
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -317,22 +318,34 @@ STARTUP = (["--version"], ["--help"], ["cache", "--help"], ["cache", "restore", 
            ["cache", "pack", "--help"])
 
 
-def startup(runs: int) -> None:
+def startup(runs: int, against: Path | None = None) -> None:
     """Wall time of each command's whole process, ``runs`` times each in rotation: the start-up
-    a user waits for before a command does anything (in a directory of no package metadata)."""
-    times: dict[str, list[float]] = {"python -c pass": []}
+    a user waits for before a command does anything (in a directory of no package metadata).
+    ``against``: another checkout (an export of an older commit), run in turn with this one."""
+    trees = {"this tree": REPO, **({"against": against} if against else {})}
+    times: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as cwd:
-        for _ in range(runs):
-            times["python -c pass"].append(clock(lambda: subprocess.run(
-                [sys.executable, "-c", "pass"], check=True, cwd=cwd), None))
+        for r in range(runs):
             wait_idle()
+            times.setdefault(("python -c pass", ""), []).append(clock(lambda: subprocess.run(
+                [sys.executable, "-c", "pass"], check=True, cwd=cwd), None))
             for args in STARTUP:
-                run = command(args, cwd)
-                times.setdefault(" ".join(args), []).append(clock(run, None))
-    print(f"| command | min (ms) | median (ms) |  ({runs} runs; load {os.getloadavg()[0]:.1f})")
-    print("|---|---:|---:|")
-    for name, ts in times.items():
-        print(f"| `{name}` | {min(ts) * 1000:.0f} | {statistics.median(ts) * 1000:.0f} |")
+                order = list(trees.items())
+                for name, tree in (order if r % 2 == 0 else order[::-1]):
+                    times.setdefault((" ".join(args), name), []).append(
+                        clock(command(args, cwd, tree), None))
+    print(f"{runs} runs; load {os.getloadavg()[0]:.1f}\n")
+    print("| command | " + " | ".join(f"{t}: min / median (ms)" for t in trees) + " |")
+    print("|---|" + "---:|" * len(trees))
+    print(f"| `python -c pass` | {_ms(times[('python -c pass', '')])} |" +
+          " |" * (len(trees) - 1))
+    for args in STARTUP:
+        cmd = " ".join(args)
+        print(f"| `{cmd}` | " + " | ".join(_ms(times[(cmd, t)]) for t in trees) + " |")
+
+
+def _ms(ts: list[float]) -> str:
+    return f"{min(ts) * 1000:.0f} / {statistics.median(ts) * 1000:.0f}"
 
 
 def bench_cache(name: str, root: Path, kind_dir: str, loc: Location, work: Path, rounds: int,
@@ -418,6 +431,9 @@ def main() -> None:
     ap.add_argument("--startup", type=int, default=None, metavar="N",
                     help="only time the start-up of --version, --help and the cache commands' "
                          "--help, N runs each (rotating), against `python -c pass`")
+    ap.add_argument("--against", type=Path, default=None, metavar="DIR",
+                    help="--startup: also time another checkout's code (e.g. an export of an "
+                         "older commit), in turn with this tree's")
     args = ap.parse_args()
     if args.compile_seed:
         compile_kernels(args.compile_seed)
@@ -425,7 +441,7 @@ def main() -> None:
     global IDLE
     IDLE = args.wait_idle
     if args.startup:
-        startup(args.startup)
+        startup(args.startup, args.against)
         return
     so_mb = args.so_mb if args.so_mb is not None else max(1, args.size_mb * 1024 // 268)
     ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
