@@ -5,7 +5,8 @@ and a click group that imports a command's module only when that command runs.
 workers, ...) before it knew which one would run: a third of a second at every start, on a
 ``cache restore`` in an init container too.  Here the root group lists its commands from
 :data:`COMMANDS` (``--help`` imports none of them) and builds one when click resolves it, from
-its module, with typer (``typer.main.get_command``) exactly as it was registered before; its
+its module, with typer (``typer.main.get_command``) exactly as it was registered before; a
+group builds its own commands the same way, one when it is resolved (``_Subgroup``); their
 parameters then coerce plain values without pydantic (``values.speed_up``).
 
 Help is click's plain text (``rich_markup_mode=None``): rich's import alone took 0.1 s of
