@@ -228,7 +228,7 @@ def plan_argv(argv: list[str], base: Path) -> list[str]:
     """The same launch through ``sglang-warmup serve`` with the shipped DeepSeek-V4 plan."""
     plan = ROOT / "plans" / "deepseek_v4_serving_shapes.yaml"
     if not plan.exists():
-        plan = ROOT / "warmup" / "plans" / "deepseek_v4_serving_shapes.yaml"
+        plan = ROOT / "warmup" / "plans" / "deepseek_v4_serving_shapes.yaml"  # an older tree
     return [sys.executable, "-m", "warmup", "serve", "--plan", str(plan), "--lenient",
             "--state-dir", str(base / "state"), "--report", str(base / "report.json"), "--",
             *argv[3:]]

@@ -98,7 +98,7 @@ phases:
 def test_the_merged_plan_loads_expands_and_keeps_the_original_text(recording, tmp_path, capsys):
     file = real_audit(recording, tmp_path)
     facts = read_audit(file).facts
-    for source in (tmp_path / "small.yaml", ROOT / "warmup" / "plans" / "default.yaml"):
+    for source in (tmp_path / "small.yaml", ROOT / "plans" / "default.yaml"):
         if source.name == "small.yaml":
             source.write_text(SMALL)
         out = tmp_path / f"merged-{source.name}"
