@@ -24,7 +24,7 @@ from cache_tools.errors import CacheError
 from cache_tools.fingerprint import Fingerprint
 from cache_tools.locations import TRASH_PREFIX, Location
 from cache_tools.scan import GROUP_PREFIX, CacheEntry, CacheInfo, read_noatime, scan, size_str
-from cache_tools.staging import clean_roots, own_name
+from cache_tools.archive.staging import clean_roots, own_name
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,

@@ -19,9 +19,9 @@ if TYPE_CHECKING:  # annotations only: importing the archive machinery here woul
                                      VerifyReport)
     from cache_tools.fingerprint import Compatibility, Fingerprint
     from cache_tools.locations import Exports, SGLangProfile
-    from cache_tools.oci import OciPullPlan, OciPushResult
+    from cache_tools.stores.oci import OciPullPlan, OciPushResult
     from cache_tools.prune import PruneResult, PruneStrategy
-    from cache_tools.remote import PullPlan, PushResult
+    from cache_tools.stores.redis import PullPlan, PushResult
     from cache_tools.scan import CacheInfo
 
 

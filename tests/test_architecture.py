@@ -118,7 +118,7 @@ FILE_GRAPH = {name: imports(name, annotations=True) for name in MODULES}
 
 
 def test_every_module_is_on_the_map():
-    """Each module is named on the map: as its path (``cache_tools/reader.py``,
+    """Each module is named on the map: as its path (``cache_tools/archive/reader.py``,
     ``plan/expr.py`` inside ``warmup/``) or, for a package, its folder."""
     text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
 

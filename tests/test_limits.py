@@ -27,16 +27,17 @@ import pytest
 import yaml
 
 from _loopback import LocalServer, responding
-from cache_tools import archive, remote
+from cache_tools import archive
+from cache_tools.stores import redis as remote
 from cache_tools.errors import ArchiveError, RemoteError
 from cache_tools.fingerprint import current as current_fingerprint
 from cache_tools.locations import STAGING_PREFIX
 from cache_tools.locations import kind as cache_kind
 from cache_tools.locations import resolve as cache_resolve
-from cache_tools.reader import ArchiveReader, _framing
-from cache_tools.reader import Limits as ReaderLimits
+from cache_tools.archive.reader import ArchiveReader, _framing
+from cache_tools.archive.reader import Limits as ReaderLimits
 from cache_tools.render import push_warnings
-from cache_tools.staging import STALE_AFTER_S, clean_stale
+from cache_tools.archive.staging import STALE_AFTER_S, clean_stale
 from warmup.coverage import request_logs, traffic
 from warmup.errors import PlanError, TransportError, WarmupError
 from warmup.observe import triton_hooks, triton_record

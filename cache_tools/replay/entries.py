@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from cache_tools import compile_log, groups
+from cache_tools import compile_log
+from cache_tools.archive import groups
 from cache_tools.errors import CacheError
 from cache_tools.replay import kernels
 from cache_tools.replay.report import (GENERATED, IR_SOURCE, MISSING_FIELDS, NESTED,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -48,7 +49,8 @@ def killed(op: str, point: str, args: dict) -> None:
     ``point`` (the kill test's step): nothing after it runs, not even ``finally``."""
     from pathlib import Path
 
-    from cache_tools import archive, prune, remote
+    from cache_tools import archive, prune
+    from cache_tools.stores import redis as remote
     from cache_tools.locations import Location, kind
     from cache_tools.progress import Progress
 
@@ -69,7 +71,7 @@ def killed(op: str, point: str, args: dict) -> None:
     on_entry = die_on_commit if point == "commit" else None
     if op in ("pack", "pack-zstd"):
         if point == "rename":
-            archive.os.replace = lambda *a: _die()
+            os.replace = lambda *a: _die()  # the archive writer's final rename
         loc = [Location(kind("triton"), Path(args["src"]), "kill-test")]
         archive.pack(args["out"], loc, zstd=op == "pack-zstd", progress=progress)
     elif op == "restore":

@@ -26,11 +26,12 @@ from typing import Callable, Iterator
 import pytest
 from cache_helpers import tree
 
-from cache_tools import archive, forks, tarfmt
+from cache_tools import archive, forks
+from cache_tools.archive import tarfmt
 from cache_tools.errors import ArchiveError
 from cache_tools.fingerprint import Fingerprint
-from cache_tools.manifest import MANIFEST_NAME, EntryRecord, FileRecord, Manifest
-from cache_tools.reader import Limits
+from cache_tools.archive.manifest import MANIFEST_NAME, EntryRecord, FileRecord, Manifest
+from cache_tools.archive.reader import Limits
 
 Members = list[tuple[tarfile.TarInfo, "bytes | None"]]
 

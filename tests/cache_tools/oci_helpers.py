@@ -22,7 +22,7 @@ from typing import Callable
 
 import pytest
 
-from cache_tools.oci import artifact
+from cache_tools.stores.oci import artifact
 
 REGISTRY = os.environ.get("WARMUP_TEST_REGISTRY")
 BINARY = shutil.which("docker-registry")

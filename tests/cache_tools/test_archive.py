@@ -1,4 +1,4 @@
-"""archive.py: pack, verify, restore and merge real Triton caches; a relocated restore hits."""
+"""cache_tools.archive: pack, verify, restore and merge real Triton caches; a relocated restore hits."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from cache_helpers import compile_into, tree, triton_location
 from cache_tools import archive
 from cache_tools.errors import ArchiveError, IncompatibleError
 from cache_tools.fingerprint import Fingerprint
-from cache_tools.manifest import MANIFEST_NAME
+from cache_tools.archive.manifest import MANIFEST_NAME
 from cache_tools.progress import Progress
 from cache_tools.render import (merge_text, pack_text, pack_warnings, plan_text, result_text,
                                 verify_text)

@@ -1,4 +1,4 @@
-"""archive.py against hostile and damaged archives: each is rejected with an error naming the
+"""cache_tools.archive against hostile and damaged archives: each is rejected with an error naming the
 member, and the destination is left exactly as it was (validation precedes the first rename)."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from cache_helpers import tree
 from cache_tools import archive
 from cache_tools.errors import HintedError
-from cache_tools.manifest import Manifest
+from cache_tools.archive.manifest import Manifest
 
 BUDGET = 64 << 20
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
@@ -170,7 +170,7 @@ _files = st.lists(_file, min_size=1, max_size=3).map(
 
 def _parsed(raw: dict) -> object:
     from cache_tools.errors import ArchiveError
-    from cache_tools.manifest import parse_entry
+    from cache_tools.archive.manifest import parse_entry
 
     try:
         record = parse_entry(raw, "entries[0]")
@@ -189,7 +189,7 @@ def test_the_one_pattern_check_of_file_lists_accepts_exactly_what_the_field_chec
     list takes the field-by-field check: the two give the same record or the same refusal."""
     import re
 
-    from cache_tools import manifest
+    from cache_tools.archive import manifest
 
     raw = {"kind": where[0], "name": where[1], "type": "dir", "files": files}
     fast = _parsed(raw)
@@ -205,7 +205,7 @@ def test_the_one_pattern_check_of_file_lists_accepts_exactly_what_the_field_chec
 def test_plain_file_lists_take_the_one_pattern_check(monkeypatch):
     """The common case never reaches the field-by-field check, and its digest is the one the
     definition gives."""
-    from cache_tools import manifest
+    from cache_tools.archive import manifest
 
     def detailed(*args):
         raise AssertionError("field-by-field check used")

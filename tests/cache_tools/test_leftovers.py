@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from cache_helpers import HERE, compile_into, triton_location
-from cache_tools import archive, prune, remote
+from cache_tools import archive, prune
+from cache_tools.stores import redis as remote
 from cache_tools.scan import scan_kind
 
 URL = os.environ.get("WARMUP_TEST_REDIS_URL")
@@ -131,7 +132,7 @@ def test_prune(triton_cache, tmp_path, point):
 
 
 def test_user_files_that_look_like_ours_are_never_removed(tmp_path):
-    from cache_tools.staging import clean_stale
+    from cache_tools.archive.staging import clean_stale
 
     d = tmp_path / "cache"
     d.mkdir()

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cache_tools import groups
+from cache_tools.archive import groups
 from cache_tools.errors import ArchiveError
 from cache_tools.locations import KIND_NAMES
-from cache_tools.manifest import (EntryRecord, FileRecord, Manifest, content_digest_of,
+from cache_tools.archive.manifest import (EntryRecord, FileRecord, Manifest, content_digest_of,
                                   entry_json, files_json, json_size, slow_content_digest)
 
 # Any text that UTF-8 can carry (what a manifest holds): quotes, backslashes, control

@@ -16,9 +16,9 @@ from cache_helpers import compile_into, tree, triton_location
 from cache_tools import archive
 from cache_tools.errors import ArchiveError, CacheError, RemoteError
 from cache_tools.locations import Location, kind
-from cache_tools.oci import artifact, client, plan_pull, push
-from cache_tools.oci.client import Registry
-from cache_tools.oci.reference import parse
+from cache_tools.stores.oci import artifact, client, plan_pull, push
+from cache_tools.stores.oci.client import Registry
+from cache_tools.stores.oci.reference import parse
 from oci_helpers import FakeRegistry, basic_auth, digest_of, docker_config, spool  # noqa: F401
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from cache_tools.errors import CacheError, RemoteError
 from cache_tools.locations import KIND_NAMES
-from cache_tools.oci import artifact, auth, client, plan_pull, pull, reference
-from cache_tools.oci.client import Registry
-from cache_tools.oci.reference import parse
+from cache_tools.stores.oci import artifact, auth, client, plan_pull, pull, reference
+from cache_tools.stores.oci.client import Registry
+from cache_tools.stores.oci.reference import parse
 from oci_helpers import FakeRegistry, basic_auth, docker_config, spool  # noqa: F401
 
 DIGEST = "sha256:" + "cd" * 32

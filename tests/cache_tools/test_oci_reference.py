@@ -10,8 +10,8 @@ import os
 import pytest
 
 from cache_tools.errors import CacheError, RemoteError
-from cache_tools.oci import artifact, auth
-from cache_tools.oci.reference import Reference, is_loopback, parse
+from cache_tools.stores.oci import artifact, auth
+from cache_tools.stores.oci.reference import Reference, is_loopback, parse
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -202,7 +202,7 @@ def test_hostile_manifests_are_refused_naming_the_field(body, media, problem):
 
 
 def test_config_documents(fp):
-    from cache_tools.manifest import Manifest
+    from cache_tools.archive.manifest import Manifest
 
     body = artifact.config_json(Manifest(fp, ()))
     assert artifact.parse_config(body, "C") == fp

@@ -12,11 +12,12 @@ import shutil
 import pytest
 
 from cache_helpers import compile_into, tree, triton_location
-from cache_tools import archive, oci
+from cache_tools import archive
+from cache_tools.stores import oci
 from cache_tools.errors import IncompatibleError, RemoteError
 from cache_tools.fingerprint import Fingerprint
 from cache_tools.locations import Location, kind
-from cache_tools.oci import artifact
+from cache_tools.stores.oci import artifact
 from oci_helpers import (BINARY, REGISTRY, RealRegistry, basic_auth, docker_config,
                          self_signed, spool, unique_repo)  # noqa: F401 (fixture)
 

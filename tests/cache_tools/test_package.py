@@ -10,11 +10,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = ["cache_tools", "cache_tools.errors", "cache_tools.locations",
-           "cache_tools.fingerprint", "cache_tools.scan", "cache_tools.manifest",
-           "cache_tools.progress", "cache_tools.staging", "cache_tools.tarfmt",
-           "cache_tools.groups", "cache_tools.reader", "cache_tools.writer",
-           "cache_tools.restore", "cache_tools.archive", "cache_tools.prune",
-           "cache_tools.remote", "cache_tools.render", "cache_tools.versions",
+           "cache_tools.fingerprint", "cache_tools.scan", "cache_tools.archive.manifest",
+           "cache_tools.progress", "cache_tools.archive.staging", "cache_tools.archive.tarfmt",
+           "cache_tools.archive.groups", "cache_tools.archive.reader", "cache_tools.archive.writer",
+           "cache_tools.archive.restore", "cache_tools.archive", "cache_tools.prune",
+           "cache_tools.stores.redis", "cache_tools.render", "cache_tools.versions",
            "cache_tools.compile_log"]
 
 

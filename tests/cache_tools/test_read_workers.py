@@ -1,4 +1,4 @@
-"""Read workers (cache_tools.read_workers): forked processes check and stage what one process
+"""Read workers (cache_tools.archive.read_workers): forked processes check and stage what one process
 checks and stages, or hand the archive back to the sequential reader; never anything else.  The
 hostile corpus runs through them too (hostile.rejects restores and verifies with one job and
 with two)."""
@@ -18,9 +18,10 @@ import pytest
 
 import hostile
 from cache_helpers import tree
-from cache_tools import archive, forks, read_workers
+from cache_tools import archive, forks
+from cache_tools.archive import read_workers
 from cache_tools.locations import resolve
-from cache_tools.reader import WHOLE, ArchiveReader, Limits
+from cache_tools.archive.reader import WHOLE, ArchiveReader, Limits
 
 
 def _returns(monkeypatch, name: str) -> list[bool]:
@@ -217,7 +218,7 @@ def _payload_end(path: Path) -> int:
 
 def test_a_bad_tail_is_refused_also_when_every_entry_is_already_in_place(valid_archive, fp,
                                                                          tmp_path, stages):
-    from cache_tools import tarfmt
+    from cache_tools.archive import tarfmt
 
     raw = valid_archive.read_bytes()
     end = _payload_end(valid_archive)
@@ -231,7 +232,7 @@ def test_a_bad_tail_is_refused_also_when_every_entry_is_already_in_place(valid_a
 
 
 def test_the_size_budget_counts_what_the_workers_read(fp, tmp_path):
-    from cache_tools.reader import Limits
+    from cache_tools.archive.reader import Limits
 
     big = _large_archive(tmp_path, fp)                # about 11 MiB of payload
     padded = tmp_path / "padded.tar"
@@ -265,7 +266,7 @@ def framed(triton_cache, tmp_path, fp, monkeypatch) -> Path:
     """A zstd archive of the three entries in one frame each (FRAME_BYTES made small, here
     and for the readers), with forced workers."""
     from cache_helpers import triton_location
-    from cache_tools import writer
+    from cache_tools.archive import writer
 
     monkeypatch.setattr(writer, "FRAME_BYTES", 1)             # a frame per entry
     out = tmp_path / "framed.tar.zst"
@@ -329,7 +330,7 @@ def test_data_a_frame_holds_beyond_its_part_is_refused_by_workers_as_by_one_proc
 
 
 def test_a_damaged_frame_is_refused_by_workers_as_by_one_process(framed, fp, tmp_path, stages):
-    from cache_tools.reader import ArchiveReader
+    from cache_tools.archive.reader import ArchiveReader
 
     with ArchiveReader(framed) as reader:
         second = reader.zstd_frames[2]               # the second entry's frame
@@ -345,7 +346,7 @@ def test_a_damaged_frame_is_refused_by_workers_as_by_one_process(framed, fp, tmp
 def test_a_skippable_frame_is_refused_before_any_worker(framed, fp, tmp_path):
     """A skippable frame (which a walk that skipped it 4 bytes short used to misplace) is
     refused when the archive is opened, by every path alike: pack writes none."""
-    from cache_tools.reader import ArchiveReader
+    from cache_tools.archive.reader import ArchiveReader
 
     with ArchiveReader(framed) as reader:
         second = reader.zstd_frames[2]
@@ -363,7 +364,7 @@ def test_the_decompression_ratio_counts_from_the_archives_start_in_workers(tmp_p
     """Frames of zeros, each under the ratio's floor, together far above it: one process
     refuses the archive, and workers, which weigh what was decompressed before their frame
     too, do not accept it."""
-    from cache_tools import writer
+    from cache_tools.archive import writer
 
     monkeypatch.setattr(writer, "FRAME_BYTES", 1)
     src = tmp_path / "root"

@@ -14,12 +14,12 @@ import pytest
 import hostile
 from cache_helpers import triton_location
 from cache_tools import archive
-from cache_tools import pack as pack_mod
-from cache_tools import writer as writer_mod
+from cache_tools.archive import packer as pack_mod
+from cache_tools.archive import writer as writer_mod
 from cache_tools.errors import ArchiveError
-from cache_tools.groups import MAX_GROUP_BYTES
-from cache_tools.manifest import NAME_MAX, PATH_MAX, Manifest
-from cache_tools.reader import ArchiveReader, Limits
+from cache_tools.archive.groups import MAX_GROUP_BYTES
+from cache_tools.archive.manifest import NAME_MAX, PATH_MAX, Manifest
+from cache_tools.archive.reader import ArchiveReader, Limits
 
 
 def _verify(path: Path, fp, **limits) -> str | None:
@@ -270,7 +270,7 @@ def test_a_zstd_payload_in_frames_is_the_same_from_workers_and_from_one_process(
 
 
 def test_frame_cuts_follow_the_sizes_alone():
-    from cache_tools.writer import FRAME_BYTES, frame_cuts
+    from cache_tools.archive.writer import FRAME_BYTES, frame_cuts
 
     assert frame_cuts([]) == []
     assert frame_cuts([1, 2, 3]) == [(0, 3)]

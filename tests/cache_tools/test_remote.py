@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from cache_helpers import compile_into, triton_location
-from cache_tools import remote
+from cache_tools.stores import redis as remote
 from cache_tools.errors import IncompatibleError, RemoteError
 from cache_tools.fingerprint import Fingerprint
 from cache_tools.render import plan_text, push_text, push_warnings, result_text
@@ -157,7 +157,7 @@ import threading  # noqa: E402
 from urllib.parse import urlsplit  # noqa: E402
 
 from cache_helpers import tree  # noqa: E402
-from cache_tools.manifest import EntryRecord, FileRecord  # noqa: E402
+from cache_tools.archive.manifest import EntryRecord, FileRecord  # noqa: E402
 
 
 def _client():

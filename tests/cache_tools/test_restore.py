@@ -103,7 +103,7 @@ def test_the_cli_restore_exits_nonzero_on_it(triton_cache, tmp_path, fp):
 
 def test_large_files_stream_through_pack_and_restore(tmp_path, fp):
     """Files above the reader's whole-member size are streamed in chunks, both ways."""
-    from cache_tools.reader import WHOLE
+    from cache_tools.archive.reader import WHOLE
 
     src = tmp_path / "root"
     op = src / ".cache" / "flashinfer" / "0.2.14" / "90" / "cached_ops" / "big_op"

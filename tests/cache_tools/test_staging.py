@@ -18,7 +18,7 @@ from cache_helpers import HERE, compile_into, tree, triton_location
 from cache_tools import archive
 from cache_tools.errors import CacheError
 from cache_tools.scan import scan_kind
-from cache_tools.staging import clean_stale, own_name
+from cache_tools.archive.staging import clean_stale, own_name
 from cache_tools.locations import STAGING_PREFIX
 
 
@@ -106,7 +106,7 @@ def test_a_new_directory_moves_in_whole_and_a_killed_restore_leaves_it_complete(
     # A directory that appears between staging and commit gets the entries one by one.
     import shutil
 
-    from cache_tools.staging import Installer
+    from cache_tools.archive.staging import Installer
 
     shutil.rmtree(dest)
     plan = archive.plan_restore(tar, dest=dest, local=fp)

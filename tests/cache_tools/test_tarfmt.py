@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from cache_tools import tarfmt
+from cache_tools.archive import tarfmt
 
 
 def _tarfile_header(name: str, size: int, mode: int) -> bytes:

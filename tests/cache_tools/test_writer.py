@@ -11,8 +11,8 @@ import time
 import pytest
 import zstandard
 
-from cache_tools.reader import CHUNK
-from cache_tools.writer import ZstdFrames
+from cache_tools.archive.reader import CHUNK
+from cache_tools.archive.writer import ZstdFrames
 
 # Pieces of every size the pack writes: headers, small files, paddings, large-file chunks.
 PIECES = [os.urandom(512), b"x" * 3000, b"", bytes(12), b"y" * (CHUNK + 17), b"z" * 100]
@@ -86,7 +86,7 @@ def test_placed_parts_land_in_a_row_whatever_pwritev_takes_at_once(tmp_path, mon
     """A pack worker's members go to the kernel as parts (headers, data, paddings) of one
     pwritev, not joined first: the bytes land in order at the run's offset even when a call
     writes only part of them (at most ``most`` bytes here), and past IOV_MAX parts."""
-    from cache_tools import writer
+    from cache_tools.archive import writer
 
     real = os.pwritev
 

@@ -413,7 +413,7 @@ def test_k8s_init_container_pulls_the_cache_from_a_registry():
     downloading beside (never under) the destination, with Docker's login from a Secret."""
     import typer.main
 
-    from cache_tools import oci
+    from cache_tools.stores import oci
     from warmup.cli import app
 
     spec = next(d for d in _docs() if d["kind"] == "Deployment")["spec"]["template"]["spec"]

@@ -13,7 +13,8 @@ import typer
 
 # What every command here needs; the OCI client (ssl, http.client), prune and replay are
 # imported by their commands: a restore in an init container waits for every import.
-from cache_tools import archive, fingerprint, forks, locations, remote, render, scan
+from cache_tools import archive, fingerprint, forks, locations, render, scan
+from cache_tools.stores import redis as remote
 from cache_tools.errors import CacheError
 from warmup.cli import options, output
 from warmup.cli.options import Format
@@ -241,7 +242,7 @@ def push_cmd(
 ) -> None:
     """Publish caches: an archive to an OCI registry (ARCHIVE oci://...), one layer per kind,
     tagged by its fingerprint; or complete local entries to a Redis store (--url, create-if-absent)."""
-    from cache_tools import oci
+    from cache_tools.stores import oci
 
     if url is None:
         if archive_path is None or ref is None:
@@ -284,7 +285,7 @@ def pull_cmd(
 ) -> None:
     """Fetch caches from an OCI registry (REF) or a Redis store (--url): verified, staged,
     atomic, never overwriting."""
-    from cache_tools import oci
+    from cache_tools.stores import oci
 
     if url is not None and oci.is_reference(url) and ref is None:
         ref, url = url, None

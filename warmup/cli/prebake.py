@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from cache_tools import oci, render
+from cache_tools import render
+from cache_tools.stores import oci
 from cache_tools.errors import CacheError
 from warmup.cli import options, output
 from warmup.cli.options import Format

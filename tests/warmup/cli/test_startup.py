@@ -31,14 +31,16 @@ main(sys.argv[2:])
 HEAVY = ("pydantic", "rich", "yaml", "asyncio", "ssl", "http.client", "email", "logging",
          "importlib.metadata", "prometheus_client")
 
-#: every module of ours a cache restore, pack or verify imports
+#: every module of ours a cache restore, pack or verify may import (the archive package imports
+#: its parts on first use: ``--help`` loads fewer)
 CACHE = {"cache_tools", "cache_tools.archive", "cache_tools.errors", "cache_tools.fingerprint",
-         "cache_tools.forks", "cache_tools.groups", "cache_tools.inputfile",
-         "cache_tools.locations", "cache_tools.manifest", "cache_tools.pack",
-         "cache_tools.progress", "cache_tools.read_workers", "cache_tools.reader",
-         "cache_tools.remote", "cache_tools.render", "cache_tools.restore", "cache_tools.scan",
-         "cache_tools.staging", "cache_tools.tarfmt", "cache_tools.versions",
-         "cache_tools.writer", "warmup", "warmup.cli", "warmup.cli.cache",
+         "cache_tools.forks", "cache_tools.archive.groups", "cache_tools.inputfile",
+         "cache_tools.locations", "cache_tools.archive.manifest", "cache_tools.archive.packer",
+         "cache_tools.progress", "cache_tools.archive.read_workers", "cache_tools.archive.reader",
+         "cache_tools.stores", "cache_tools.stores.redis", "cache_tools.render",
+         "cache_tools.archive.restore", "cache_tools.scan", "cache_tools.archive.staging",
+         "cache_tools.archive.tarfmt", "cache_tools.versions", "cache_tools.archive.check",
+         "cache_tools.archive.writer", "warmup", "warmup.cli", "warmup.cli.cache",
          "warmup.cli.commands", "warmup.cli.options", "warmup.cli.output", "warmup.cli.values",
          "warmup.errors", "warmup.settings"}
 
@@ -97,7 +99,7 @@ def test_the_cache_commands_import_only_their_own_modules(tmp_path, cache_root):
     assert (tmp_path / "d" / "triton" / "AAAAENTRY" / "k.cubin").is_file()
     for name, modules in runs.items():
         assert not _heavy(modules), (name, _heavy(modules))
-        assert _ours(modules) == CACHE, (name, sorted(_ours(modules) ^ CACHE))
+        assert _ours(modules) <= CACHE, (name, sorted(_ours(modules) - CACHE))
 
 
 def test_the_table_says_what_each_command_says():

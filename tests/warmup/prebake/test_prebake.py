@@ -117,7 +117,7 @@ def test_prebake_bakes_an_archive_that_restores_into_disk_cache_hits(env, tmp_pa
                     reason="WARMUP_TEST_REGISTRY is unset: no OCI registry (scripts/test.sh "
                            "starts Debian's docker-registry and sets it)")
 def test_prebake_pushes_the_archive_to_a_registry(env, tmp_path):
-    from cache_tools import oci
+    from cache_tools.stores import oci
 
     ref = f"oci+http://{os.environ['WARMUP_TEST_REGISTRY']}/sgw-test/prebake-{os.getpid()}:baked"
     out = tmp_path / "a.tar"

@@ -25,17 +25,18 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from cache_tools import fingerprint as fp_mod
-from cache_tools import groups, tarfmt
+from cache_tools.archive import groups
+from cache_tools.archive import tarfmt
 from cache_tools.archive import read_entry
 from cache_tools.errors import ArchiveError, CacheError, RemoteError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import Location
-from cache_tools.manifest import EntryRecord, check_overlaps, is_triton, parse_entry
+from cache_tools.archive.manifest import EntryRecord, check_overlaps, is_triton, parse_entry
 from cache_tools.progress import Progress
-from cache_tools.restore import (EntryPlanView, PlannedEntry, RestoreResult, plan_entry,
+from cache_tools.archive.restore import (EntryPlanView, PlannedEntry, RestoreResult, plan_entry,
                                  restore_roots)
 from cache_tools.scan import CacheWarning, scan
-from cache_tools.staging import Installer, Outcome, clean_roots, refuse_links
+from cache_tools.archive.staging import Installer, Outcome, clean_roots, refuse_links
 
 NAMESPACE = "sglang-warmup"
 #: Redis strings hold at most 512 MiB; entries above this are skipped with a warning

@@ -35,9 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Generator, Iterator, Sequence
 
-from cache_tools import groups, inputfile, tarfmt
+from cache_tools import inputfile
+from cache_tools.archive import groups
+from cache_tools.archive import tarfmt
 from cache_tools.errors import ArchiveError, CacheError
-from cache_tools.manifest import (MANIFEST_NAME, EntryRecord, FileRecord, Manifest, is_triton,
+from cache_tools.archive.manifest import (MANIFEST_NAME, EntryRecord, FileRecord, Manifest, is_triton,
                                   member_prefix)
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Sequence
 
-from cache_tools import tarfmt
+from cache_tools.archive import tarfmt
 from cache_tools.errors import CacheError
 from cache_tools.locations import PACK_PREFIX
-from cache_tools.manifest import MANIFEST_NAME, EntryRecord, FileRecord, Manifest
+from cache_tools.archive.manifest import MANIFEST_NAME, EntryRecord, FileRecord, Manifest
 from cache_tools.progress import Progress
-from cache_tools.reader import CHUNK, zstandard_module
-from cache_tools.staging import _ACTIVE, clean_stale, own_name
+from cache_tools.archive.reader import CHUNK, zstandard_module
+from cache_tools.archive.staging import _ACTIVE, clean_stale, own_name
 
 
 class ArchiveWriter:

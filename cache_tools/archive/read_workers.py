@@ -31,11 +31,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from cache_tools import forks, groups, tarfmt
-from cache_tools.manifest import EntryRecord, Manifest, member_prefix
-from cache_tools.reader import MAX_FRAMES, ArchiveReader, Member, NotOurs
-from cache_tools.staging import Installer, StagedEntry
-from cache_tools.writer import frame_cuts
+from cache_tools import forks
+from cache_tools.archive import groups
+from cache_tools.archive import tarfmt
+from cache_tools.archive.manifest import EntryRecord, Manifest, member_prefix
+from cache_tools.archive.reader import MAX_FRAMES, ArchiveReader, Member, NotOurs
+from cache_tools.archive.staging import Installer, StagedEntry
+from cache_tools.archive.writer import frame_cuts
 
 
 def usable(reader: ArchiveReader, manifest: Manifest, jobs: int) -> bool:

@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from cache_tools import tarfmt
+from cache_tools.archive import tarfmt
 from cache_tools.errors import CacheError, RemoteError
 from cache_tools.fingerprint import Fingerprint, canonical_json
 from cache_tools.locations import KIND_NAMES
-from cache_tools.manifest import Manifest
-from cache_tools.oci.reference import printable
-from cache_tools.reader import CHUNK, ArchiveReader, Limits
-from cache_tools.writer import ArchiveWriter
+from cache_tools.archive.manifest import Manifest
+from cache_tools.stores.oci.reference import printable
+from cache_tools.archive.reader import CHUNK, ArchiveReader, Limits
+from cache_tools.archive.writer import ArchiveWriter
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 ARTIFACT_TYPE = "application/vnd.sglang-warmup.cache.v1"

@@ -18,14 +18,15 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from cache_tools import fingerprint as fp_mod
-from cache_tools import forks, read_workers
+from cache_tools import forks
+from cache_tools.archive import read_workers
 from cache_tools.errors import ArchiveError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import kind, resolve
-from cache_tools.manifest import EntryRecord, Manifest, is_triton, paused_gc
+from cache_tools.archive.manifest import EntryRecord, Manifest, is_triton, paused_gc
 from cache_tools.progress import Progress
-from cache_tools.reader import ArchiveReader, Limits
-from cache_tools.staging import (Installer, Outcome, clean_roots, complete_at, refuse_links,
+from cache_tools.archive.reader import ArchiveReader, Limits
+from cache_tools.archive.staging import (Installer, Outcome, clean_roots, complete_at, refuse_links,
                                  target_of)
 
 

@@ -1,13 +1,4 @@
-"""Archives of JIT caches: verify and merge (pack is in pack.py, restore in restore.py,
-reading in reader.py, writing in writer.py, the tar format in tarfmt.py; their public names are
-re-exported here).
-
-An archive is a tar (optionally zstd-compressed) whose first member is ``manifest.json``; the
-payload members follow in manifest order, one per file, named ``<kind>/<entry>/<file>``, with
-normalized metadata (mtime 0, uid/gid 0, mode 0644/0755) so the same cache packs to the same
-bytes.  Triton group files are stored with child paths relative to their entry and rewritten to
-absolute paths on restore, so a relocated cache still hits.
-"""
+"""Verify and merge archives (the checks that read a whole archive without installing it)."""
 
 from __future__ import annotations
 
@@ -18,25 +9,21 @@ from pathlib import Path
 from typing import Sequence
 
 from cache_tools import fingerprint as fp_mod
-from cache_tools import forks, read_workers
+from cache_tools import forks
+from cache_tools.archive import read_workers
 from cache_tools.errors import ArchiveError, CacheError, IncompatibleError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import MERGE_PREFIX
-from cache_tools.manifest import EntryRecord, Manifest, check_overlaps, paused_gc
-from cache_tools.pack import PackResult, pack, producer, read_entry
+from cache_tools.archive.manifest import EntryRecord, Manifest, check_overlaps, paused_gc
+from cache_tools.archive.packer import PackResult, pack, producer, read_entry
 from cache_tools.progress import Progress
-from cache_tools.reader import (CHUNK, ZSTD_MAGIC, ArchiveReader, Limits, Member,
+from cache_tools.archive.reader import (CHUNK, ZSTD_MAGIC, ArchiveReader, Limits, Member,
                                 zstd_structure_problem)
-from cache_tools.restore import (EntryPlanView, PlannedEntry, RestorePlan, RestoreResult,
+from cache_tools.archive.restore import (EntryPlanView, PlannedEntry, RestorePlan, RestoreResult,
                                  plan_entry, plan_restore, restore_roots)
-from cache_tools.staging import _ACTIVE, clean_stale, own_name
-from cache_tools.writer import ArchiveWriter, Source, write_archive
+from cache_tools.archive.staging import _ACTIVE, clean_stale, own_name
+from cache_tools.archive.writer import ArchiveWriter, Source, write_archive
 
-__all__ = ["ArchiveReader", "ArchiveWriter", "CHUNK", "EntryPlanView", "Limits", "Member",
-           "MergeResult",
-           "PackResult", "PlannedEntry", "RestorePlan", "RestoreResult", "Source",
-           "VerifyReport", "ZSTD_MAGIC", "merge", "pack", "plan_entry", "plan_restore",
-           "read_entry", "restore_roots", "verify", "write_archive", "zstd_structure_problem"]
 
 
 # --- verify -----------------------------------------------------------------------------------

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Mapping
 
 from cache_tools.errors import CacheError, os_errors
-from cache_tools.oci import artifact, reference
-from cache_tools.oci.artifact import Blob
-from cache_tools.oci.client import Registry
+from cache_tools.stores.oci import artifact, reference
+from cache_tools.stores.oci.artifact import Blob
+from cache_tools.stores.oci.client import Registry
 from cache_tools.progress import Progress
 
 

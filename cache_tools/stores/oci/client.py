@@ -26,9 +26,9 @@ from typing import IO, Mapping
 from urllib.parse import quote, urlencode, urljoin, urlsplit
 
 from cache_tools.errors import RemoteError
-from cache_tools.oci import auth
-from cache_tools.oci.answer import Answer, Watchdog
-from cache_tools.oci.reference import Reference, is_loopback, printable
+from cache_tools.stores.oci import auth
+from cache_tools.stores.oci.answer import Answer, Watchdog
+from cache_tools.stores.oci.reference import Reference, is_loopback, printable
 
 CONNECT_TIMEOUT_S = 10.0
 SOCKET_TIMEOUT_S = 30.0

@@ -28,14 +28,14 @@ from cache_tools import fingerprint as fp_mod
 from cache_tools import forks
 from cache_tools.errors import CacheError, RemoteError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
-from cache_tools.manifest import paused_gc
-from cache_tools.oci import artifact, reference
-from cache_tools.oci.artifact import Blob
-from cache_tools.oci.client import Registry
+from cache_tools.archive.manifest import paused_gc
+from cache_tools.stores.oci import artifact, reference
+from cache_tools.stores.oci.artifact import Blob
+from cache_tools.stores.oci.client import Registry
 from cache_tools.progress import Progress
-from cache_tools.restore import (EntryPlanView, PlannedEntry, RestorePlan, RestoreResult,
+from cache_tools.archive.restore import (EntryPlanView, PlannedEntry, RestorePlan, RestoreResult,
                                  plan_restore, stage)
-from cache_tools.staging import Installer, Outcome
+from cache_tools.archive.staging import Installer, Outcome
 
 #: free space kept in TMPDIR beyond the layers a pull downloads
 SPOOL_MARGIN_BYTES = 64 << 20

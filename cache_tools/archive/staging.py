@@ -27,7 +27,7 @@ from typing import BinaryIO, Callable, Iterable, Mapping
 from cache_tools.errors import CacheError
 from cache_tools.locations import (MERGE_PREFIX, PACK_PREFIX, STAGING_PREFIX, TRASH_PREFIX,
                                    kind)
-from cache_tools.manifest import EntryRecord, FileRecord, is_triton
+from cache_tools.archive.manifest import EntryRecord, FileRecord, is_triton
 from cache_tools.scan import GROUP_PREFIX, entry_at, read_group, triton_hits
 
 #: a leftover of another host (shared filesystem) is removed after this long

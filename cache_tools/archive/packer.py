@@ -20,19 +20,21 @@ from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from cache_tools import fingerprint as fp_mod
-from cache_tools import forks, groups, tarfmt
+from cache_tools import forks
+from cache_tools.archive import groups
+from cache_tools.archive import tarfmt
 from cache_tools.errors import CacheError, os_errors
 from cache_tools.fingerprint import Fingerprint
 from cache_tools.locations import Location
-from cache_tools.manifest import (EntryRecord, FileRecord, Manifest, content_digest_of,
+from cache_tools.archive.manifest import (EntryRecord, FileRecord, Manifest, content_digest_of,
                                   entry_json, file_record, files_json, json_size, member_prefix,
                                   paused_gc)
 from cache_tools.progress import Progress
-from cache_tools.reader import CHUNK, WHOLE, zstandard_module
+from cache_tools.archive.reader import CHUNK, WHOLE, zstandard_module
 from cache_tools.scan import CacheEntry, CacheWarning, noatime_fd, scan, size_str
-from cache_tools.staging import clean_stale
+from cache_tools.archive.staging import clean_stale
 from cache_tools.versions import dist_version
-from cache_tools.writer import ArchiveWriter, PlacedWriter, ZstdFrames, frame_cuts
+from cache_tools.archive.writer import ArchiveWriter, PlacedWriter, ZstdFrames, frame_cuts
 
 
 def producer() -> str:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from cache_tools.errors import ArchiveError, CacheError
 from cache_tools.fingerprint import Fingerprint, canonical_json
-from cache_tools.groups import MAX_GROUP_BYTES, is_group
+from cache_tools.archive.groups import MAX_GROUP_BYTES, is_group
 from cache_tools.locations import KIND_NAMES, kind
 from cache_tools.scan import layout_problem
 
