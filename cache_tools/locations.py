@@ -576,7 +576,7 @@ def exports(root: str | None = None, *, env: Mapping[str, str] | None = None,
     for loc in resolve(env=e.env, profile=profile):
         if loc.path is None:
             continue
-        for var, sub in loc.kind.root_exports:
+        for var, _sub in loc.kind.root_exports:
             value = str(loc.path)
             if loc.kind.name == "flashinfer":
                 value = str(loc.path.parent.parent)  # the base, not <base>/.cache/flashinfer

@@ -23,7 +23,7 @@ rounds), and the table prints medians of the per-round ratios to the baseline:
 | pack | ``cache pack OUT --root DIR --kinds K -y -q`` (``archive.pack``) | ``tar -cf`` |
 | pack zstd | the same with ``--zstd`` (``archive.pack(zstd=True)``) | ``tar -cf - | zstd -3 -T0`` |
 | verify | ``cache verify ARCHIVE -q`` (``archive.verify``) | ``tar -xOf ARCHIVE | sha256sum`` (same archive) |
-| restore | ``cache restore ARCHIVE --dest DIR -q`` (``plan_restore().execute()``) | ``tar -xf ARCHIVE`` (same archive, same file system) |
+| restore | ``cache restore ARCHIVE --dest DIR -q`` (``plan_restore().execute()``) | ``tar -xf ARCHIVE`` |
 | restore j1 | the same with ``--jobs 1`` (one process) | the same |
 | restore zstd | the same on the zstd archive | ``zstd -dc ARCHIVE | tar -xf -`` |
 
@@ -390,9 +390,9 @@ def bench_cache(name: str, root: Path, kind_dir: str, loc: Location, work: Path,
             out[op] = paired(rounds, command(["cache", "restore", str(path), "--dest", str(dest),
                                               "-q", *(["--jobs", "1"] if jobs else [])]),
                              restore(path, jobs),
-                             lambda: sh(f"zstd -q -dc {ours_zst} | tar -xf - -C {dest}"
-                                        if op == "restore zstd" else
-                                        f"tar -xf {ours_tar} -C {dest}"), fresh)
+                             lambda op=op: sh(f"zstd -q -dc {ours_zst} | tar -xf - -C {dest}"
+                                              if op == "restore zstd" else
+                                              f"tar -xf {ours_tar} -C {dest}"), fresh)
         t = out[op]
         print(f"  {name:10} {op:13} command {t['cmd_s']:7.3f}s  in-process {t['ours_s']:7.3f}s"
               f"  baseline {t['base_s']:7.3f}s  ratio {t['ratio']:.2f} (in-process "

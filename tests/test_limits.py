@@ -40,7 +40,7 @@ from cache_tools.render import push_warnings
 from cache_tools.archive.staging import STALE_AFTER_S, clean_stale
 from warmup.coverage import request_logs, traffic
 from warmup.errors import PlanError, TransportError, WarmupError
-from warmup.observe import triton_hooks, triton_record
+from warmup.observe import triton_hooks
 from warmup.plan import expr as E
 from warmup.plan import loader, model
 from warmup.plan.expand import expand

@@ -15,14 +15,11 @@ from cache_tools.errors import ArchiveError, CacheError, IncompatibleError, os_e
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import MERGE_PREFIX
 from cache_tools.archive.manifest import EntryRecord, Manifest, check_overlaps, paused_gc
-from cache_tools.archive.packer import PackResult, pack, producer, read_entry
+from cache_tools.archive.packer import producer
 from cache_tools.progress import Progress
-from cache_tools.archive.reader import (CHUNK, ZSTD_MAGIC, ArchiveReader, Limits, Member,
-                                zstd_structure_problem)
-from cache_tools.archive.restore import (EntryPlanView, PlannedEntry, RestorePlan, RestoreResult,
-                                 plan_entry, plan_restore, restore_roots)
+from cache_tools.archive.reader import (ArchiveReader, Limits)
 from cache_tools.archive.staging import _ACTIVE, clean_stale, own_name
-from cache_tools.archive.writer import ArchiveWriter, Source, write_archive
+from cache_tools.archive.writer import Source, write_archive
 
 
 

@@ -17,8 +17,9 @@ DeepSeek-V4 and MLA models serve; ``--graphs default`` keeps SGLang's default gr
 
 The launches of one run start one after another, each once the previous one has allocated its
 KV pool (one GPU, a quarter of its memory each: SGLang sizes its pool from the free memory it
-sees, so two sizings at once leave one of them none), so that their cold starts overlap; the traffic is then sent to one server at a time, the others idle, so the
-measured latencies are not shared.  Startup times are therefore upper bounds (contended).
+sees, so two sizings at once leave one of them none), so that their cold starts overlap; the
+traffic is then sent to one server at a time, the others idle, so the measured latencies are
+not shared.  Startup times are therefore upper bounds (contended).
 ``--solo`` goes further: while one server gets its traffic, every other one is stopped
 (SIGSTOP) and continued after, so that no neighbour's processes run at all.
 
@@ -443,7 +444,8 @@ def main() -> None:
 
                 recs = compile_log.read_dir(str(s.workdir / "state"))
                 r["manifest_serving"] = [
-                    f"{(x.get('kernel') or {}).get('name')}:{x.get('event')}:{str(x.get('hash'))[:10]}:pid{x.get('pid')}"
+                    f"{(x.get('kernel') or {}).get('name')}:{x.get('event')}:"
+                    f"{str(x.get('hash'))[:10]}:pid{x.get('pid')}"
                     for x in recs if x.get("phase") == "serving"]
                 r["manifest_counts"] = {}
                 for x in recs:

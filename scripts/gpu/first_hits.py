@@ -48,7 +48,6 @@ import re
 import signal
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 import urllib.request

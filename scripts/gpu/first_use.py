@@ -60,12 +60,12 @@ def child(hidden: int, vocab: int) -> list[dict]:
                 torch.cuda.empty_cache()
             # the LM head GEMM into memory that exists (no allocation), then its float copy
             # (a new [rows, vocab] block), then a GEMM of the same rows against [hidden, hidden]
-            _, t_gemm = timed(lambda: torch.matmul(h, w.t(), out=buf[:rows]))
-            logits, t_f = timed(lambda: buf[:rows].float())
-            _, t_sq = timed(lambda: torch.matmul(h, w_sq))
-            lp, t_ls = timed(lambda: torch.log_softmax(logits, dim=-1))
-            _, t_g = timed(lambda: lp.gather(1, ids))
-            _, t_k = timed(lambda: lp.topk(20, dim=-1))
+            _, t_gemm = timed(lambda h=h, rows=rows: torch.matmul(h, w.t(), out=buf[:rows]))
+            logits, t_f = timed(lambda rows=rows: buf[:rows].float())
+            _, t_sq = timed(lambda h=h: torch.matmul(h, w_sq))
+            lp, t_ls = timed(lambda logits=logits: torch.log_softmax(logits, dim=-1))
+            _, t_g = timed(lambda lp=lp, ids=ids: lp.gather(1, ids))
+            _, t_k = timed(lambda lp=lp: lp.topk(20, dim=-1))
             rec[rep] = {"lm_head": round(t_gemm, 3), "float_copy": round(t_f, 3),
                         "gemm_hidden": round(t_sq, 3), "log_softmax": round(t_ls, 3),
                         "gather": round(t_g, 3), "topk": round(t_k, 3)}

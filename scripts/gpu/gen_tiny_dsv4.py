@@ -151,7 +151,7 @@ def build_weights(cfg: dict, w: Writer) -> None:
     nh, hd, rope = cfg["num_attention_heads"], cfg["head_dim"], cfg["qk_rope_head_dim"]
     ql, G, R = cfg["q_lora_rank"], cfg["o_groups"], cfg["o_lora_rank"]
     ih, ihd = cfg["index_n_heads"], cfg["index_head_dim"]
-    E, K, I = cfg["n_routed_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]
+    E, K, I = cfg["n_routed_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]  # noqa: E741 (the paper's names)
     hc = cfg["hc_mult"]
     mix_hc, hc_dim = (2 + hc) * hc, hc * H
     assert rope == 64 and hd == 512 and nh in (64, 128)

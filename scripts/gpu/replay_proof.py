@@ -309,7 +309,7 @@ def cmd_replay(a: argparse.Namespace) -> None:
     try:
         report = json.loads(done.stdout)
     except ValueError:
-        raise SystemExit(f"replay failed ({done.returncode}): {done.stderr[-3000:]}")
+        raise SystemExit(f"replay failed ({done.returncode}): {done.stderr[-3000:]}") from None
     with tarfile.open(WORK / "triton-cache.tar.xz", "w:xz") as tf:
         tf.add(REPLAY_CACHE, arcname="triton")
     summary = {"seconds": seconds, "exit_code": done.returncode, "counts": report["counts"],

@@ -133,7 +133,7 @@ def synthetic(path: Path, fp: Fingerprint, entries: list[tuple[str, str, bool, d
     doc = json.loads(manifest)
     doc["entries"] = docs
     members: list = [regular(MANIFEST_NAME, json.dumps(doc).encode())]
-    for kind, name, is_dir, files in entries:
+    for kind, name, _is_dir, files in entries:
         for p, data in sorted(files.items()):
             members.append(regular("/".join(x for x in (kind, name, p) if x), data))
     return write(path, members)

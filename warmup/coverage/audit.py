@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from cache_tools import atomic
-from warmup.coverage.attribution import (CLASS_PREFIX, Attribution, CompileLogAttribution,
+from warmup.coverage.attribution import (Attribution, CompileLogAttribution,
                                          MetricsAttribution)
 from warmup.coverage.classes import (KeyEvents, RecordError, read_amount, read_object,
                                      read_objects)
@@ -40,7 +40,6 @@ from warmup.coverage.counts import (COMPILE_METRIC, LOAD_METRIC, ServingCounts, 
                                     gc_overlap_ms, parse_metrics, serving_counts)
 from warmup.coverage.traffic import STEP_FIELDS, TrafficStep, parse_step
 from warmup.errors import TransportError, WarmupError
-from warmup.serve.report import as_number
 
 if TYPE_CHECKING:  # an annotation only: the transport is imported when an audit runs
     from warmup.serve.transport import HttpTransport

@@ -21,7 +21,6 @@ import os
 import threading
 import time
 import weakref
-from typing import Any
 
 from cache_tools import compile_log
 from warmup import settings

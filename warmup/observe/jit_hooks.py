@@ -109,7 +109,7 @@ class JitHooks:
             # us keep the original.  Re-point the package's re-export too.
             utils = sys.modules.get(UTILS_MODULE)
             if utils is not None and getattr(utils, "load_jit", None) is original:
-                setattr(utils, "load_jit", wrapper)
+                utils.load_jit = wrapper
                 self.inst.on_uninstall(functools.partial(_restore_attr, utils, "load_jit",
                                                          wrapper, original))
                 detail = ("patched after import: kernels that imported load_jit earlier "

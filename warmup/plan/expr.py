@@ -72,8 +72,8 @@ def _batch_buckets(buckets: Any, lo_size: int, cap: int) -> list[int]:
     """A few batch sizes per power-of-two range up to ``cap``: in each range (2^(k-1), 2^k] the
     largest captured bucket (or the range's top), and one size in Triton's "other" integer
     class, the range's smallest (lo + 1: a burst costs per request, and every "other" size of
-    the range meets the same kernels); sizes above the largest bucket run eager, so the range top and the size just above
-    the largest bucket are added there (in the range that holds it, that size is the "other"
+    the range meets the same kernels); sizes above the largest bucket run eager, so the range top
+    and the size just above the largest bucket are added there (in the range that holds it, that size is the "other"
     one).  When buckets are given, a range wholly above them runs eager at every size: its two
     integer classes are its smallest sizes, lo + 1 and the first multiple of 16.
     Sorted, unique, every size in [lo_size, cap]."""

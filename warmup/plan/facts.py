@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import shlex
 import sys
 from dataclasses import asdict, dataclass, field, fields
@@ -290,8 +289,9 @@ def from_launch_flags(flags: str | list[str], *, model_config: str | None = None
 
     Offline there is no model download: ``--model-path`` must be a local directory with a
     ``config.json``, a Hugging Face model id whose config sits in the local Hugging Face cache
-    (:func:`warmup.plan.model_config.find`), or a model with a shipped stand-in; or ``model_config`` names a
-    directory with one (it replaces the model path for resolution only).  Without a GPU, resolution runs as for ``--device cuda`` with unknown accelerator
+    (:func:`warmup.plan.model_config.find`), or a model with a shipped stand-in; or
+    ``model_config`` names a directory with one (it replaces the model path for resolution
+    only).  Without a GPU, resolution runs as for ``--device cuda`` with unknown accelerator
     memory, so memory-derived values (KV capacity, the running-request cap when not given) are
     unknown and listed as such.
     """
@@ -459,7 +459,7 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
 
 def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
     out, skip = [], False
-    for i, a in enumerate(argv):
+    for a in argv:
         if skip:
             skip = False
             continue

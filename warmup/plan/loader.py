@@ -93,7 +93,7 @@ def loads(raw: bytes | str, file: str = "<plan>") -> Plan:
         line = raw[: exc.start].count(b"\n") + 1
         raise PlanError(f"{file}:{line}: <top>: byte 0x{raw[exc.start]:02x} is not UTF-8",
                         hint="save the plan as UTF-8") from None
-    if not text.strip() or all(l.strip().startswith("#") or not l.strip() for l in text.splitlines()):
+    if not text.strip() or all(ln.strip().startswith("#") or not ln.strip() for ln in text.splitlines()):
         raise PlanError(f"{file}:1: <top>: the plan is empty",
                         hint="start from a shipped plan: sglang-warmup plan list")
     for i, line in enumerate(text.splitlines(), 1):
@@ -460,7 +460,7 @@ def _build_shape(ctx: _Ctx, node: yaml.Node, path: str, names: frozenset[str],
         raise ctx.fail(m["class"][1], f"{path}.class", f"'{cls}' is reserved: the phase file "
                        "names the driver's own steps so", hint="rename the class")
     kw: dict[str, Any] = {}
-    for key, (kn, vn) in m.items():
+    for key, (_kn, vn) in m.items():
         if key in ("class", "kind"):
             continue
         kpath = f"{path}.{key}"

@@ -29,11 +29,13 @@ CASES = {
     "unknown shape key (typo)": (
         BASE.replace("lengths: [1, 219]", "lenghts: [1, 219]"),
         "p.yaml:8: phases[0].shapes[0].lenghts: unknown key 'lenghts' for kind 'extend'",
-        "did you mean 'lengths'? valid keys: class, kind, why, when, requires, sampling, max_new_tokens, request, family, covers_up_to, lengths"),
+        "did you mean 'lengths'? valid keys: class, kind, why, when, requires, sampling, "
+        "max_new_tokens, request, family, covers_up_to, lengths"),
     "key of another kind": (
         BASE.replace("lengths: [1, 219]", "lengths: [1]\n        base: 4096"),
         "p.yaml:9: phases[0].shapes[0].base: unknown key 'base' for kind 'extend'",
-        "valid keys: class, kind, why, when, requires, sampling, max_new_tokens, request, family, covers_up_to, lengths"),
+        "valid keys: class, kind, why, when, requires, sampling, max_new_tokens, request, family, "
+        "covers_up_to, lengths"),
     "wrong type": (
         BASE.replace("lengths: [1, 219]", "lengths: 5"),
         "p.yaml:8: phases[0].shapes[0].lengths: expected a list, got integer 5",

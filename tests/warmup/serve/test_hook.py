@@ -19,8 +19,8 @@ from warmup.serve import hook
 #: module imports fastapi, which the CPU profile does not install.
 ServerStatus = enum.Enum("ServerStatus", ["Up", "Starting", "UnHealthy"])
 
-from warmup.observe import phase
-from warmup.errors import DriverError, PlanError, RegistrationError
+from warmup.observe import phase  # noqa: E402 (after the stand-in above)
+from warmup.errors import DriverError, PlanError, RegistrationError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("warmup_isolated")
 

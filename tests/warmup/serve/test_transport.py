@@ -24,7 +24,8 @@ from warmup.plan import loader
 from warmup.errors import TransportError
 from warmup.plan.model import SAMPLING_VARIANTS, WarmupRequest, WarmupStep
 from warmup.plan.expand import expand
-from warmup.serve.transport import generate_fields, HttpTransport, InProcessTransport, Outcome, TokenMaker, sampling_params
+from warmup.serve.transport import (HttpTransport, InProcessTransport, Outcome, TokenMaker,
+                                    generate_fields, sampling_params)
 
 pytestmark = pytest.mark.usefixtures("warmup_isolated")
 
