@@ -7,6 +7,7 @@ from pathlib import Path
 
 import _facts_cache
 import pytest
+from test_model_config import hub_cache
 
 from warmup.plan import facts as F
 from warmup.plan.model_config import hub_config_dir
@@ -83,17 +84,6 @@ def test_hub_model_without_stand_in_is_refused(tmp_path, monkeypatch):
         "model's config.json")
 
 
-def _hub_cache(root: Path, model_id: str, config: Path, *, ref: str = "main") -> Path:
-    """A Hugging Face cache as huggingface_hub lays it out: refs/<ref> names the commit whose
-    snapshot holds config.json."""
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = root / ("models--" + model_id.replace("/", "--"))
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / ref).write_text(commit)
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (snapshot / "config.json").write_text(config.read_text())
-    return snapshot
 
 
 @pytest.mark.parametrize("variable, value, hub", [("HF_HUB_CACHE", "hub", "hub"),
@@ -106,7 +96,7 @@ def test_a_hub_model_id_reads_its_config_from_the_hugging_face_cache(
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(variable, str(tmp_path / value))
-    snapshot = _hub_cache(tmp_path / hub, "Qwen/Qwen3-30B-A3B", tiny_dir / "config.json")
+    snapshot = hub_cache(tmp_path / hub, "Qwen/Qwen3-30B-A3B", tiny_dir / "config.json")
     assert hub_config_dir("Qwen/Qwen3-30B-A3B") == snapshot
     f = F.from_launch_flags("--model-path Qwen/Qwen3-30B-A3B --tp 2")
     assert f.model_type == "qwen3_moe" and f.vocab_size == 32000
