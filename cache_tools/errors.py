@@ -8,6 +8,8 @@ The ``sglang-warmup`` CLI boundary prints ``error: message`` / ``hint: hint`` fo
 
 from __future__ import annotations
 
+from types import TracebackType
+
 
 class HintedError(Exception):
     """An expected failure with a one-line message and a hint that says how to fix it."""
@@ -55,12 +57,12 @@ class _OSErrors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, typ, exc, tb) -> bool:
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if exc is not None and isinstance(exc, OSError) and not isinstance(exc, CacheError):
             where = f"{exc.filename}: " if exc.filename else ""
             raise CacheError(f"{self.action} failed: {where}{exc.strerror or exc}",
                              hint=self.hint) from exc
-        return False
 
 
 def os_errors(action: str, hint: str = "check free space and permissions") -> _OSErrors:

@@ -12,7 +12,7 @@ import http.client
 import json
 import socket
 import threading
-from typing import IO, Protocol
+from typing import Protocol
 
 from cache_tools.errors import RemoteError
 from cache_tools.stores.oci.reference import printable
@@ -25,6 +25,13 @@ class Registry(Protocol):
 
     def network_error(self, exc: BaseException, what: str,
                       watchdog: "Watchdog | None") -> RemoteError: ...
+
+
+class Sink(Protocol):
+    """Where a blob is streamed: a binary file, or anything that takes its bytes like one."""
+
+    def write(self, data: bytes, /) -> int: ...
+
 
 #: an error answer's body: at most this much is read for its message
 MAX_ERROR_BYTES = 64 << 10
@@ -118,7 +125,7 @@ class Answer:
                                       f"{self.length} bytes")
         return b"".join(parts)
 
-    def save(self, out: IO[bytes], digest: str, size: int, what: str) -> None:
+    def save(self, out: Sink, digest: str, size: int, what: str) -> None:
         """Exactly ``size`` bytes whose sha256 is ``digest`` into ``out``; anything else is
         refused (more data than that is never read)."""
         if self.length is not None and self.length != size:

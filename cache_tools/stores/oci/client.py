@@ -27,7 +27,7 @@ from urllib.parse import quote, urlencode, urljoin, urlsplit
 
 from cache_tools.errors import RemoteError
 from cache_tools.stores.oci import auth
-from cache_tools.stores.oci.answer import Answer, Watchdog
+from cache_tools.stores.oci.answer import Answer, Sink, Watchdog
 from cache_tools.stores.oci.reference import Reference, is_loopback, printable
 
 CONNECT_TIMEOUT_S = 10.0
@@ -307,7 +307,7 @@ class Registry:
         finally:
             answer.close()
 
-    def get_blob(self, digest: str, size: int, out: IO[bytes], what: str) -> None:
+    def get_blob(self, digest: str, size: int, out: Sink, what: str) -> None:
         """The blob ``digest`` of ``size`` bytes into ``out``, verified."""
         answer = self.request("GET", self.ref.api(f"blobs/{digest}"), what,
                               deadline_s=blob_deadline(size))

@@ -22,6 +22,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Callable, Iterable, Mapping
 
 from cache_tools import fingerprint as fp_mod
@@ -30,6 +31,7 @@ from cache_tools.errors import CacheError, RemoteError, os_errors
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.archive.manifest import paused_gc
 from cache_tools.stores.oci import artifact, reference
+from cache_tools.stores.oci.answer import Sink
 from cache_tools.stores.oci.artifact import Blob
 from cache_tools.stores.oci.client import Registry
 from cache_tools.progress import Progress
@@ -117,10 +119,10 @@ class _LayerErrors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, typ, exc, tb) -> bool:
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if isinstance(exc, CacheError) and not exc.message.startswith(self.prefix):
             raise type(exc)(self.prefix + exc.message, hint=exc.hint) from None
-        return False
 
 
 def plan_pull(ref_text: str, *, dest: str | os.PathLike[str] | None = None,
@@ -215,7 +217,7 @@ def _download(reg: Registry, chosen: list[Blob], spool: Path, progress: Progress
 class _Advancing:
     """A file that reports what is written to it as progress."""
 
-    def __init__(self, out, progress: Progress) -> None:
+    def __init__(self, out: Sink, progress: Progress) -> None:
         self.out = out
         self.progress = progress
 
