@@ -110,7 +110,7 @@ def _key(key: str) -> str:
     return key.split("/", 1)[0]
 
 
-def _entry(entry: dict, source: str, netloc: str, helper: str) -> Credentials:
+def _entry(entry: dict[str, object], source: str, netloc: str, helper: str) -> Credentials:
     def text(name: str) -> str:
         value = entry.get(name, "")
         if not isinstance(value, str):
@@ -133,7 +133,7 @@ def _entry(entry: dict, source: str, netloc: str, helper: str) -> Credentials:
                        helper)
 
 
-def _read_config(path: Path) -> dict | None:
+def _read_config(path: Path) -> dict[str, object] | None:
     """Docker's configuration, bounded; None when there is none."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
