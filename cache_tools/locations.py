@@ -475,17 +475,17 @@ def _resolve(k: CacheKind, e: _Env, p: SGLangProfile) -> Location:
         return Location(k, Path(os.path.abspath(path)), src)
     if n == "sglang_jit":
         value = e.sglang("SGLANG_JIT_CACHE_DIR")
-        path = Path(e.expand(value or "~/.cache/sglang/jit"))
+        where = Path(e.expand(value or "~/.cache/sglang/jit"))
         src = "SGLANG_JIT_CACHE_DIR" if value else "default"
         if not p.sglang_jit:
-            return Location(k, path, src, active=False,
+            return Location(k, where, src, active=False,
                             note=f"not used by SGLang {p.version or ''}".strip())
-        return Location(k, path, src)
+        return Location(k, where, src)
     if n == "tvm_ffi":
         value = e.get("TVM_FFI_CACHE_DIR")
-        path = Path(e.expand(value or "~/.cache/tvm-ffi"))
+        where = Path(e.expand(value or "~/.cache/tvm-ffi"))
         note = "SGLang's JIT modules" if p.tvm_ffi_jit else "DeepGEMM's fallback builds only"
-        return Location(k, path, "TVM_FFI_CACHE_DIR" if value else "default", note=note)
+        return Location(k, where, "TVM_FFI_CACHE_DIR" if value else "default", note=note)
     if n == "flashinfer":
         base, src = _redirected(e, p, "FLASHINFER_WORKSPACE_BASE", "", e.home)
         return Location(k, Path(base) / ".cache" / "flashinfer", src)
@@ -509,12 +509,12 @@ def _resolve(k: CacheKind, e: _Env, p: SGLangProfile) -> Location:
         if value == "":
             return Location(k, None, "SGLANG_CUTE_AOT_CACHE_DIR", active=False,
                             note="empty: compilation stays process-local")
-        path = Path(e.expand(value)) if value else Path(_sglang_base(e)) / "cute_aot"
+        where = Path(e.expand(value)) if value else Path(_sglang_base(e)) / "cute_aot"
         src = "SGLANG_CUTE_AOT_CACHE_DIR" if value else "SGLANG_CACHE_DIR redirect"
         if not p.cute_aot:
-            return Location(k, path, src, active=False,
+            return Location(k, where, src, active=False,
                             note=f"not used by SGLang {p.version or ''}".strip())
-        return Location(k, path, src)
+        return Location(k, where, src)
     if n == "cute_dsl":
         value = e.get("CUTE_DSL_CACHE_DIR")
         path = value or os.path.join(e.tmpdir(), e.user(), "cutlass_python_cache")
