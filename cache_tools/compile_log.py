@@ -303,12 +303,12 @@ def lines(fh: Any, limit: int | None = None) -> Iterator[bytes | None]:
 
 
 def parse_lines(data: bytes | Iterable[bytes | None], where: str = "", *,
-                warnings: list[str] | None = None, first_line: int = 1) -> list[dict]:
+                warnings: list[str] | None = None, first_line: int = 1) -> list[dict[str, Any]]:
     """The records in ``data`` (whole lines, or the lines :func:`lines` yields).  A line that
     is not a JSON object (the torn last line of a killed process), one longer than
     :data:`MAX_LINE_BYTES`, or one of a newer format version, is skipped; with ``warnings`` a
     sentence per skipped line is appended there."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     rows = data.splitlines() if isinstance(data, bytes) else data
     for number, line in enumerate(rows, start=first_line):
         if line is None:
@@ -336,10 +336,10 @@ def parse_lines(data: bytes | Iterable[bytes | None], where: str = "", *,
 
 
 def read(paths: Iterable[str | os.PathLike[str]], *, warnings: list[str] | None = None,
-         by_time: bool = True) -> list[dict]:
+         by_time: bool = True) -> list[dict[str, Any]]:
     """Every record of the given log files: ordered by time (``by_time``), else in file and
     line order.  Unreadable files raise OSError (a FIFO or a device: ``not a regular file``)."""
-    records: list[dict] = []
+    records: list[dict[str, Any]] = []
     for path in paths:
         with inputfile.open_regular(path) as fh:
             records.extend(parse_lines(lines(fh), str(path), warnings=warnings))
@@ -348,7 +348,7 @@ def read(paths: Iterable[str | os.PathLike[str]], *, warnings: list[str] | None 
     return records
 
 
-def read_dir(state_dir: str | os.PathLike[str]) -> list[dict]:
+def read_dir(state_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every record of every process's log under ``state_dir``, ordered by time; skipped
     lines are logged as warnings."""
     warnings: list[str] = []
@@ -387,10 +387,10 @@ class Cursor:
                 continue
         return out
 
-    def read(self, start: Mapping[str, int], end: Mapping[str, int] | None = None) -> list[dict]:
+    def read(self, start: Mapping[str, int], end: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
         """Records written between two marks (``end`` None: up to now), ordered by time.  A
         line being written right now is left for the next read."""
-        records: list[dict] = []
+        records: list[dict[str, Any]] = []
         for path in files(self.state_dir):
             lo = start.get(str(path), 0)
             hi = None if end is None else end.get(str(path), 0)

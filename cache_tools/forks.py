@@ -152,7 +152,7 @@ def map_runs(weights: Sequence[int], jobs: int,
         os.close(w)
 
     def task(progress: Callable[[int], None]) -> bytes:
-        done = []
+        done: list[tuple[int, bytes]] = []
         while True:
             token = os.read(r, _RUN.size)
             if not token:

@@ -262,7 +262,7 @@ def pack_json(r: PackResult) -> dict[str, Any]:
 
 def verify_text(r: VerifyReport) -> str:
     m = r.manifest
-    kinds = {}
+    kinds: dict[str, int] = {}
     for e in m.entries:
         kinds[e.kind] = kinds.get(e.kind, 0) + 1
     lines = [f"{r.path}: OK - {len(m.entries)} entries, {m.nb_files} files, {size_str(m.size)} "

@@ -20,7 +20,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, NamedTuple
+from typing import BinaryIO, Callable, Iterable, Iterator, NamedTuple
 
 from cache_tools import forks
 from cache_tools.locations import (STAGING_PREFIX, TRASH_PREFIX, CacheKind, EntryRule, Layout,
@@ -46,7 +46,7 @@ def noatime_fd(path: Path | str) -> int:
         return os.open(path, _READ)
 
 
-def open_noatime(path: Path | str):
+def open_noatime(path: Path | str) -> BinaryIO:
     """``noatime_fd`` as a binary file object."""
     return os.fdopen(noatime_fd(path), "rb")
 
@@ -324,7 +324,7 @@ def _walk(k: CacheKind, root: Path, parts: tuple[str, ...],
                                             "left alone"))
 
 
-def _scandir(path: Path) -> list[os.DirEntry]:
+def _scandir(path: Path) -> list[os.DirEntry[str]]:
     """A directory's entries sorted by name (none when it cannot be listed)."""
     try:
         with os.scandir(path) as it:
@@ -336,7 +336,7 @@ def _scandir(path: Path) -> list[os.DirEntry]:
 _by_name = operator.attrgetter("name")
 
 
-def _type_bits(d: os.DirEntry) -> int | None:
+def _type_bits(d: os.DirEntry[str]) -> int | None:
     """The type of a listed name from the listing itself (no system call where the file system
     reports types): a symbolic link, a directory, a regular file; None for anything else or
     when it cannot be told (the walk then lstat's it)."""
