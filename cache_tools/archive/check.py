@@ -6,7 +6,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import IO, Callable, Sequence
 
 from cache_tools import fingerprint as fp_mod
 from cache_tools import forks
@@ -148,11 +148,15 @@ def merge(out: str | os.PathLike[str], inputs: Sequence[str | os.PathLike[str]],
                     with open(dst, "wb") as f:
                         for chunk in member.chunks():
                             f.write(chunk)
-        sources = [Source(e, f, lambda p=work / e.member(f): open(p, "rb"))
-                   for e in records for f in e.files]
+        sources = [Source(e, f, _opener(work / e.member(f))) for e in records for f in e.files]
         with os_errors("merge"):
             size = write_archive(out, manifest, sources, zstd=zstd, progress=progress)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         _ACTIVE.discard(work)
     return MergeResult(Path(out), manifest, size, duplicates, tuple(dict.fromkeys(notes)))
+
+
+def _opener(path: Path) -> Callable[[], IO[bytes]]:
+    """A ``Source.open`` for a file of the merge's work directory."""
+    return lambda: open(path, "rb")

@@ -29,7 +29,7 @@ MANIFEST_NAME = "manifest.json"
 MODES = (0o644, 0o755)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 #: JSON string spelling with ensure_ascii=False, as canonical_json writes strings
-_json_str = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_json_str = json.encoder.encode_basestring
 _HINT = "the archive is corrupt or was not written by `sglang-warmup cache pack`"
 #: the longest path component and member name accepted (Linux NAME_MAX and PATH_MAX, bytes)
 NAME_MAX = 255

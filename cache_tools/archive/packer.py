@@ -124,6 +124,14 @@ def _packed(entry: CacheEntry, files: Sequence[_File], hashes: list[str]) -> _Pa
                                               digest))
 
 
+#: a ``_Packed`` as a worker sends it back: marshal takes a plain tuple, not a NamedTuple
+_Marshaled = tuple[list[str], str, str]
+
+
+def _marshaled(p: _Packed) -> _Marshaled:
+    return (p.hashes, p.digest, p.text)
+
+
 def _read_exact(fd: int, size: int, path: str) -> bytes:
     data = os.read(fd, size) if size else b""
     while len(data) < size:
@@ -290,11 +298,11 @@ def _encode_forked(writer: ArchiveWriter, planned: list[tuple[CacheEntry, _Measu
         """One run of entries read, hashed and written in place; (the index of an entry that
         vanished or -1, the entries packed before it)."""
         sink = PlacedWriter(fd, offsets[first])
-        packed = []
+        packed: list[_Marshaled] = []
         for i in range(first, end):
             entry = planned[i][0]
             try:
-                packed.append(tuple(_encode_entry(sink, entry, _plan_entry(entry), progress)))
+                packed.append(_marshaled(_encode_entry(sink, entry, _plan_entry(entry), progress)))
             except _Vanished:
                 return marshal.dumps((i, packed))
         sink.flush()
@@ -304,7 +312,7 @@ def _encode_forked(writer: ArchiveWriter, planned: list[tuple[CacheEntry, _Measu
                               for size, (_, files) in zip(sizes, planned)], jobs, work, advance)
     if results is None:
         return None
-    packed = []
+    packed: list[_Packed] = []
     for vanished, some in map(marshal.loads, results):
         if vanished >= 0:
             raise _Vanished(planned[vanished][0])
@@ -326,7 +334,7 @@ def _compress_frames(writer: ArchiveWriter, planned: list[tuple[CacheEntry, _Mea
                  ) -> bytes:
         """Frames ``first`` to ``end`` into ``paths[first]``: (first, the index of an entry
         that vanished or -1, the entries packed before it)."""
-        packed: list[tuple[list[str], str, str]] = []
+        packed: list[_Marshaled] = []
         frames = ZstdFrames(paths[first], level, background)
         try:
             for c in range(first, end):
@@ -335,8 +343,8 @@ def _compress_frames(writer: ArchiveWriter, planned: list[tuple[CacheEntry, _Mea
                 for i in range(*cuts[c]):
                     entry = planned[i][0]
                     try:
-                        packed.append(tuple(_encode_entry(frames, entry, _plan_entry(entry),
-                                                          advance)))  # type: ignore[arg-type]
+                        packed.append(_marshaled(_encode_entry(frames, entry,
+                                                               _plan_entry(entry), advance)))
                     except _Vanished:
                         return marshal.dumps((first, i, packed))
         finally:
@@ -355,7 +363,8 @@ def _compress_frames(writer: ArchiveWriter, planned: list[tuple[CacheEntry, _Mea
         if progress.done:               # workers counted some of it, then one failed: anew
             progress.start("pack", sum(sizes))
         results = [compress(0, len(cuts), True, progress.advance)] if cuts else []
-    files, packed = [], []
+    files: list[Path] = []
+    packed: list[_Packed] = []
     for first, vanished, some in map(marshal.loads, results):
         if vanished >= 0:
             raise _Vanished(planned[vanished][0])

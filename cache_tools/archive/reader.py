@@ -33,6 +33,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Callable, Generator, Iterator, Sequence
 
 from cache_tools import inputfile
@@ -77,7 +78,7 @@ class Limits:
     max_header_bytes: int = 64 << 10
 
 
-def zstandard_module(why: str):
+def zstandard_module(why: str) -> ModuleType:
     """The zstandard package, or a CacheError saying how to install it."""
     try:
         import zstandard

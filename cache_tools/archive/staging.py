@@ -96,7 +96,7 @@ def clean_stale(directory: Path) -> list[Path]:
     """Remove leftovers of dead processes in ``directory``: staging and trash directories,
     pack and merge temporaries.  Only names ``own_name()`` makes are touched; one of this host
     goes when its pid is not alive, one of another host after ``STALE_AFTER_S``."""
-    removed = []
+    removed: list[Path] = []
     try:
         names = os.listdir(directory)
     except OSError:
@@ -422,7 +422,7 @@ def refuse_links(roots: Mapping[str, Path], entries: Iterable[EntryRecord],
                                   "should go")
 
 
-def clean_roots(roots) -> list[Path]:
+def clean_roots(roots: Iterable[Path]) -> list[Path]:
     """``clean_stale`` in each root and beside it (where whole-directory entries stage)."""
     removed: list[Path] = []
     for root in roots:

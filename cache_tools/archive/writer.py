@@ -204,7 +204,7 @@ class ZstdFrames:
                 if piece is _CUT:
                     self._sink.flush(self._end)
                 else:
-                    self._sink.write(piece)         # type: ignore[arg-type]
+                    self._sink.write(piece)
             except BaseException as exc:      # noqa: BLE001 - raised again in the caller
                 self._failed.append(exc)
 
