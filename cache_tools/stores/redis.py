@@ -50,7 +50,7 @@ MAX_INDEX_ENTRIES = 2_000_000
 _HINT_REMOTE = "the shared store holds damaged or foreign data; delete the key and push again"
 
 
-def connect(url: str, *, timeout_s: float = 30.0):
+def connect(url: str, *, timeout_s: float = 30.0) -> Any:
     """A Redis client for ``url`` (redis://, rediss://, unix://), checked with PING."""
     try:
         import redis
@@ -125,7 +125,7 @@ class _Store:
         self.client = client
         self.url = url
 
-    def call(self, command: str, key: str, fn: Callable[..., Any], *args: Any, **kw: Any):
+    def call(self, command: str, key: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         try:
             return fn(*args, **kw)
         except Exception as exc:  # redis's own errors, by module (redis is imported lazily)
@@ -139,7 +139,8 @@ class _Store:
         if size > limit:
             raise RemoteError(f"{key}: {size} bytes exceeds the limit of {limit} bytes",
                               hint=_HINT_REMOTE)
-        return self.call("GET", key, self.client.get, key)
+        value: bytes | None = self.call("GET", key, self.client.get, key)
+        return value
 
     def mget(self, keys: list[str], limit: int) -> list[bytes | None]:
         if not keys:
@@ -154,7 +155,8 @@ class _Store:
             if size > limit:
                 raise RemoteError(f"{k}: {size} bytes exceeds the limit of {limit} bytes",
                                   hint=_HINT_REMOTE)
-        return self.call("MGET", keys[0], self.client.mget, keys)
+        values: list[bytes | None] = self.call("MGET", keys[0], self.client.mget, keys)
+        return values
 
     def set(self, key: str, value: bytes | str, nx: bool = True) -> Any:
         return self.call("SET", key, self.client.set, key, value, nx=nx)
@@ -339,7 +341,7 @@ def _stage_blob(installer: Installer, rec: EntryRecord, target: Path, blob: byte
                     h.sparse or h.size != f.size:
                 raise RemoteError(f"{where}: files do not match the record of {rec.key}",
                                   hint=_HINT_REMOTE)
-            data = tar.data(f.size)
+            data: bytes | memoryview = tar.data(f.size)
             if hashlib.sha256(data).hexdigest() != f.sha256:
                 raise RemoteError(f"{where}: file {expected!r} of {rec.key} fails its sha256 "
                                   "check", hint=_HINT_REMOTE)
