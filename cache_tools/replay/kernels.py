@@ -136,7 +136,7 @@ def find_definition(tree: ast.Module, qualname: str) -> ast.FunctionDef:
     names = qualname.split(".")
     for depth, name in enumerate(names):
         last = depth == len(names) - 1
-        match = None
+        match: ast.FunctionDef | ast.ClassDef | None = None
         for node in scope:
             if last and isinstance(node, ast.FunctionDef) and node.name == name:
                 match = node

@@ -20,7 +20,7 @@ import site
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from cache_tools.versions import dist_version
 
@@ -58,20 +58,20 @@ class Toolchain:
             self.ptxas_versions[path] = out
         return self.ptxas_versions[path]
 
-    def choose_ptxas(self, record: dict) -> tuple[str | None, str | None, str | None]:
+    def choose_ptxas(self, record: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
         """(variable, path, problem): the ptxas whose ``--version`` equals the recorded one.
 
         Tried in order: the variable already set here, the recorded path, the recorded path's
         part below ``site-packages/`` under this interpreter's site-packages, Triton's bundled
         ptxas.  (None, None, None) when the record names no ptxas (older compile logs, other
         backends)."""
-        toolchain = record.get("toolchain") if isinstance(record.get("toolchain"), dict) else {}
+        toolchain = _object(record, "toolchain")
         wanted, recorded = toolchain.get("ptxas_version"), toolchain.get("ptxas")
-        target = record.get("target") if isinstance(record.get("target"), dict) else {}
+        target = _object(record, "target")
         if not isinstance(wanted, str) or not wanted or target.get("backend") != "cuda":
             return None, None, None
         try:
-            blackwell = int(target.get("arch")) >= 100
+            blackwell = int(target.get("arch", -1)) >= 100       # absent: not Blackwell
         except (TypeError, ValueError):
             blackwell = False
         variable = "TRITON_PTXAS_BLACKWELL_PATH" if blackwell else "TRITON_PTXAS_PATH"
@@ -98,10 +98,16 @@ class Toolchain:
                                 f"none here reports that version (tried: {here}): set "
                                 f"{variable} to a ptxas of that release")
 
-    def read(self, records: Iterable[dict]) -> None:
+    def read(self, records: Iterable[dict[str, Any]]) -> None:
         """Read, now, the version of every ptxas that choosing one for ``records`` needs."""
         for record in records:
             self.choose_ptxas(record)
+
+
+def _object(record: dict[str, Any], name: str) -> dict[str, Any]:
+    """The JSON object ``record[name]``; empty when it is absent or not an object."""
+    value = record.get(name)
+    return value if isinstance(value, dict) else {}
 
 
 def _release(version: str | None) -> str:
@@ -128,7 +134,7 @@ def ptxas_version_scope(toolchain: Toolchain) -> Iterator[None]:
     uncached = getattr(original, "__wrapped__", original)
 
     def get_ptxas_version(arch: int = 80) -> str:
-        mock = getattr(knobs.nvidia, "mock_ptx_version", None)
+        mock: str | None = getattr(knobs.nvidia, "mock_ptx_version", None)
         if mock is not None:
             return mock
         version = toolchain.ptxas_version(nvidia.get_ptxas(arch).path)
