@@ -28,7 +28,8 @@ imported by the processes that compile.
 
 from cache_tools.replay.entries import (distinct_entries, is_triton_compile, log_files,
                                         parse_target, precheck, read_records, target_str)
-from cache_tools.replay.pool import default_jobs, fork_is_safe, usable_cpus
+from cache_tools.forks import fork_is_safe, usable_cpus
+from cache_tools.replay.pool import default_jobs
 from cache_tools.replay.report import (COMPILE_ERROR, EXTERN_LIB, FAILED, FORK, IN_PROCESS,
                                        IR_SOURCE, KEY_MISMATCH, MISSING_FIELDS, NESTED,
                                        GENERATED, NOT_A_KERNEL, NOT_INSTALLED, OTHER_TARGET, PLANNED,

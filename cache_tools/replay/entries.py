@@ -31,6 +31,8 @@ _TYPES = {"signature": dict, "constexprs": list, "attrs": list, "options": dict,
           "triton_version": str}
 # Fields a record may lack (or hold null), and the JSON type each must have when present.
 _OPTIONAL_TYPES = {"hash": str, "env": dict, "toolchain": dict}
+#: a ``--target``: (backend, arch, warp size or None), as :func:`parse_target` reads it
+Target = tuple[str, int | str, int | None]
 
 
 def log_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
@@ -53,7 +55,7 @@ def log_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return out
 
 
-def read_records(files: Sequence[Path]) -> tuple[list[dict], list[str]]:
+def read_records(files: Sequence[Path]) -> tuple[list[dict[str, Any]], list[str]]:
     """Every record of ``files`` (in file, then line order) and a warning per line skipped
     (the torn last line of a killed process)."""
     warnings: list[str] = []
@@ -65,13 +67,13 @@ def read_records(files: Sequence[Path]) -> tuple[list[dict], list[str]]:
     return records, warnings
 
 
-def is_triton_compile(record: dict) -> bool:
+def is_triton_compile(record: dict[str, Any]) -> bool:
     """A Triton compile line (a miss, or a disk hit that names the same kind of entry)."""
     return record.get("compiler") == "triton" and \
         record.get("event") in (compile_log.MISS, compile_log.HIT)
 
 
-def parse_target(text: str) -> tuple[str, int | str, int | None]:
+def parse_target(text: str) -> Target:
     """``cuda:90`` / ``cuda:90:32`` / ``hip:gfx942:64`` -> (backend, arch, warp_size or None)."""
     parts = text.split(":")
     if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
@@ -94,12 +96,12 @@ def target_str(target: Any) -> str:
     return f"{target.get('backend')}:{target.get('arch')}"
 
 
-def _kernel(record: dict) -> dict:
+def _kernel(record: dict[str, Any]) -> dict[str, Any]:
     kernel = record.get("kernel")
     return kernel if isinstance(kernel, dict) else {}
 
 
-def kernel_label(record: dict) -> str:
+def kernel_label(record: dict[str, Any]) -> str:
     """``module:qualname`` of the recorded kernel (``?`` for what is missing)."""
     kernel = _kernel(record)
     module = kernel.get("module") or "?"
@@ -107,7 +109,7 @@ def kernel_label(record: dict) -> str:
     return f"{module}:{qualname}"
 
 
-def summary(record: dict) -> str:
+def summary(record: dict[str, Any]) -> str:
     """``BLOCK=128, EVEN=True; w4 s3`` for a table cell."""
     parts = []
     constexprs = record.get("constexprs")
@@ -126,7 +128,7 @@ def summary(record: dict) -> str:
     return (", ".join(parts) + "; " if parts else "") + tail
 
 
-def _dedup_key(record: dict) -> str:
+def _dedup_key(record: dict[str, Any]) -> str:
     if record.get("hash"):
         return str(record["hash"])
     blob = json.dumps([kernel_label(record)] + [record.get(k) for k in REQUIRED],
@@ -139,7 +141,7 @@ class Entry:
     """One distinct recorded cache entry: the compile-log line replayed for it (a miss when
     there is one), how many lines named it and the phases they were recorded in."""
 
-    record: dict = field(compare=False)
+    record: dict[str, Any] = field(compare=False)
     records: int
     phases: tuple[str, ...]
 
@@ -154,9 +156,9 @@ class Entry:
                             phases=self.phases, **values)
 
 
-def distinct_entries(records: Iterable[dict]) -> list[Entry]:
+def distinct_entries(records: Iterable[dict[str, Any]]) -> list[Entry]:
     """Triton compile lines grouped by recorded cache key, first occurrence first."""
-    groups: dict[str, list[dict]] = {}
+    groups: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         if is_triton_compile(record):
             groups.setdefault(_dedup_key(record), []).append(record)
@@ -169,7 +171,7 @@ def distinct_entries(records: Iterable[dict]) -> list[Entry]:
     return entries
 
 
-def precheck(record: dict, *, target: tuple[str, int | str, int | None] | None,
+def precheck(record: dict[str, Any], *, target: Target | None,
              triton_version: str | None) -> tuple[str, str] | None:
     """(reason, detail) when ``record`` cannot be replayed here, found without importing
     Triton or the kernel; None when it is worth a try."""
@@ -227,7 +229,7 @@ def precheck(record: dict, *, target: tuple[str, int | str, int | None] | None,
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def _jit_function_constants(record: dict) -> list[dict]:
+def _jit_function_constants(record: dict[str, Any]) -> list[dict[str, Any]]:
     constexprs = record.get("constexprs")
     out = []
     for constant in constexprs if isinstance(constexprs, list) else ():
@@ -237,7 +239,7 @@ def _jit_function_constants(record: dict) -> list[dict]:
     return out
 
 
-def dry_run(record: dict, cache_dir: Path) -> tuple[str, str, str]:
+def dry_run(record: dict[str, Any], cache_dir: Path) -> tuple[str, str, str]:
     """(status, reason, detail) of a dry run for a record that passed :func:`precheck`,
     found without running anything: the installed kernel checked on disk (never imported),
     and the entry looked up in ``cache_dir`` by its recorded key."""

@@ -72,7 +72,7 @@ class Pool:
         self.workers = workers
         self.kind = pool_kind(workers, todo)
 
-    def run(self, records: Sequence[dict], *, cache_dir: str,
+    def run(self, records: Sequence[dict[str, Any]], *, cache_dir: str,
             toolchain: Toolchain) -> Iterator[tuple[int, dict[str, Any]]]:
         """Replay ``records``; yields (index into ``records``, outcome of ``replay_record``)
         as each finishes."""
@@ -129,7 +129,7 @@ def _worker_init(cache_dir: str, toolchain: Toolchain) -> None:
     locations.apply(cache_environment(cache_dir))
 
 
-def _worker(record: dict, cache_dir: str, toolchain: Toolchain | None = None) -> dict[str, Any]:
+def _worker(record: dict[str, Any], cache_dir: str, toolchain: Toolchain | None = None) -> dict[str, Any]:
     try:
         return replay_record(record, cache_dir=cache_dir, toolchain=toolchain or _toolchain)
     except Exception as exc:  # a bug of ours must not lose the other results

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from cache_tools import locations
+from cache_tools.forks import fork_is_safe
 from cache_tools.errors import CacheError
 from cache_tools.replay import entries as recorded
-from cache_tools.replay.entries import (Entry, distinct_entries, is_triton_compile,
+from cache_tools.replay.entries import (Entry, Target, distinct_entries, is_triton_compile,
                                         kernel_label, log_files, parse_target, precheck,
                                         read_records)
-from cache_tools.replay.pool import Pool, default_jobs, fork_is_safe
+from cache_tools.replay.pool import Pool, default_jobs
 from cache_tools.replay.report import (KEY_MISMATCH, PLANNED, PRESENT, REBUILT, SKIPPED,
                                        KernelResult, ReplayReport)
 from cache_tools.replay.toolchain import Toolchain
@@ -97,7 +98,7 @@ class _Run:
                  on_result: Callable[[KernelResult, int, int], None] | None) -> None:
         self.entries = entries
         self.results: list[KernelResult | None] = [None] * len(entries)
-        self.tuning: dict[int, dict] = {}
+        self.tuning: dict[int, dict[str, Any]] = {}
         self.finished = 0
         self.on_result = on_result
 
@@ -106,7 +107,7 @@ class _Run:
         return [r for r in self.results if r is not None]
 
     @staticmethod
-    def ignored(records: Sequence[dict]) -> int:
+    def ignored(records: Sequence[dict[str, Any]]) -> int:
         """Lines that are not Triton compiles (device loads, JIT builds, ...)."""
         return sum(1 for r in records if not is_triton_compile(r))
 
@@ -116,7 +117,7 @@ class _Run:
         if self.on_result is not None:
             self.on_result(result, self.finished, len(self.entries))
 
-    def check(self, wanted: tuple | None, toolchain: Toolchain) -> list[int]:
+    def check(self, wanted: Target | None, toolchain: Toolchain) -> list[int]:
         """Skip what the checks without Triton refuse; the indexes worth a try."""
         todo = []
         for index, entry in enumerate(self.entries):
@@ -158,7 +159,7 @@ def _toolchain_warnings(results: Sequence[KernelResult]) -> list[str]:
     return []
 
 
-def _autotune_warnings(entries: Sequence[Entry], tuning: dict[int, dict]) -> list[str]:
+def _autotune_warnings(entries: Sequence[Entry], tuning: dict[int, dict[str, Any]]) -> list[str]:
     """One warning per autotuned specialization whose compile log lacks some of its configs:
     a cold serving process benchmarks every config, and the unrecorded ones compile there."""
     groups: dict[tuple[str, str], tuple[int, set[int]]] = {}

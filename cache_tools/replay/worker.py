@@ -73,7 +73,7 @@ def resolve(module: Any, qualname: Any, source_sha256: Any) -> tuple[Any, Any]:
     return obj, autotuner
 
 
-def _record_kernel(record: dict) -> tuple[Any, Any]:
+def _record_kernel(record: dict[str, Any]) -> tuple[Any, Any]:
     kernel = record["kernel"]
     try:
         return resolve(kernel["module"], kernel["qualname"], kernel.get("source_sha256"))
@@ -81,7 +81,7 @@ def _record_kernel(record: dict) -> tuple[Any, Any]:
         raise _Stop(SKIPPED, exc.reason, exc.detail) from None
 
 
-def jit_function_constants(record: dict) -> Iterator[dict]:
+def jit_function_constants(record: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The constexpr values of ``record`` that name another kernel (``{"jit_function": ...}``)."""
     for constant in record.get("constexprs") or ():
         value = constant.get("value") if isinstance(constant, dict) else None
@@ -108,7 +108,7 @@ def _decode_constant(value: Any) -> Any:
     return convert_to_tuple_if_list(value)
 
 
-def _autotune_info(autotuner: Any, record: dict) -> dict[str, Any]:
+def _autotune_info(autotuner: Any, record: dict[str, Any]) -> dict[str, Any]:
     """How many configs the autotuner has and which one this record compiled."""
     constexprs = {c.get("name"): c.get("value") for c in record.get("constexprs") or ()
                   if isinstance(c, dict)}
@@ -143,11 +143,12 @@ class _Rebuilt:
     key: str
 
 
-def _paths(entries: Any, field_name: str, decode: Callable[[Any], Any]) -> dict[tuple, Any]:
+def _paths(entries: Any, field_name: str, decode: Callable[[Any], Any]
+           ) -> dict[tuple[int, ...], Any]:
     return {tuple(entry["path"]): decode(entry[field_name]) for entry in entries or ()}
 
 
-def _options(record: dict) -> dict[str, Any]:
+def _options(record: dict[str, Any]) -> dict[str, Any]:
     """The recorded backend options as the JIT passed them, with extern libraries found
     here; raises _Stop when a library other than libdevice is missing."""
     options = {k: tuple(v) if isinstance(v, list) else v
@@ -166,13 +167,14 @@ def _options(record: dict) -> dict[str, Any]:
     return options
 
 
-def _source(fn: Any, record: dict) -> Any:
+def _source(fn: Any, record: dict[str, Any]) -> Any:
     from triton.compiler import ASTSource
     from triton.runtime.jit import convert_to_tuple_if_list
 
     source_cls = ASTSource
     if getattr(fn, "is_gluon", lambda: False)():
-        from triton.experimental.gluon._runtime import GluonASTSource as source_cls
+        from triton.experimental.gluon._runtime import GluonASTSource
+        source_cls = GluonASTSource
     signature = {k: convert_to_tuple_if_list(v) for k, v in record["signature"].items()}
     try:
         constexprs = _paths(record["constexprs"], "value", _decode_constant)
@@ -185,7 +187,7 @@ def _source(fn: Any, record: dict) -> Any:
     return source_cls(fn, signature, constexprs, attrs)
 
 
-def rebuild(fn: Any, record: dict) -> _Rebuilt:
+def rebuild(fn: Any, record: dict[str, Any]) -> _Rebuilt:
     """The ASTSource, target, parsed options and cache key of ``record``, computed the way
     ``triton.compile`` computes them (under the compile environment)."""
     from triton import knobs
@@ -214,7 +216,7 @@ def rebuild(fn: Any, record: dict) -> _Rebuilt:
                     hashlib.sha256(key.encode("utf-8")).hexdigest())
 
 
-def _check_key(record: dict, computed: str) -> None:
+def _check_key(record: dict[str, Any], computed: str) -> None:
     recorded = record.get("hash")
     if recorded and computed != recorded:
         raise _Stop(SKIPPED, KEY_MISMATCH,
@@ -228,7 +230,7 @@ def _check_key(record: dict, computed: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _compile_environment(record: dict, cache_dir: str, toolchain: Toolchain) -> Iterator[None]:
+def _compile_environment(record: dict[str, Any], cache_dir: str, toolchain: Toolchain) -> Iterator[None]:
     """The recorded cache-invalidating environment, the recorded ptxas, and Triton's cache
     pointed at ``cache_dir`` (also where code set ``knobs.cache.dir``)."""
     from triton import knobs
@@ -272,7 +274,7 @@ def _check_compiled(compiled: Any, computed: str) -> None:
                                           f"{computed[:12]}")
 
 
-def _check_triton(record: dict) -> None:
+def _check_triton(record: dict[str, Any]) -> None:
     try:
         import triton
     except Exception as exc:  # an installed Triton may raise anything on import: skipped
@@ -284,7 +286,7 @@ def _check_triton(record: dict) -> None:
                     f"{record['triton_version']} (--python)")
 
 
-def replay_record(record: dict, *, cache_dir: str,
+def replay_record(record: dict[str, Any], *, cache_dir: str,
                   toolchain: Toolchain | None = None) -> dict[str, Any]:
     """Rebuild one recorded entry into ``cache_dir``: resolve, rebuild, compile, check.
     Never raises for a bad record.
@@ -319,7 +321,7 @@ def replay_record(record: dict, *, cache_dir: str,
 # before the compiles: what every record of a run shares, done once in the replaying process
 # --------------------------------------------------------------------------------------------
 
-def prepare(records: Iterable[dict], toolchain: Toolchain) -> None:
+def prepare(records: Iterable[dict[str, Any]], toolchain: Toolchain) -> None:
     """Do in this process, once, what each compile would otherwise do in each worker: import
     Triton's compiler, hash Triton itself (``triton_key()``, about a second), read every ptxas
     version the records need (ours and Triton's own cache), and import every installed kernel
