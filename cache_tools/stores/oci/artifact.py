@@ -108,18 +108,18 @@ def split(archive: str | Path, out_dir: Path, advance: Callable[[int], None] | N
         current = ""
         try:
             for member in reader.members():
-                if member.entry.kind != current:
+                if writer is None or member.entry.kind != current:
                     if writer is not None:
                         layers.append(_finish(writer, manifest, current, reader.compressed))
                     current = member.entry.kind
                     writer = _start(out_dir, manifest, current, reader.compressed)
                 f = member.file
-                writer.write(tarfmt.header(member.name, f.size, f.mode))    # type: ignore
+                writer.write(tarfmt.header(member.name, f.size, f.mode))
                 for chunk in member.chunks():
-                    writer.write(chunk)                                     # type: ignore
+                    writer.write(chunk)
                     if advance is not None:
                         advance(len(chunk))
-                writer.write(tarfmt.padding(f.size))                        # type: ignore
+                writer.write(tarfmt.padding(f.size))
             if writer is not None:
                 layers.append(_finish(writer, manifest, current, reader.compressed))
                 writer = None
