@@ -19,7 +19,7 @@ import signal
 import struct
 import sys
 import threading
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 #: at most this many workers (more gain nothing on the file systems measured)
 MAX_JOBS = 8
@@ -237,7 +237,7 @@ def _parent_death_signal() -> Callable[[], None]:
     return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _worker(task: Task, r: int, w: int, parent: int, mask: object,
+def _worker(task: Task, r: int, w: int, parent: int, mask: Iterable[int],
             die_with: Callable[[], None]) -> int:
     """The forked child until its task ends: stop signals kill it outright (no Python
     unwinding of the parent's stack), and so does its parent's death."""
@@ -248,7 +248,7 @@ def _worker(task: Task, r: int, w: int, parent: int, mask: object,
         if os.getppid() != parent:                          # the parent died before that
             return 1
         os.close(r)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)     # type: ignore[arg-type]
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     except BaseException:                                   # noqa: BLE001 - exit, never return
         return 1
     return _child(task, w)

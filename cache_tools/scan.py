@@ -204,18 +204,18 @@ def scan_kind(loc: Location, jobs: int = 1) -> KindInfo:
         return KindInfo(loc, False, (), tuple(warnings))
     found: list[CacheWarning | _Spot] = []
     _walk(loc.kind, root, (), found)
-    spots = [s for s in found if type(s) is _Spot]
+    spots = [s for s in found if isinstance(s, _Spot)]
     read = iter(_read_forked(loc.kind, root, spots, jobs) or
                 [_read_spot(loc.kind, root, s) for s in spots])
     entries = []
     for item in found:
-        if type(item) is _Spot:
+        if isinstance(item, _Spot):
             entry, more = next(read)
             warnings += more
             if entry is not None:
                 entries.append(entry)
         else:
-            warnings.append(item)  # type: ignore[arg-type]
+            warnings.append(item)
     for e in entries:
         if not e.complete:
             warnings.append(CacheWarning(loc.kind.name, e.path, "incomplete: " + e.problem))

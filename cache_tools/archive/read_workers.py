@@ -76,10 +76,10 @@ def stage_members(members: Iterable[Member], stage: Callable[[EntryRecord], Stag
                 target = targets.get(entry.key)
                 if target is not None:
                     staged = stage(entry)
-            if staged is None:
+            if staged is None or target is None:    # staged only where there is a target
                 m.drain()
             elif m.children is not None:
-                staged.write(m.file, groups.relocate(m.children, target))  # type: ignore[arg-type]
+                staged.write(m.file, groups.relocate(m.children, target))
             elif m.data is not None:
                 staged.write(m.file, m.data)
             else:

@@ -138,7 +138,7 @@ def _plan(archive: str | os.PathLike[str], dest: str | os.PathLike[str] | None,
     clean_roots(present.values())
     # Under a kind directory that does not exist yet every entry is new: no lookup each.
     absent = {k for k, root in present.items() if not os.path.lexists(root)}
-    items = tuple(PlannedEntry(e, target_of(roots[e.kind], e), "add")  # type: ignore[arg-type]
+    items = tuple(PlannedEntry(e, target_of(present[e.kind], e), "add")
                   if e.kind in absent else plan_entry(e, roots.get(e.kind)) for e in entries)
     return RestorePlan(Path(archive), manifest, compat, present, items, limits, digest)
 

@@ -315,7 +315,8 @@ class PullPlan(EntryPlanView):
                     raise RemoteError(f"{where}: missing (entry {rec.key} is indexed)",
                                       hint=_HINT_REMOTE)
                 fetched += len(blob)
-                _stage_blob(installer, rec, item.target, blob, where)  # type: ignore[arg-type]
+                _stage_blob(installer, rec, item.target,  # type: ignore[arg-type]  # an entry to write has a target
+                            blob, where)
                 progress.advance(rec.size)
             progress.finish()
             outcomes.extend(installer.commit_all(on_entry))
