@@ -158,7 +158,7 @@ def from_settings(s: Mapping[str, Any], *, source: str, assumed: list[str] | Non
     assumed = list(assumed or [])
 
     def get_int(name: str) -> int | None:
-        return _setting_int(name, s.get(name))
+        return setting_int(name, s.get(name))
 
     chunk = get_int("chunked_prefill_size")
     if chunk is not None and chunk <= 0:  # SGLang nulls a non-positive chunk size
@@ -207,11 +207,11 @@ def from_settings(s: Mapping[str, Any], *, source: str, assumed: list[str] | Non
         max_total_tokens=max_total_tokens if max_total_tokens is not None else get_int("max_total_tokens"),
         max_prefill_tokens=get_int("max_prefill_tokens"),
         decode_graph=decode_on,
-        decode_graph_max_bs=_setting_int("cuda_graph_max_bs", decode_max_bs) if decode_on else None,
+        decode_graph_max_bs=setting_int("cuda_graph_max_bs", decode_max_bs) if decode_on else None,
         decode_graph_bs=decode_bs if decode_on else (),
         prefill_graph_backend=prefill_backend,
         prefill_graph_buckets=prefill_buckets if prefill_on else (),
-        prefill_graph_context=(_setting_int("cuda_graph_config.prefill.max_seq_len", context_bucket)
+        prefill_graph_context=(setting_int("cuda_graph_config.prefill.max_seq_len", context_bucket)
                                if prefill_on and context_bucket else None),
         enable_mixed_chunk=mixed,
         disable_radix_cache=bool(s.get("disable_radix_cache")),
@@ -251,11 +251,14 @@ def from_server_info(info: Mapping[str, Any]) -> ServerFacts:
     )
 
 
-def _setting_int(name: str, v: Any) -> int | None:
-    """A server setting as an integer (None: unset); FactsError naming it when it is none."""
+def setting_int(name: str, v: Any) -> int | None:
+    """A server setting as an integer (None: unset); FactsError naming it when it is none (a
+    fraction, infinity and NaN included)."""
     if v is None or isinstance(v, bool):
         return None
     try:
+        if isinstance(v, float) and not v.is_integer():
+            raise ValueError(v)
         return int(v)
     except (TypeError, ValueError, OverflowError):
         raise FactsError(f"server setting {name}={shown(v)} is not an integer",
@@ -263,7 +266,7 @@ def _setting_int(name: str, v: Any) -> int | None:
 
 
 def _setting_ints(name: str, v: Any) -> tuple[int, ...]:
-    items = tuple(_setting_int(name, x) for x in v) if isinstance(v, (list, tuple)) else (None,)
+    items = tuple(setting_int(name, x) for x in v) if isinstance(v, (list, tuple)) else (None,)
     if None in items:
         raise FactsError(f"server setting {name}={shown(v)} is not a list of integers",
                          hint="check the facts source")
@@ -279,7 +282,7 @@ def _setting_mapping(name: str, v: Any) -> Mapping[str, Any]:
 def int_or_none(v: Any) -> int | None:
     try:
         return None if v is None or isinstance(v, bool) else int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):   # a server's odd answer is an unknown fact
         return None
 
 

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from cache_tools import inputfile
 from warmup.errors import FactsError, shown
-from warmup.plan.facts import ServerFacts, from_settings, int_or_none
+from warmup.plan.facts import ServerFacts, from_settings, setting_int
 
 #: A facts file (``plan facts`` writes about 1 KiB; ``plan show --format json`` with the
 #: expansion, some 60 KiB for the shipped plans).
@@ -78,10 +78,10 @@ def from_file(path: str | os.PathLike[str]) -> ServerFacts:
                          hint="dump a complete set with `sglang-warmup plan facts`")
     try:
         facts = from_settings(data, source="file",
-                              context_length=int_or_none(data.get("context_length")),
-                              max_req_input_len=int_or_none(data.get("max_req_input_len")),
-                              max_total_tokens=int_or_none(data.get("max_total_num_tokens")),
-                              vocab_size=int_or_none(data.get("vocab_size")),
+                              context_length=setting_int("context_length", data.get("context_length")),
+                              max_req_input_len=setting_int("max_req_input_len", data.get("max_req_input_len")),
+                              max_total_tokens=setting_int("max_total_num_tokens", data.get("max_total_num_tokens")),
+                              vocab_size=setting_int("vocab_size", data.get("vocab_size")),
                               model_type=data.get("model_type"))
         check(facts)
     except FactsError as exc:

@@ -204,6 +204,9 @@ _NINES = "9" * 5000
      "max_prefill_tokens, max_req_input_len, max_running_requests, max_total_tokens, model_type, "
      "prefill_graph_buckets, prefill_graph_context, speculative_algorithm, tokenizer_worker_num, "
      "tp_size, vocab_size"),
+    ("context_length: .inf", "server setting context_length=inf is not an integer"),
+    ("context_length: .nan", "server setting context_length=nan is not an integer"),
+    ("max_req_input_len: 1.5", "server setting max_req_input_len=1.5 is not an integer"),
 ])
 def test_hostile_facts_files_are_one_line(tmp_path, text, message):
     p = tmp_path / "facts.yaml"
