@@ -87,7 +87,7 @@ class BaseRecord(TypedDict):
     pid: int
     phase: str
     shape_class: str | None
-    request: str | None
+    request: int | None
     compiler: str
 
 
@@ -173,7 +173,7 @@ def fields(event: str) -> tuple[str, ...]:
     return tuple(k for k in RECORD_TYPES[event].__annotations__ if k not in BASE_FIELDS)
 
 
-def record(event: str, *, phase: str, shape_class: str | None, request: str | None,
+def record(event: str, *, phase: str, shape_class: str | None, request: int | None,
            compiler: str) -> Any:
     """A new record of ``event`` with the base fields filled in (now, this process); the
     caller adds the fields of the event's record type."""

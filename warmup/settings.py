@@ -102,7 +102,7 @@ REQUEST_TIMEOUT_S = EnvVar("WARMUP_REQUEST_TIMEOUT_S", 600.0, _float,
 FLUSH_TIMEOUT_S = EnvVar("WARMUP_FLUSH_TIMEOUT_S", 60.0, _float,
                          "seconds SGLang may wait for idle before the final cache flush")
 SEED = EnvVar("WARMUP_SEED", "0", _str, "seed of the random token ids of warm-up prompts")
-SKIP_FAMILIES = EnvVar("WARMUP_SKIP_FAMILIES", (), _names,
+SKIP_FAMILIES: EnvVar[tuple[str, ...]] = EnvVar("WARMUP_SKIP_FAMILIES", (), _names,
                        "comma-separated shape families to leave out of the warm-up (a class's "
                        "family, else its kind), e.g. logprobs,stream")
 
@@ -117,7 +117,7 @@ def _lets(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-LETS = EnvVar("WARMUP_LET", (), _lets,
+LETS: EnvVar[tuple[tuple[str, str], ...]] = EnvVar("WARMUP_LET", (), _lets,
               "semicolon-separated NAME=EXPRESSION overrides of the plan's let values, e.g. "
               "long_cap=65536")
 

@@ -7,7 +7,7 @@ Errors are raised as CacheError and printed by the ``sglang-warmup`` error bound
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Literal, Optional
+from typing import List, Literal, NoReturn, Optional
 
 import typer
 
@@ -211,7 +211,7 @@ def merge_cmd(
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 
-def _usage(ctx: typer.Context, message: str) -> None:
+def _usage(ctx: typer.Context, message: str) -> NoReturn:
     raise _UsageError(message, ctx=ctx)
 
 
@@ -289,15 +289,15 @@ def pull_cmd(
 
     if url is not None and oci.is_reference(url) and ref is None:
         ref, url = url, None
-    if (ref is None) == (url is None):
-        _usage(ctx, "give an oci://... REF or --url redis://..., one of them")
-    if ref is not None:
+    if ref is not None and url is None:
         _redis_only(ctx, None, None, namespace)
         with oci.plan_pull(ref, dest=dest, kinds=_chosen_kinds(kinds), fingerprint_hash=fp,
                            force=force, progress=output.progress(quiet)) as oci_plan:
             _install(oci_plan, oci_plan.reference, fmt == "json", dry_run, quiet,
                      verb="Pulled", check_all=True)
         return
+    if url is None or ref is not None:
+        _usage(ctx, "give an oci://... REF or --url redis://..., one of them")
     plan = remote.plan_pull(url, dest=dest, kinds=_chosen_kinds(kinds), fingerprint_hash=fp,
                             namespace=namespace, force=force)
     _install(plan, plan.namespace, fmt == "json", dry_run, quiet, verb="Pulled")

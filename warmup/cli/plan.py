@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -52,6 +52,7 @@ def get_facts(server_args: Optional[str], facts_file: Optional[Path], url: Optio
             return facts_mod.from_launch_flags(server_args, model_config=model_config)
     if facts_file:
         return facts_file_mod.from_file(facts_file)
+    assert url  # the one given
     from warmup.serve.transport import HttpTransport
 
     return HttpTransport(url, api_key=options.api_key(api_key)).facts_sync()
@@ -120,7 +121,7 @@ def schema() -> None:
 @app.command("list")
 def list_plans(fmt: Format = options.FORMAT) -> None:
     """The plans shipped with sglang-warmup, by name (use the name wherever a plan goes)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in shipped.names():
         plan = loader.load(name)
         rows.append({"name": name, "phases": len(plan.phases), "classes": len(plan.shapes),

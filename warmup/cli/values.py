@@ -131,7 +131,7 @@ def _plain(annotation: Any, info: Any) -> Optional[Plain]:
 
 if RuntimeParam is not None:
     @dataclass(frozen=True)
-    class PlainParam(RuntimeParam):  # type: ignore[misc,valid-type]
+    class PlainParam(RuntimeParam):
         """A parameter's coercion: the plain case here, anything else typer's."""
 
         descriptor: Any

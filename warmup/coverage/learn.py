@@ -540,7 +540,7 @@ def _validate(text: str, where: str, facts: ServerFacts) -> tuple[Plan, Expansio
 # YAML text
 # --------------------------------------------------------------------------------------------
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(yaml.SafeDumper):  # type: ignore[misc]  # PyYAML has no type hints here: Any
     """Block style with indented sequences (``key:\\n  - item``), as the shipped plans."""
 
     def increase_indent(self, flow: bool = False, indentless: bool = False) -> Any:

@@ -99,7 +99,7 @@ def _text_chars(content: Any) -> int:
 def _from_openai(lines: list[str], where: str) -> Conversion:
     import hashlib
 
-    rows: list[tuple[tuple[int, ...], str, int | None, dict, str | None, int]] = []
+    rows: list[tuple[tuple[int, ...], str, int | None, dict, str | None, int, dict[str, Any]]] = []
     skipped: dict[str, int] = {}
     requests = 0
     for i, line in enumerate(lines, 1):
@@ -153,7 +153,7 @@ def _from_openai(lines: list[str], where: str) -> Conversion:
                     if _count(body.get(k), MAX_NEW_TOKENS)), None)
         rows.append((prompts, label, mnt, sampling, system_key, system_len,
                      _openai_features(body, prompts)))
-    shared = {}
+    shared: dict[str, int] = {}
     for _, _, _, _, key, _, _ in rows:
         if key:
             shared[key] = shared.get(key, 0) + 1
@@ -399,7 +399,8 @@ def _from_sglang_log(lines: list[str], window_s: float) -> Conversion:
                 received[str(rec["received_rid"])] = rec["received"]
             continue
         finished.append(rec)
-    rows = []
+    # arrival, precise, prompt tokens, completion tokens, sampling, cached tokens, features
+    rows: list[tuple[float | None, bool, int, int, dict[str, Any], int, dict[str, Any]]] = []
     imprecise = 0
     for rec in finished:
         if rec["finish"] == "abort":
@@ -437,14 +438,16 @@ def _from_sglang_log(lines: list[str], window_s: float) -> Conversion:
     i = 0
     while i < len(rows):
         group = [rows[i]]
-        if rows[i][1] and rows[i][0] is not None:
-            while (i + len(group) < len(rows) and len(group) < MAX_PROMPTS
-                   and rows[i + len(group)][1]
-                   and rows[i + len(group)][0] - rows[i][0] <= window_s):
+        first = rows[i][0]
+        if rows[i][1] and first is not None:
+            while i + len(group) < len(rows) and len(group) < MAX_PROMPTS:
+                nxt, nxt_precise = rows[i + len(group)][:2]
+                if not nxt_precise or nxt is None or nxt - first > window_s:
+                    break
                 group.append(rows[i + len(group)])
         i += len(group)
-        cached = {g[5] for g in group}
-        plen = cached.pop() if len(cached) == 1 else 0
+        prefixes = {g[5] for g in group}
+        plen = prefixes.pop() if len(prefixes) == 1 else 0
         steps.append(TrafficStep("single" if len(group) == 1 else "burst",
                                  tuple(g[2] for g in group), max(g[3] for g in group), group[0][4],
                                  f"cached{plen}" if plen else None, plen,

@@ -102,7 +102,7 @@ class PassWindow:
         into the shared state directory, else from the multiprocess metrics."""
         end = self.cursor.mark() if self.cursor is not None else None
         misses_after = metrics.compile_misses(self.mp_dir)
-        if self.cursor is not None and compile_log.files(self.state_dir):
+        if self.state_dir is not None and self.cursor is not None and compile_log.files(self.state_dir):
             self.records = tuple(self.cursor.read(self.start, end))
             missed = [r for r in self.records if is_miss(r)]
             kernels = tuple(f"{r.get('shape_class') or r.get('phase') or '?'}: "

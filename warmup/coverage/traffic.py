@@ -26,7 +26,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, TypeGuard
 
 from cache_tools import inputfile
 from warmup.errors import WarmupError, shown
@@ -45,7 +45,7 @@ MAX_STEPS = 200_000                  # steps of one file
 STEP_FIELDS = ("kind", "prompts", "max_new_tokens", "sampling", "prefix", "features", "label")
 
 
-def _count(v: Any, limit: int, minimum: int = 1) -> bool:
+def _count(v: Any, limit: int, minimum: int = 1) -> TypeGuard[int]:
     """An integer (not a bool) in [minimum, limit]."""
     return isinstance(v, int) and not isinstance(v, bool) and minimum <= v <= limit
 
@@ -153,7 +153,7 @@ def load(path: str | Path) -> list[TrafficStep]:
     """Read a traffic file; errors name the line and the field."""
     p = Path(path)
     lines = _read_lines(p, "traffic file")
-    steps = []
+    steps: list[TrafficStep] = []
     for i, line in enumerate(lines, 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue

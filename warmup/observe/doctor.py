@@ -103,7 +103,7 @@ def run(*, timeout_s: float = DEFAULT_TIMEOUT_S, keep_dir: str | None = None) ->
         cache_env, triton_dir = _cache_environment(dirs["caches"], notes)
         env = {**cache_env, **_child_environment(dirs, notes)}
         missing = _missing_triton()
-        child = ({"ok": False, "error": missing} if missing
+        child: dict[str, Any] = ({"ok": False, "error": missing} if missing
                  else _run_child(root, env, dirs["state"], timeout_s))
         counts, log_records = _read_back(dirs, notes)
         checks = _verdicts(child, counts, log_records, triton_dir, plugin)
@@ -570,10 +570,10 @@ def render_text(report: DoctorReport) -> str:
         detail = f" ({h.get('detail')})" if h.get("detail") else ""
         lines.append(f"  {h.get('state', ''):9} {h.get('name')}{detail}")
     lines += ["", "cache locations:"]
-    for c in report.caches:
-        flag = "" if c.get("active", True) else " [inactive]"
-        note = f" - {c['note']}" if c.get("note") else ""
-        lines.append(f"  {c.get('kind'):13} {c.get('path')} ({c.get('source')}){flag}{note}")
+    for loc in report.caches:
+        flag = "" if loc.get("active", True) else " [inactive]"
+        note = f" - {loc['note']}" if loc.get("note") else ""
+        lines.append(f"  {loc.get('kind'):13} {loc.get('path')} ({loc.get('source')}){flag}{note}")
     if report.notes:
         lines += ["", "notes:"] + [f"  - {n}" for n in report.notes]
     if report.child_log_tail:

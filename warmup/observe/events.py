@@ -43,6 +43,7 @@ from cache_tools import compile_log
 from warmup.observe import (dynamo_hooks, gc_pauses, jit_hooks, metrics, triton_hooks,
                             triton_record)
 from warmup.observe import phase as _phase
+from warmup.observe.metrics import Metrics
 
 logger = logging.getLogger("sglang_warmup.events")
 
@@ -217,7 +218,7 @@ class _Installation:
 
     # --- what the sources share ---------------------------------------------------------------
     @property
-    def metrics(self) -> metrics.Metrics:
+    def metrics(self) -> Metrics:
         # The default registry's metrics are made on the first event, not at install: see
         # warmup.observe.metrics on prometheus-client's multiprocess mode.
         if self._metrics is None:
@@ -275,7 +276,7 @@ class _Installation:
         except Exception as again:  # counting a guest's failure never raises into its host
             logger.debug("sglang-warmup: the failure in %s was not counted: %r", hook, again)
 
-    def measure(self, record: Callable[[metrics.Metrics], None]) -> None:
+    def measure(self, record: Callable[[Metrics], None]) -> None:
         """Record one sample through our metrics (``record(metrics)``); a failure is counted,
         not raised."""
         try:

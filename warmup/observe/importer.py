@@ -41,8 +41,9 @@ class _Loader(importlib.abc.Loader):
             self._loader.exec_module(module)
         finally:
             module.__loader__ = self._loader
-            if getattr(module, "__spec__", None) is not None:
-                module.__spec__.loader = self._loader
+            spec = getattr(module, "__spec__", None)
+            if spec is not None:
+                spec.loader = self._loader
         self._finder.loaded(module)
 
     def __getattr__(self, name: str):

@@ -107,7 +107,7 @@ class JitHooks:
         if module.__name__ == COMPILE_MODULE and attr == "load_jit":
             # 0.5.17: callers bind load_jit by name at their import; those imported before
             # us keep the original.  Re-point the package's re-export too.
-            utils = sys.modules.get(UTILS_MODULE)
+            utils: Any = sys.modules.get(UTILS_MODULE)     # SGLang's jit_kernel.utils, untyped
             if utils is not None and getattr(utils, "load_jit", None) is original:
                 utils.load_jit = wrapper
                 self.inst.on_uninstall(functools.partial(_restore_attr, utils, "load_jit",
@@ -236,6 +236,8 @@ def _wrap_tvm_build_ninja(hooks: JitHooks, original: Callable) -> Callable:
 
 def _spec_name(args: tuple, kwargs: dict) -> str | None:
     spec = kwargs.get("spec", args[0] if args else None)
+    if spec is None:
+        return None
     try:
         return str(spec.module_name)
     except AttributeError:  # another release's spec, or none: the build is unnamed

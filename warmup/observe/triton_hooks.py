@@ -211,7 +211,7 @@ class TritonHooks:
             "compile": compile_info,
         })
 
-    def on_load_start(self, name: str, hash_: str) -> None:
+    def on_load_start(self, name: str | None, hash_: str) -> None:
         state = self.inst.phase()
         free = _free_device_bytes()
         self.inst.measure(lambda m: m.kernel_load(state.phase, free))
@@ -223,7 +223,7 @@ class TritonHooks:
                            "serving (free device memory: %s)", name,
                            f"{free / 2**30:.2f} GiB" if free is not None else "unknown")
 
-    def on_load_end(self, name: str, hash_: str) -> None:
+    def on_load_end(self, name: str | None, hash_: str) -> None:
         start = self._load_starts.pop((threading.get_ident(), str(hash_)), None)
         if self.inst.log is None:
             return
@@ -260,7 +260,7 @@ def _make_listener(hooks: TritonHooks, prev: Any) -> Callable[..., None]:
                 except Exception as exc:  # a guest never raises into Triton: counted, logged
                     inst.failed("compilation_listener", exc)
 
-    sglang_warmup_compilation_listener._sglang_warmup_prev = prev
+    _mark_prev(sglang_warmup_compilation_listener, prev)
     return sglang_warmup_compilation_listener
 
 
@@ -283,7 +283,7 @@ def _make_jit_hook(hooks: TritonHooks, prev: Any, *, post: bool) -> Callable[...
         return result  # the previous hook's result, never ours
 
     sglang_warmup_jit_hook.__name__ = f"sglang_warmup_{hook_name}"
-    sglang_warmup_jit_hook._sglang_warmup_prev = prev
+    _mark_prev(sglang_warmup_jit_hook, prev)
     return sglang_warmup_jit_hook
 
 
@@ -339,9 +339,17 @@ def _get_knob(group: str, attr: str) -> Any:
         return None
 
 
+def _mark_prev(wrapper: Callable[..., Any], prev: Any) -> None:
+    """Record on ``wrapper`` the hook it wraps (``_sglang_warmup_prev``: what _restore_slot
+    puts back, what _slot_position follows); through ``__dict__``, as mypy types no attribute
+    set on a function."""
+    wrapper.__dict__["_sglang_warmup_prev"] = prev
+
+
 def _restore_slot(owner: Any, attr: str, wrapper: Any) -> None:
     """Put back what our wrapper wrapped, if our wrapper is still on top of the slot."""
-    if getattr(owner, attr, None) is wrapper:
+    current: Any = getattr(owner, attr, None)   # Any, not Any | None: `is` narrows wrapper to it
+    if current is wrapper:
         setattr(owner, attr, wrapper._sglang_warmup_prev)
 
 

@@ -65,7 +65,8 @@ def build(module: ModuleType, original: Any, ctx: Any) -> Any:
         req = getattr(meta, "low_ratio_req_indices", None)
         pos = getattr(meta, "low_ratio_pos_i64", None)
         if (
-            getattr(meta, "late_layer_tail", None) is None
+            meta is None
+            or getattr(meta, "late_layer_tail", None) is None
             or req is None
             or pos is None
             or positions is None

@@ -212,10 +212,12 @@ def _check(node: ast.AST, depth: int, names: set[str], known: frozenset[str]) ->
         raise ExprSyntaxError(f"expression is nested more than {MAX_DEPTH} levels deep")
     if not isinstance(node, _ALLOWED):
         raise ExprSyntaxError(f"'{type(node).__name__}' is not allowed in plan expressions")
-    if isinstance(node, ast.Constant) and not isinstance(node.value, (int, bool)):
-        raise ExprSyntaxError(f"only integers and booleans are allowed, not {node.value!r}")
-    if isinstance(node, ast.Constant) and abs(node.value) > MAX_MAGNITUDE:
-        raise ExprSyntaxError(f"integer {digits(node.value)} is beyond ±2^40")
+    if isinstance(node, ast.Constant):
+        value = node.value
+        if not isinstance(value, (int, bool)):
+            raise ExprSyntaxError(f"only integers and booleans are allowed, not {value!r}")
+        if abs(value) > MAX_MAGNITUDE:
+            raise ExprSyntaxError(f"integer {digits(value)} is beyond ±2^40")
     if isinstance(node, ast.Name):
         if node.id not in known and node.id not in FUNCTIONS:
             raise ExprSyntaxError(f"unknown name {node.id!r}")
@@ -287,13 +289,13 @@ def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
         return True
     if isinstance(node, ast.IfExp):
         return _eval(node.body, env) if _eval(node.test, env) else _eval(node.orelse, env)
-    if isinstance(node, ast.Call):
-        if node.func.id == "default":  # type: ignore[union-attr]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):  # _check lets no other call through
+        if node.func.id == "default":
             try:
                 return _eval(node.args[0], env)
             except Undefined:
                 return _eval(node.args[1], env)
-        fn, _ = FUNCTIONS[node.func.id]  # type: ignore[union-attr]
+        fn, _ = FUNCTIONS[node.func.id]
         return _bounded(fn(*[_eval(a, env) for a in node.args]))
     raise ExprEvalError(f"unsupported node {type(node).__name__}")  # unreachable after _check
 

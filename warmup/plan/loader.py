@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
 import re
-from pathlib import Path
 from typing import Any, Callable
 
 import yaml
@@ -57,12 +57,12 @@ class _Ctx:
         return Located(self.file, node.start_mark.line + 1, path)
 
 
-def load(path: str | Path) -> Plan:
+def load(path: str | os.PathLike[str]) -> Plan:
     """Load and validate a plan: a plan file, or a shipped plan by name (``default``)."""
     return loads(*read(path))
 
 
-def read(path: str | Path) -> tuple[bytes, str]:
+def read(path: str | os.PathLike[str]) -> tuple[bytes, str]:
     """The bytes of a plan file or a shipped plan (bounded by :data:`MAX_FILE_BYTES`, a FIFO
     by time too) and the file's name for error lines."""
     p = shipped.resolve(path)
@@ -90,8 +90,8 @@ def loads(raw: bytes | str, file: str = "<plan>") -> Plan:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise PlanError(f"{file}:{line}: <top>: byte 0x{raw[exc.start]:02x} is not UTF-8",
+        line_no = raw[: exc.start].count(b"\n") + 1
+        raise PlanError(f"{file}:{line_no}: <top>: byte 0x{raw[exc.start]:02x} is not UTF-8",
                         hint="save the plan as UTF-8") from None
     if not text.strip() or all(ln.strip().startswith("#") or not ln.strip() for ln in text.splitlines()):
         raise PlanError(f"{file}:1: <top>: the plan is empty",
@@ -118,12 +118,12 @@ def loads(raw: bytes | str, file: str = "<plan>") -> Plan:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else 1
-        raise PlanError(f"{file}:{line}: <top>: invalid YAML: {exc.problem or exc}",
+        line_no = mark.line + 1 if mark else 1
+        raise PlanError(f"{file}:{line_no}: <top>: invalid YAML: {exc.problem or exc}",
                         hint="fix the YAML syntax") from None
     except yaml.reader.ReaderError as exc:
-        line = text[: exc.position].count("\n") + 1
-        raise PlanError(f"{file}:{line}: <top>: invalid YAML: character {exc.character!r} is not "
+        line_no = text[: exc.position].count("\n") + 1
+        raise PlanError(f"{file}:{line_no}: <top>: invalid YAML: character {exc.character!r} is not "
                         "allowed in YAML", hint="remove control characters from the plan") from None
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -7,6 +7,7 @@ a path.  A name that is neither gets one line listing the shipped plans.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -39,15 +40,15 @@ def path(name: str) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def resolve(ref: str | Path) -> Path:
+def resolve(ref: str | os.PathLike[str]) -> Path:
     """The plan file ``ref`` means: an existing file, else a shipped plan of that name."""
     p = Path(ref)
     if p.is_file():
         return p
-    shipped = path(str(ref))
+    shipped = path(os.fspath(ref))
     if shipped is not None:
         return shipped
-    if p.suffix in (".yaml", ".yml") or "/" in str(ref) or p.exists():
+    if p.suffix in (".yaml", ".yml") or "/" in os.fspath(ref) or p.exists():
         return p  # a path: the loader says why it cannot be read
     raise PlanError(f"{ref}: no plan file, and no shipped plan of that name",
                     hint="shipped plans: " + ", ".join(names()) + " (sglang-warmup plan list); "

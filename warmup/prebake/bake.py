@@ -316,9 +316,9 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
     if zstd and importlib.util.find_spec("zstandard") is None:
         raise SidecarError("--zstd needs the zstandard package, which is not installed",
                            hint="pip install 'sglang-warmup[zstd]', or drop --zstd")
-    for name, value in (("--deadline", deadline_s), ("--stop-timeout", stop_timeout_s)):
-        if not value > 0:
-            raise SidecarError(f"{name} {value:g} must be a positive number of seconds",
+    for name, seconds in (("--deadline", deadline_s), ("--stop-timeout", stop_timeout_s)):
+        if not seconds > 0:
+            raise SidecarError(f"{name} {seconds:g} must be a positive number of seconds",
                                hint=f"e.g. {name} 600")
     args = list(sglang_args)
     if args and args[0] == "--":
@@ -340,10 +340,10 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
     url = f"http://{_url_host(_loopback(_arg_value(args, '--host')))}:{final_port}"
 
     temporary = work_dir is None
-    if temporary:
+    if work_dir is None:
         wd = Path(tempfile.mkdtemp(prefix="sglang-warmup-prebake-"))
     else:
-        wd = Path(work_dir).resolve()  # type: ignore[arg-type]
+        wd = Path(work_dir).resolve()
         if wd.exists() and any(wd.iterdir()):
             raise SidecarError(f"--work-dir {work_dir} is not empty",
                                hint="a prebake starts from empty caches; give a new or empty "

@@ -143,6 +143,11 @@ def _takes_the_choice(flush_cache: Any) -> bool:
 
 def _wrap(module: ModuleType) -> None:
     cls = getattr(module, "SchedulerFlushWrapper", None)
+    if cls is None:     # else the __init__ found would be None's, and said to take no flush_cache
+        logger.warning("sglang-warmup: this SGLang's %s has no SchedulerFlushWrapper; the "
+                       "warm-up's flush empties the caching allocator, as SGLang's does",
+                       module.__name__)
+        return
     init = getattr(cls, "__init__", None)
     if init is None or getattr(init, "__sglang_warmup__", False):
         return

@@ -85,10 +85,10 @@ class AsgiApp:
             ended.cancel()
         if not app.done():                      # answered; the app's background work goes on
             _after_answer(app, what)
-        elif not app.cancelled() and (exc := app.exception()) is not None and answer.error is None:
+        elif not app.cancelled() and (failure := app.exception()) is not None and answer.error is None:
             answer.done.set()
             kind = TransportError if answer.status == 200 else HttpAppError
-            raise kind(f"{what} raised {type(exc).__name__}: {snippet(str(exc))}",
+            raise kind(f"{what} raised {type(failure).__name__}: {snippet(str(failure))}",
                        hint="see the server log")
         answer.done.set()
         return answer.result()

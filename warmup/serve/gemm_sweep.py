@@ -162,13 +162,15 @@ def model_shapes(model: Any, device_type: str = "cuda", *, lm_head: bool = True)
             key = ("linear", tuple(w.shape), str(w.dtype), bias is not None,
                    type(module.quant_method).__qualname__)
 
-            def run(x, module=module, bias=bias):
+            def run_linear(x, module=module, bias=bias):
                 return module.quant_method.apply(module, x, bias)
+            run: Callable[[Any], Any] = run_linear
         elif lm_head and name.rpartition(".")[2] == "lm_head" and not _quantized_head(module):
             key = ("linear", tuple(w.shape), str(w.dtype), False, "UnquantizedLinearMethod")
 
-            def run(x, w=w):
+            def run_head(x, w=w):
                 return torch.matmul(x, w.T)
+            run = run_head
         else:
             continue
         shapes.setdefault(key, Shape(key, f"{name} {tuple(w.shape)}", w.shape[1], w.shape[0],
@@ -265,8 +267,8 @@ def max_rows_of(server_args: Any) -> int:
     """The largest number of tokens one prefill forward can hold: the smaller of the
     chunked-prefill size and the largest prefill, else DEFAULT_MAX_ROWS."""
     values = _values(server_args)
-    sizes = [values.get(name) for name in ("chunked_prefill_size", "max_prefill_tokens")]
-    sizes = [s for s in sizes if isinstance(s, int) and not isinstance(s, bool) and s > 0]
+    given = [values.get(name) for name in ("chunked_prefill_size", "max_prefill_tokens")]
+    sizes = [s for s in given if isinstance(s, int) and not isinstance(s, bool) and s > 0]
     return min(sizes) if sizes else DEFAULT_MAX_ROWS
 
 
@@ -334,7 +336,7 @@ def record(result: SweepResult) -> None:
 def _wrap(module: Any) -> None:
     cls = getattr(module, "ModelRunner", None)
     original = getattr(cls, "load_model", None)
-    if original is None or getattr(original, "__sglang_warmup__", False):
+    if cls is None or original is None or getattr(original, "__sglang_warmup__", False):
         return
 
     def load_model(self, *args, **kwargs):

@@ -224,7 +224,7 @@ def guard_execute_warmups() -> None:
     execute_warmups.__wrapped__ = original  # type: ignore[attr-defined]
     sglang_warmup.execute_warmups = execute_warmups
     # http_server imports the name at its own import; reach it there too when already loaded.
-    http = sys.modules.get("sglang.srt.entrypoints.http_server")
+    http: Any = sys.modules.get("sglang.srt.entrypoints.http_server")     # SGLang's, untyped
     if http is not None and getattr(http, "execute_warmups", None) is original:
         http.execute_warmups = execute_warmups
 
@@ -365,7 +365,7 @@ def ready_wait_s() -> float:
     return (timeout if timeout > 0 else 1800.0) + READY_SLACK_S
 
 
-def serving_when_up(tokenizer_manager: Any, mark_serving: Callable[[], None], *,
+def serving_when_up(tokenizer_manager: Any, mark_serving: Callable[[], object], *,
                     poll_s: float = 0.05, limit_s: float | None = None) -> threading.Thread | None:
     """Call ``mark_serving`` when SGLang reports itself up (``server_status`` turns ``Up`` after
     its own warm-up request, which runs after the ``--warmups`` entries and can still compile):

@@ -361,8 +361,8 @@ class HttpClient:
                         last = chunk
                         on_chunk(last)
         except urllib.error.HTTPError as exc:
-            body = read_body(exc, "POST /generate")
-            raise TransportError(f"/generate answered HTTP {exc.code}: {snippet(body)}",
+            answer = read_body(exc, "POST /generate")
+            raise TransportError(f"/generate answered HTTP {exc.code}: {snippet(answer)}",
                                  hint=self.hint(exc.code)) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
             raise self._unreachable("POST", "/generate", exc) from None

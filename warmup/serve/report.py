@@ -28,6 +28,15 @@ _SWEEP_FIELDS = ("pid", "shapes", "calls", "rows_reached", "max_rows", "duration
                  "stopped_by_budget", "capped_rows", "capped_shape", "failed")
 
 
+@dataclass
+class _Tally:
+    """One class's warm-up compiles while RunReport.with_compiles counts them."""
+    compiles: int = 0
+    jit_builds: int = 0
+    disk_hits: int = 0
+    kernels: list[str] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class ClassReport:
     """Per shape class: what was sent, how long it took, what failed, what compiled.
@@ -134,8 +143,7 @@ class RunReport:
         """A copy whose compile counts come from ``records`` (compile-log records): per phase,
         and per class for the warm-up's own (``compiles``, ``jit_builds``, ``disk_hits``,
         kernel names).  Earlier counts are replaced, not added to."""
-        tallies = {c.shape_class: {"compiles": 0, "jit_builds": 0, "disk_hits": 0,
-                                   "kernels": []} for c in self.classes}
+        tallies = {c.shape_class: _Tally() for c in self.classes}
         by_phase: dict[str, int] = {}
         total = 0
         sweeps, kept = [], []
@@ -150,21 +158,24 @@ class RunReport:
             t = tallies.get(r.get("shape_class") or "")
             if not is_miss(r):
                 if r.get("event") == HIT and t is not None:
-                    t["disk_hits"] += 1
+                    t.disk_hits += 1
                 continue
             ph = r.get("phase") or "init"
             by_phase[ph] = by_phase.get(ph, 0) + 1
             total += 1
             if t is None or ph != "warmup":
                 continue
-            t["jit_builds" if r.get("event") == JIT_BUILD else "compiles"] += 1
+            if r.get("event") == JIT_BUILD:
+                t.jit_builds += 1
+            else:
+                t.compiles += 1
             name = kernel_name(r)
-            if name not in t["kernels"]:
-                t["kernels"].append(name)
-        classes = tuple(replace(c, compiles=tallies[c.shape_class]["compiles"],
-                                jit_builds=tallies[c.shape_class]["jit_builds"],
-                                disk_hits=tallies[c.shape_class]["disk_hits"],
-                                kernels=tuple(tallies[c.shape_class]["kernels"]))
+            if name not in t.kernels:
+                t.kernels.append(name)
+        classes = tuple(replace(c, compiles=tallies[c.shape_class].compiles,
+                                jit_builds=tallies[c.shape_class].jit_builds,
+                                disk_hits=tallies[c.shape_class].disk_hits,
+                                kernels=tuple(tallies[c.shape_class].kernels))
                         for c in self.classes)
         return replace(self, classes=classes, compiles_total=total, compiles_by_phase=by_phase,
                        gemm_sweeps=_this_lifetime(sweeps), allocator_kept=tuple(kept))

@@ -161,7 +161,8 @@ class InProcessTransport:
         self.tm = tokenizer_manager
         self.http = http
         self.timeout_s = timeout_s
-        vocab = vocab_size or getattr(getattr(tokenizer_manager, "model_config", None), "vocab_size", 32000)
+        model_vocab = getattr(getattr(tokenizer_manager, "model_config", None), "vocab_size", None)
+        vocab = vocab_size or (model_vocab if model_vocab is not None else 32000)
         self.tokens = TokenMaker(int(vocab), seed)
 
     async def facts(self) -> ServerFacts:

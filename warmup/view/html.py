@@ -346,8 +346,9 @@ def audit(report: AuditReport, path: str, level: int = 2) -> tuple[str, str, str
           num(s.second.ms, 1), "–" if s.ratio is None else f"{s.ratio:.1f}", s.misses,
           s.cause or "–") for s in report.steps if s.misses or s.slow_first], "n-nnnnn-"),
         level=level))
-    keys = [(s.index, n, k.compiler, text.key_label(k), text.key_events(k))
-            for s in report.steps for n, p in ((1, s.first), (2, s.second)) for k in p.keys]
+    keys: list[tuple[int | str, int | str, str, str, str]] = [
+        (s.index, n, k.compiler, text.key_label(k), text.key_events(k))
+        for s in report.steps for n, p in ((1, s.first), (2, s.second)) for k in p.keys]
     keys += [("–", "–", k.compiler, text.key_label(k), text.key_events(k))
              for k in report.unattributed]
     if keys:
@@ -372,10 +373,10 @@ def coverage(cov: Coverage, level: int = 2, *, with_latency: bool = True) -> str
         [(c.shape_class, [len(c.first), len(c.second)]) for c in cov.classes],
         [("first replay (the warm-up)", BLUE), ("second replay", RED)]),
         text.coverage_summary(cov), level))
-    lat = [c for c in cov.classes if c.latency is not None]
+    lat = [(c.shape_class, c.latency) for c in cov.classes if c.latency is not None]
     if with_latency and lat:
         body.append(section("First hit against repeat, per class", bars(
-            [(c.shape_class, [c.latency.first_ms, c.latency.repeat_ms]) for c in lat],
+            [(name, [latency.first_ms, latency.repeat_ms]) for name, latency in lat],
             [("first hit", ORANGE), ("repeat", GREEN)], unit=" ms", digits=1), level=level))
     left = [(c.shape_class, text.key_label(k), text.key_events(k))
             for c in cov.classes for k in c.second]

@@ -304,6 +304,16 @@ def test_an_sglang_without_the_choice_is_left_alone(caplog):
     assert "takes no empty_cache" in caplog.text and "takes no flush_cache" in caplog.text
 
 
+def test_a_flush_wrapper_module_without_the_class_is_named_as_such(caplog):
+    """Not 'its SchedulerFlushWrapper takes no flush_cache' (what None's own ``__init__``,
+    looked up on a missing class, used to say)."""
+    module = types.ModuleType("flush_wrapper")
+    with caplog.at_level(logging.WARNING, logger="sglang_warmup.allocator"):
+        allocator._wrap(module)
+    assert "flush_wrapper has no SchedulerFlushWrapper" in caplog.text
+    assert "takes no flush_cache" not in caplog.text
+
+
 def test_wrapping_twice_wraps_once():
     flush_cache, calls = _recording_flush()
 

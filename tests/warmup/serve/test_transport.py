@@ -10,6 +10,7 @@ import queue
 import socket
 import threading
 import time
+import types
 import urllib.parse
 from collections import Counter
 from dataclasses import replace
@@ -60,6 +61,15 @@ def test_token_ids_are_deterministic_in_a_safe_range_and_share_prefixes():
     # a small vocabulary keeps ids below it
     small = TokenMaker(500, seed="s").ids(st, 0, req(64))
     assert all(125 <= t < 500 for t in small)
+
+
+@pytest.mark.parametrize("model_vocab, hi", [(None, 30000), (500, 500)])
+def test_the_vocabulary_comes_from_the_model_config_else_the_default(model_vocab, hi):
+    """A model config whose ``vocab_size`` is None takes the default, as one without it does
+    (``int(None)`` raised before)."""
+    tm = types.SimpleNamespace(model_config=types.SimpleNamespace(vocab_size=model_vocab))
+    assert InProcessTransport(tm).tokens.hi == hi
+    assert InProcessTransport(types.SimpleNamespace()).tokens.hi == 30000
 
 
 # --- the objects SGLang receives -----------------------------------------------------------------
