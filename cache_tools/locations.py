@@ -221,7 +221,7 @@ KINDS: tuple[CacheKind, ...] = (
         Layout(_rules((("cubins", "**"), "any"),
                       (("*", "*", "cached_ops", "*"), "marker:{name}.so"),
                       (("*", "*", "generated", "*"), "any")),
-               temp=("*.tmp",), ignore=("*.lock", "tmp"),
+               temp=("*.tmp",), ignore=("*.lock", "tmp", ".ninja_lock"),
                entry="one op, <version>/<archs>/cached_ops/<op>/ (complete once <op>.so "
                      "exists) or generated/<op>/; one downloaded file under cubins/"),
         (("FLASHINFER_WORKSPACE_BASE", ""),), ".cache/flashinfer",

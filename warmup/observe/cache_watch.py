@@ -8,7 +8,11 @@ directories every ``WARMUP_CACHE_WATCH_S`` seconds (one ``stat`` per directory; 
 listed again only when its mtime moved) and records every new entry as a ``jit_build`` of that
 library, stamped with the phase of the moment it was seen, in the compile log and Prometheus.
 A new directory with everything below it is one build (DeepGEMM's ``cache/<kernel>.<hash>/``,
-an Inductor FX graph's key directory), a new file in a directory already there is one build.
+an Inductor FX graph's key directory), a new file in a directory already there is one build;
+new files inside one build directory of the kind's layout (a FlashInfer op's
+``<ver>/<archs>/cached_ops/<op>/``) are one build of that directory: ninja rebuilding an op that is
+already there (after a restore, its ``.ninja_log`` gone or naming another directory) leaves
+only new depfiles (``*.o.d``) beside the objects it rewrites.
 Its duration is the span of the entry's file times (DeepGEMM writes the kernel's source first
 and its cubin last), a lower bound.  Triton, SGLang's own nvcc JIT and tvm-ffi have hooks
 of their own and are not watched.
@@ -57,8 +61,21 @@ class KindWatch:
         found: dict[tuple[str, ...], list[float]] = {}
         self._visit(self.root, (), found)
         self.baseline = False
+        builds: dict[tuple[str, ...], list[float]] = {}
+        for parts, times in found.items():
+            builds.setdefault(self._entry_of(parts), []).extend(times)
         return [("/".join(parts), max(times) - min(times) if times else 0.0)
-                for parts, times in found.items()]
+                for parts, times in builds.items()]
+
+    def _entry_of(self, parts: tuple[str, ...]) -> tuple[str, ...]:
+        """The build directory of the layout that holds ``parts`` (an entry complete once its
+        marker file exists: one module's build), else ``parts`` itself (an entry directory
+        of other kinds, Inductor's hash prefix, holds many builds)."""
+        for n in range(1, len(parts)):
+            verdict, rule = self.kind.layout.match(parts[:n], True)
+            if verdict == "entry" and rule is not None and rule.complete.startswith("marker:"):
+                return parts[:n]
+        return parts
 
     def _visit(self, path: Path, parts: tuple[str, ...],
                found: dict[tuple[str, ...], list[float]]) -> None:

@@ -99,6 +99,25 @@ def test_a_new_directory_is_one_build_and_a_new_file_in_a_known_one_is_one(tmp_p
                                                   "fxgraph/2d/old/second"]
 
 
+def test_an_op_rebuilt_in_place_is_one_build_of_the_op(tmp_path):
+    """What a restored FlashInfer op left on the GPU when ninja rebuilt it: its lock and two
+    depfiles beside the objects and .so it rewrote (names already there).  One build of the
+    op, not three of its files; a new op is one build too."""
+    root = tmp_path / "flashinfer"
+    op = root / "0.6.15.post1" / "90a" / "cached_ops" / "norm"
+    for name in ("build.ninja", "csrc_norm.cuda.o", "csrc_flashinfer_norm_binding.cuda.o", "norm.so"):
+        write(op / name)
+    watch = cache_watch.KindWatch(locations.kind("flashinfer"), root)
+    assert watch.poll() == []
+    write(op / ".ninja_lock")
+    write(op / "csrc_norm.cuda.o.d", mtime=time.time() - 2)
+    write(op / "csrc_flashinfer_norm_binding.cuda.o.d")
+    [(entry, span)] = watch.poll()
+    assert entry == "0.6.15.post1/90a/cached_ops/norm" and span >= 1.5
+    write(root / "0.6.15.post1" / "90a" / "cached_ops" / "rope" / "rope.so")
+    assert [e for e, _ in watch.poll()] == ["0.6.15.post1/90a/cached_ops/rope"]
+
+
 def test_the_watch_records_builds_in_the_current_phase(installed, tmp_path):
     state, registry = installed
     root = tmp_path / "deep_gemm"
