@@ -27,6 +27,13 @@ The script runs in phases, one device call each, on one machine kept warm betwee
     python3 scripts/gpu/first_hits.py traffic dsv4-eager-A,dsv4-bcg-A --pause-others --budget 580
     python3 scripts/gpu/first_hits.py caches dsv4-eager-A                # JIT caches to $OUT
 
+Operators' way (docs/benchmarks.md, "DeepSeek-V4 prebaked, restored under another path"):
+``prebake dsv4-eager-C`` runs ``sglang-warmup prebake`` from empty caches in a session of its
+own (``wait-prebake`` waits for it and keeps its answer), and ``launch NAMES --restore
+/tmp/fh/dsv4-eager-C.tar`` restores that archive with ``sglang-warmup cache restore --dest``
+under ``/tmp/fh/restored/NAME`` (a path of its own) before each launch, which then runs on the
+``cache env --root`` layout of that directory.
+
 A launch name is ``MODEL-GRAPHS-WARMUP``: MODEL ``dsv4`` or ``qwen``; GRAPHS ``eager``
 (``--disable-prefill-cuda-graph``), ``bcg`` (DeepSeek-V4's breakable prefill graph) or
 ``default``; WARMUP ``A`` (none: the plugin records only) or ``C`` (``sglang-warmup serve
@@ -45,6 +52,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -271,8 +279,42 @@ def server_argv(model: str, graphs: str, port: int, frac: float) -> list[str]:
     return e2e_warmup.server_args(str(frac), eager_prefill=graphs == "eager") + ["--port", str(port)]
 
 
+def root_layout(root: Path) -> dict[str, str]:
+    """The cache variables of ``sglang-warmup cache env --root ROOT`` (every kind under one
+    directory, the layout ``cache restore --dest`` and ``prebake`` write), and HOME."""
+    p = subprocess.run([sys.executable, "-m", "warmup", "cache", "env", "--root", str(root),
+                        "--format", "sh"], env=base_env(), capture_output=True, text=True,
+                       check=True)
+    env = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("export "):
+            var, _, value = line[len("export "):].partition("=")
+            env[var] = value.strip("'\"")
+    (root / "home").mkdir(parents=True, exist_ok=True)
+    env["HOME"] = str(root / "home")
+    return env
+
+
+def restore(archive: Path, dest: Path) -> dict:
+    """``sglang-warmup cache restore ARCHIVE --dest DEST``, timed (what an operator's init step
+    runs before the server starts)."""
+    t = time.time()
+    p = subprocess.run([sys.executable, "-m", "warmup", "cache", "restore", str(archive),
+                        "--dest", str(dest), "--format", "json", "-q"], env=base_env(),
+                       capture_output=True, text=True)
+    took = round(time.time() - t, 2)
+    if p.returncode:
+        raise SystemExit(f"restore into {dest} failed: {p.stderr.strip()[-600:]}")
+    log(f"restored {archive.name} into {dest} in {took} s")
+    try:
+        answer = json.loads(p.stdout)
+    except ValueError:
+        answer = {"stdout": p.stdout[-2000:]}
+    return {"seconds": took, "dest": str(dest), "answer": answer}
+
+
 def launch(names: list[str], frac: dict[str, float], plan: str | None, seed_cache: str | None,
-           precompile: bool = False) -> None:
+           precompile: bool = False, restore_from: str | None = None) -> None:
     state = load_state()
     env0 = base_env()
     for name in names:
@@ -281,15 +323,22 @@ def launch(names: list[str], frac: dict[str, float], plan: str | None, seed_cach
         base = WORK / name
         for sub in ("state", "probe"):
             (base / sub).mkdir(parents=True, exist_ok=True)
-        cache = base / "cache"
-        if seed_cache and not cache.exists():
-            src = WORK / f"cache-{seed_cache}"
-            subprocess.run(["cp", "-a", str(src), str(cache)], check=True)
         env = dict(env0, CUDA_VISIBLE_DEVICES="0", WARMUP_ENABLE="1",
                    WARMUP_STATE_DIR=str(base / "state"), FH_PROBE_DIR=str(base / "probe"))
-        for var, sub in CACHE_VARS.items():
-            (cache / sub).mkdir(parents=True, exist_ok=True)
-            env[var] = str(cache / sub)
+        restored = None
+        if restore_from:
+            # the archive restored under a path of its own, not the one it was baked in
+            cache = WORK / "restored" / name
+            restored = restore(Path(restore_from), cache)
+            env.update(root_layout(cache))
+        else:
+            cache = base / "cache"
+            if seed_cache and not cache.exists():
+                src = WORK / f"cache-{seed_cache}"
+                subprocess.run(["cp", "-a", str(src), str(cache)], check=True)
+            for var, sub in CACHE_VARS.items():
+                (cache / sub).mkdir(parents=True, exist_ok=True)
+                env[var] = str(cache / sub)
         # SGLang's DeepGEMM precompile (M = 1..16,384 per GEMM shape): on, as operators run it,
         # unless --no-precompile (the first window ran without it, to fit a device call)
         env["SGLANG_JIT_DEEPGEMM_PRECOMPILE"] = "1" if precompile else "0"
@@ -307,12 +356,69 @@ def launch(names: list[str], frac: dict[str, float], plan: str | None, seed_cach
                              start_new_session=True, cwd="/tmp")
         state[name] = {"pid": p.pid, "port": port, "t0": time.time(), "model": model,
                        "graphs": graphs, "warm": warm, "argv": " ".join(argv[1:]),
-                       "cache": str(cache), "base": str(base),
+                       "cache": str(cache), "base": str(base), "restored": restored,
                        "precompile": env["SGLANG_JIT_DEEPGEMM_PRECOMPILE"]}
         log(f"launched {name} (pid {p.pid}, port {port})")
         save_state(state)
         if len(names) > 1:
             time.sleep(20)  # let the first size its KV pool from the free memory it sees
+
+
+def start_prebake(name: str, frac: dict[str, float], plan: str | None, precompile: bool) -> None:
+    """``sglang-warmup prebake`` of launch ``name`` (a C launch: its plan) from empty caches,
+    in a session of its own so that it outlives the call: the cold start operators pay once,
+    per image.  The archive is ``WORK/NAME.tar``; ``wait-prebake`` waits for it."""
+    model, graphs, warm = parse_name(name)
+    if warm != "C":
+        raise SystemExit(f"{name}: a prebake runs a plan: name a C launch")
+    state = load_state()
+    port = 31000 + 10 * len(state)
+    bake = WORK / f"{name}-bake"
+    shutil.rmtree(bake, ignore_errors=True)
+    env = dict(base_env(), CUDA_VISIBLE_DEVICES="0",
+               SGLANG_JIT_DEEPGEMM_PRECOMPILE="1" if precompile else "0")
+    argv = [sys.executable, "-m", "warmup", "prebake", "--plan", plan or PLANS[model],
+            "--out", str(WORK / f"{name}.tar"), "--work-dir", str(bake), "--format", "json",
+            "-y", "--", *server_argv(model, graphs, port, frac.get(model, 0.3))]
+    out = open(WORK / f"{name}.prebake.json", "w")
+    err = open(WORK / f"{name}.prebake.log", "w")
+    p = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True,
+                         cwd="/tmp")
+    state[f"{name}-prebake"] = {"pid": p.pid, "port": port, "t0": time.time(), "model": model,
+                                "graphs": graphs, "warm": warm, "argv": " ".join(argv[1:]),
+                                "cache": str(bake / "cache"), "base": str(bake),
+                                "prebake": True, "precompile": env["SGLANG_JIT_DEEPGEMM_PRECOMPILE"]}
+    save_state(state)
+    log(f"prebake of {name} started (pid {p.pid}, port {port})")
+
+
+def wait_prebake(name: str, budget: float) -> bool:
+    """Wait for the prebake of ``name`` to end; its answer, compiles by phase and archive size
+    go to ``$OUT/NAME-prebake.json``."""
+    state = load_state()
+    s = state[f"{name}-prebake"]
+    while alive(s["pid"]) and time.time() - T0 < budget:
+        time.sleep(3)
+    if alive(s["pid"]):
+        log(f"prebake of {name} still running after {time.time() - s['t0']:.0f} s")
+        return False
+    # the exit status of a process of another call's session is not ours to wait for: the
+    # answer is the JSON it printed
+    text = (WORK / f"{name}.prebake.json").read_text(errors="replace")
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = {"unparsed": text[-3000:]}
+    archive = WORK / f"{name}.tar"
+    res = {"name": name, "seconds": round((WORK / f"{name}.prebake.json").stat().st_mtime - s["t0"], 1),
+           "answer": answer, "archive_bytes": archive.stat().st_size if archive.exists() else None,
+           "compiles": compiles_by_phase(Path(s["base"]) / "state"),
+           "stderr_tail": (WORK / f"{name}.prebake.log").read_text(errors="replace")[-4000:]}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{name}-prebake.json").write_text(json.dumps(res, indent=1, default=str))
+    log(f"prebake of {name} ended after {res['seconds']} s: archive "
+        f"{res['archive_bytes']} bytes, compiles {res['compiles']}")
+    return archive.exists()
 
 
 def alive(pid: int) -> bool:
@@ -346,6 +452,7 @@ def wait_ready(names: list[str], budget: float) -> list[str]:
             elif ready(s):
                 s.setdefault("ready_s", round(time.time() - s["t0"], 1))
                 s.setdefault("artifacts_at_ready", artifacts(Path(s["cache"])))
+                s.setdefault("compiles_at_ready", compiles_by_phase(Path(s["base"]) / "state"))
                 log(f"{name} ready after {s['ready_s']} s")
                 up.append(name)
         save_state(state)
@@ -396,7 +503,8 @@ def pause(state: dict, names: list[str], stop: bool) -> None:
 
 def listing(cache: Path) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
-    for sub in CACHE_VARS.values():
+    subs = sorted(e.name for e in os.scandir(cache) if e.is_dir()) if cache.is_dir() else []
+    for sub in subs:
         root = cache / sub
         files: set[str] = set()
         for dirpath, _dirs, names in os.walk(root):
@@ -464,7 +572,18 @@ def compile_records(state_dir: Path) -> list[dict]:
             out.append({"t": rec.get("time"), "event": rec.get("event"), "phase": rec.get("phase"),
                         "compiler": rec.get("compiler"), "name": name,
                         "seconds": rec.get("seconds") or rec.get("duration_s"),
-                        "pid": rec.get("pid")})
+                        "outcome": rec.get("outcome"), "pid": rec.get("pid")})
+    return out
+
+
+def compiles_by_phase(state_dir: Path) -> dict[str, dict[str, int]]:
+    """Compiles of the compile log (a Triton miss, a JIT build that built) by phase, then by
+    compiler: what 'compiles before and after ready' counts."""
+    out: dict[str, dict[str, int]] = {}
+    for r in compile_records(state_dir):
+        if r["event"] == "miss" or (r["event"] == "jit_build" and r.get("outcome") == "built"):
+            by = out.setdefault(r.get("phase") or "?", {})
+            by[r.get("compiler") or "?"] = by.get(r.get("compiler") or "?", 0) + 1
     return out
 
 
@@ -692,7 +811,8 @@ def unpack_caches(name: str, src: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("phase", choices=("setup", "launch", "wait", "traffic", "caches",
+    ap.add_argument("phase", choices=("setup", "launch", "prebake", "wait-prebake", "wait",
+                                      "traffic", "caches",
                                       "unpack-caches", "status", "stop"))
     ap.add_argument("names", nargs="?", default="")
     ap.add_argument("--models", default="qwen,dsv4")
@@ -707,13 +827,22 @@ def main() -> None:
     ap.add_argument("--no-precompile", dest="precompile", action="store_false",
                     help="turn SGLang's DeepGEMM precompile off (on by default, as SGLang has it)")
     ap.add_argument("--from", dest="src", default=str(ROOT / ".carry" / "caches"))
+    ap.add_argument("--restore", default=None,
+                    help="launch from this archive, restored under WORK/restored/NAME first")
     a = ap.parse_args()
     names = [n for n in a.names.split(",") if n]
     if a.phase == "setup":
         setup(a.models.split(","))
     elif a.phase == "launch":
         frac = {k: float(v) for k, v in (x.split("=") for x in a.frac.split(","))}
-        launch(names, frac, a.plan, a.seed_cache, a.precompile)
+        launch(names, frac, a.plan, a.seed_cache, a.precompile, a.restore)
+    elif a.phase == "prebake":
+        frac = {k: float(v) for k, v in (x.split("=") for x in a.frac.split(","))}
+        for name in names:
+            start_prebake(name, frac, a.plan, a.precompile)
+    elif a.phase == "wait-prebake":
+        for name in names:
+            wait_prebake(name, a.budget)
     elif a.phase == "wait":
         wait_ready(names, a.budget)
     elif a.phase == "traffic":

@@ -119,6 +119,13 @@ def main() -> None:
             print(f"| {r['label']} | {prompts} | {r['first_ms']:.0f} / {r['repeat_ms']:.0f} | "
                   f"{r['ratio']:.1f} | {r['cause']} | {r['recorded']} |")
     if a.out:
+        restored = launch.get("restored")
+        if isinstance(restored, dict):  # the restore's answer lists every entry: keep its size
+            answer = restored.get("answer") or {}
+            launch = dict(launch, restored={
+                "seconds": restored.get("seconds"), "dest": restored.get("dest"),
+                "entries": len((answer.get("plan") or {}).get("entries") or [])
+                if isinstance(answer.get("plan"), dict) else None})
         keep = {"name": run["name"], "seed": run["seed"], "launch": launch,
                 "pass_ratio": round(total1 / max(total2, 1), 3), "steps": rows,
                 "log_tail": run.get("log_tail", "")[-3000:]}
