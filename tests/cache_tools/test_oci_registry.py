@@ -18,6 +18,7 @@ from cache_tools.errors import IncompatibleError, RemoteError
 from cache_tools.fingerprint import Fingerprint
 from cache_tools.locations import Location, kind
 from cache_tools.stores.oci import artifact
+from _cli import cli
 from oci_helpers import (BINARY, REGISTRY, RealRegistry, basic_auth, docker_config,
                          self_signed, spool, unique_repo)  # noqa: F401 (fixture)
 
@@ -115,19 +116,6 @@ def test_another_toolchain_is_refused_unless_forced(valid_archive, tmp_path, fp,
                        fingerprint_hash=old.hash, dest=tmp_path / "d", local=fp,
                        force=True) as plan:
         assert plan.fingerprint == old
-
-
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of ``sglang-warmup ARGV`` in this process."""
-    from warmup.cli import main
-
-    code = 0
-    try:
-        main(list(argv))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_the_cli_pushes_and_pulls(valid_archive, tmp_path, fp, spool, capsys):
