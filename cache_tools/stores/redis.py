@@ -37,8 +37,9 @@ from cache_tools.archive.restore import (EntryPlanView, PlannedEntry, RestoreRes
                                  restore_roots)
 from cache_tools.scan import CacheWarning, scan
 from cache_tools.archive.staging import Installer, Outcome, clean_roots, refuse_links
+from cache_tools.stores import REDIS_NAMESPACE
 
-NAMESPACE = "sglang-warmup"
+NAMESPACE = REDIS_NAMESPACE
 #: Redis strings hold at most 512 MiB; entries above this are skipped with a warning
 MAX_ENTRY_BYTES = 256 << 20
 #: an entry record above this is refused before it is fetched

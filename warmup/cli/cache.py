@@ -14,7 +14,7 @@ import typer
 # What every command here needs; the OCI client (ssl, http.client), prune and replay are
 # imported by their commands: a restore in an init container waits for every import.
 from cache_tools import archive, fingerprint, forks, locations, render, scan
-from cache_tools.stores import redis as remote
+from cache_tools.stores import REDIS_NAMESPACE
 from cache_tools.errors import CacheError
 from warmup.cli import options, output
 from warmup.cli.options import Format
@@ -218,7 +218,7 @@ def _usage(ctx: typer.Context, message: str) -> NoReturn:
 def _redis_only(ctx: typer.Context, root, kinds, namespace: str) -> None:
     """--root, --kinds (push) and --namespace are the Redis store's."""
     used = [name for name, value in (("--root", root), ("--kinds", kinds)) if value] + \
-        (["--namespace"] if namespace != remote.NAMESPACE else [])
+        (["--namespace"] if namespace != REDIS_NAMESPACE else [])
     if used:
         _usage(ctx, f"{', '.join(used)}: for --url redis://... only (an OCI artifact is the "
                     "archive's, tagged by its fingerprint)")
@@ -236,7 +236,7 @@ def push_cmd(
                                       "complete local entries instead"),
     root: Optional[Path] = options.root("push the --root layout under DIR (Redis)"),
     kinds: Optional[List[str]] = options.KINDS,
-    namespace: str = typer.Option(remote.NAMESPACE, "--namespace", help="key prefix (Redis)"),
+    namespace: str = typer.Option(REDIS_NAMESPACE, "--namespace", help="key prefix (Redis)"),
     fmt: Format = options.FORMAT,
     quiet: bool = options.QUIET,
 ) -> None:
@@ -256,6 +256,8 @@ def push_cmd(
         return
     if archive_path is not None:
         _usage(ctx, "--url pushes the local caches; an ARCHIVE goes to an oci://... registry")
+    from cache_tools.stores import redis as remote
+
     result = remote.push(url, _locations(root, kinds), namespace=namespace,
                          progress=output.progress(quiet))
     if fmt == "json":
@@ -277,7 +279,7 @@ def pull_cmd(
     kinds: Optional[List[str]] = options.KINDS,
     fp: Optional[str] = typer.Option(None, "--fingerprint", help="toolchain hash to pull "
                                      "(default: this machine's)"),
-    namespace: str = typer.Option(remote.NAMESPACE, "--namespace", help="key prefix (Redis)"),
+    namespace: str = typer.Option(REDIS_NAMESPACE, "--namespace", help="key prefix (Redis)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan and stop"),
     force: bool = typer.Option(False, "--force", help="pull entries of another toolchain"),
     fmt: Format = options.FORMAT,
@@ -298,6 +300,8 @@ def pull_cmd(
         return
     if url is None or ref is not None:
         _usage(ctx, "give an oci://... REF or --url redis://..., one of them")
+    from cache_tools.stores import redis as remote
+
     plan = remote.plan_pull(url, dest=dest, kinds=_chosen_kinds(kinds), fingerprint_hash=fp,
                             namespace=namespace, force=force)
     _install(plan, plan.namespace, fmt == "json", dry_run, quiet, verb="Pulled")
