@@ -32,12 +32,13 @@ HEAVY = ("pydantic", "rich", "yaml", "asyncio", "ssl", "http.client", "email", "
          "importlib.metadata", "prometheus_client")
 
 #: every module of ours a cache restore, pack or verify may import (the archive package imports
-#: its parts on first use: ``--help`` loads fewer)
+#: its parts on first use: ``--help`` loads fewer; the Redis and OCI stores only for push and
+#: pull)
 CACHE = {"cache_tools", "cache_tools.archive", "cache_tools.errors", "cache_tools.fingerprint",
          "cache_tools.forks", "cache_tools.archive.groups", "cache_tools.inputfile",
          "cache_tools.locations", "cache_tools.archive.manifest", "cache_tools.archive.packer",
          "cache_tools.progress", "cache_tools.archive.read_workers", "cache_tools.archive.reader",
-         "cache_tools.stores", "cache_tools.stores.redis", "cache_tools.render",
+         "cache_tools.stores", "cache_tools.render",
          "cache_tools.archive.restore", "cache_tools.scan", "cache_tools.archive.staging",
          "cache_tools.archive.tarfmt", "cache_tools.versions", "cache_tools.archive.check",
          "cache_tools.archive.writer", "warmup", "warmup.cli", "warmup.cli.cache",
