@@ -339,10 +339,17 @@ def result_text(r: RestoreResult, verb: str = "Restored") -> str:
 
 def result_warnings(r: RestoreResult) -> list[str]:
     blocked = [o for o in r.outcomes if o.status == "blocked"]
-    if not blocked:
-        return []
-    return ([f"warning: {len(blocked)} entries left alone: an incomplete copy is in place."]
-            + [f"  {o.target}" for o in blocked])
+    rebuilt = [o for o in r.outcomes if o.rebuilt_by_ninja]
+    lines = []
+    if blocked:
+        lines += ([f"warning: {len(blocked)} entries left alone: an incomplete copy is in place."]
+                  + [f"  {o.target}" for o in blocked])
+    if rebuilt:
+        lines += ([f"warning: {len(rebuilt)} FlashInfer op(s) without ninja's records: FlashInfer's "
+                   "ninja builds each again at its first load (restore where the server runs, "
+                   "with its ninja on PATH)"]
+                  + [f"  {o.target}: {o.detail}" for o in rebuilt])
+    return lines
 
 
 def merge_text(r: MergeResult) -> str:

@@ -20,7 +20,7 @@ import shutil
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Mapping
 
@@ -47,6 +47,9 @@ class Outcome:
     #: added | completed (an incomplete Triton entry was filled in) | present | blocked
     status: str
     detail: str = ""
+    #: a FlashInfer op whose ninja records could not be written (``detail`` says why): its
+    #: first load builds it again
+    rebuilt_by_ninja: bool = False
 
 
 def target_of(root: Path, entry: EntryRecord) -> Path:
@@ -279,7 +282,7 @@ class Installer:
             outcomes.append(outcome)
             if on_entry is not None:
                 on_entry(outcome)
-        return outcomes
+        return _with_ninja_records(outcomes)
 
     def _move_whole(self, kind_name: str) -> bool:
         """The staged directory of a kind moved into place: whether it was (False when the
@@ -382,6 +385,33 @@ class Installer:
             except OSError:
                 pass  # not empty: entries were committed below it
         self._created.clear()
+
+
+def _with_ninja_records(outcomes: list[Outcome]) -> list[Outcome]:
+    """FlashInfer ops just added, with ninja's records written beside them so that FlashInfer's
+    ninja does not build them again (:mod:`cache_tools.ninja_log`); each such outcome says
+    what was done, or why ninja will build the op again at its first load."""
+    ops = [i for i, o in enumerate(outcomes) if o.status == "added" and o.entry.is_dir
+           and o.entry.kind == "flashinfer" and _FLASHINFER_OP.fullmatch(o.entry.name)]
+    if not ops:
+        return outcomes
+    from cache_tools import ninja_log
+
+    formats = ninja_log.probe()
+    for i in ops:
+        o = outcomes[i]
+        if formats is None:
+            outcomes[i] = replace(o, detail="no ninja here whose records this tool writes",
+                                  rebuilt_by_ninja=True)
+            continue
+        try:
+            outcomes[i] = replace(o, detail=ninja_log.record_op(o.target, formats))
+        except (ninja_log.Unsupported, OSError) as exc:  # the op stays as restored
+            outcomes[i] = replace(o, detail=str(exc), rebuilt_by_ninja=True)
+    return outcomes
+
+
+_FLASHINFER_OP = re.compile(r"[^/]+/[^/]+/cached_ops/[^/]+")
 
 
 def triton_hits_group(group_file: Path) -> bool:

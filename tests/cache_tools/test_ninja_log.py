@@ -1,0 +1,334 @@
+"""Ninja's records of a restored FlashInfer op, checked with the real ninja binaries on this
+machine (Debian's 1.11, log v5 with MurmurHash64A, and the pinned 1.13 wheel, log v7 with
+rapidhash): an op built by ninja in one JIT directory, moved to another as a restore moves
+it, is rebuilt by ninja without its records and is up to date with the ones written here.
+
+The op is shaped as FlashInfer's ``generate_ninja_build_for_op`` writes it (variables
+continued over lines, absolute paths, a ``compile`` and a ``cuda_compile`` rule with gcc-style
+deps, a link rule); its "nvcc" is a script of this test that compiles C with gcc."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cache_tools import ninja_log
+from cache_tools.ninja_log import Unsupported
+
+NINJAS = [p for p in (shutil.which("ninja", path="/usr/bin"),
+                      str(Path(sys.executable).with_name("ninja"))) if p and os.path.exists(p)]
+pytestmark = [pytest.mark.skipif(not NINJAS, reason="no ninja binary here"),
+              pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc here")]
+
+OP = "norm"
+
+
+def _toolchain(tmp: Path) -> Path:
+    """A CUDA home whose bin/nvcc compiles C with gcc, taking nvcc's dependency flags."""
+    home = tmp / "cuda"
+    (home / "bin").mkdir(parents=True)
+    nvcc = home / "bin" / "nvcc"
+    nvcc.write_text('#!/bin/sh\nargs=""\nfor a in "$@"; do\n  case "$a" in\n'
+                    '    --generate-dependencies-with-compile) args="$args -MMD";;\n'
+                    '    --expt-relaxed-constexpr|--compiler-options=-fPIC) args="$args -fPIC";;\n'
+                    '    *) args="$args $a";;\n  esac\ndone\nexec gcc -x c $args\n')
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IEXEC)
+    return home
+
+
+def _sources(tmp: Path) -> list[Path]:
+    src = tmp / "site-packages" / "flashinfer" / "csrc"
+    src.mkdir(parents=True)
+    (src / "norm.h").write_text("int scale(int x);\n")
+    (src / "norm.cu").write_text('#include "norm.h"\nint scale(int x) { return 2 * x; }\n')
+    (src / "flashinfer_norm_binding.cu").write_text('#include "norm.h"\nint bound(int x) { return scale(x); }\n')
+    (src / "helpers.cc").write_text("int helper(void) { return 1; }\n")
+    return [src / "norm.cu", src / "flashinfer_norm_binding.cu", src / "helpers.cc"]
+
+
+def flashinfer_build(jit_dir: Path, sources: list[Path], cuda_home: Path) -> str:
+    """build.ninja as FlashInfer 0.6 writes it (flashinfer/jit/cpp_ext.py), for gcc."""
+    join = " $\n    ".join
+    common = ["-DPy_LIMITED_API=0x03090000", "-D_GLIBCXX_USE_CXX11_ABI=1",
+              f"-isystem {sources[0].parent}"]
+    out_dir = (jit_dir / OP).resolve()
+    lines = ["ninja_required_version = 1.3", f"name = {OP}", f"cuda_home = {cuda_home}",
+             "cxx = gcc", "nvcc = $cuda_home/bin/nvcc", "cxx_launcher = ", "nvcc_launcher = ", "",
+             "common_cflags = " + join(common), "cflags = " + join(["$common_cflags", "-fPIC", "-O2"]),
+             "post_cflags =", "cuda_cflags = " + join(["$common_cflags", "--compiler-options=-fPIC",
+                                                      "--expt-relaxed-constexpr", "-O2"]),
+             "cuda_post_cflags =", "cuda_arch_flags = ", "ldflags = " + join(["-shared"]), "",
+             "rule compile",
+             "  command = $cxx_launcher $cxx -MMD -MF $out.d $cflags -c $in -o $out $post_cflags",
+             "  depfile = $out.d", "  deps = gcc", "",
+             "rule cuda_compile",
+             "  command = $nvcc_launcher $nvcc --generate-dependencies-with-compile -MF $out.d "
+             "$cuda_cflags -c $in -o $out $cuda_post_cflags",
+             "  depfile = $out.d", "  deps = gcc", "",
+             "rule link", "  command = $cxx $in $ldflags -o $out", ""]
+    objects = []
+    for source in sources:
+        cuda = source.suffix == ".cu"
+        obj = str(out_dir / f"{source.parent.name}_{source.stem}{'.cuda.o' if cuda else '.o'}")
+        objects.append(obj)
+        lines.append(f"build {obj}: {'cuda_compile' if cuda else 'compile'} {source.resolve()}")
+    so = str(out_dir / f"{OP}.so")
+    lines += ["", f"build {so}: link " + " ".join(objects), f"default {so}", ""]
+    return "\n".join(lines)
+
+
+#: where FlashInfer runs ninja: the op's own directory (0.6, one set of records per op) or the
+#: JIT directory of every op (earlier versions)
+WORKDIRS = ("op", "jit")
+
+
+def run_ninja(ninja: str, jit_dir: Path, *extra: str, workdir: str = "jit") -> str:
+    """What FlashInfer runs: ninja -C <op dir or jit dir> -f <jit dir>/<op>/build.ninja."""
+    where = jit_dir / OP if workdir == "op" else jit_dir
+    done = subprocess.run([ninja, "-C", str(where.resolve()), "-f",
+                           str((jit_dir / OP / "build.ninja").resolve()), *extra],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+@pytest.fixture
+def built(tmp_path):
+    """An op built by ninja under bake/…/cached_ops (the bake), and the toolchain."""
+    cuda, sources = _toolchain(tmp_path), _sources(tmp_path)
+    old = tmp_path / "bake" / "0.6.15" / "90a" / "cached_ops"
+    (old / OP).mkdir(parents=True)
+    (old / OP / "build.ninja").write_text(flashinfer_build(old, sources, cuda))
+    return old, cuda, sources
+
+
+def relocate(old: Path, new_base: Path) -> Path:
+    """The op's directory alone moved under another JIT directory, as a restore leaves it (the
+    depfiles are gone after a build: ninja folds them into its deps log)."""
+    new = new_base / "0.6.15" / "90a" / "cached_ops"
+    new.mkdir(parents=True)
+    shutil.copytree(old / OP, new / OP)
+    return new
+
+
+def would_run(ninja: str, jit_dir: Path, workdir: str = "jit") -> list[str]:
+    out = run_ninja(ninja, jit_dir, "-n", workdir=workdir)
+    return [line for line in out.splitlines() if line.startswith("[")]
+
+
+@pytest.mark.parametrize("ninja", NINJAS)
+def test_probe_learns_the_formats_of_the_ninja_here(ninja):
+    formats = ninja_log.probe(ninja)
+    assert formats is not None
+    version = subprocess.run([ninja, "--version"], capture_output=True, text=True).stdout
+    expected = "murmur64a" if version.startswith(("1.10", "1.11", "1.12")) else "rapidhash"
+    assert formats.hash_name == expected and formats.deps_version == 4
+    assert formats.log_header.startswith(b"# ninja log v")
+
+
+@pytest.mark.parametrize("workdir", WORKDIRS)
+@pytest.mark.parametrize("ninja", NINJAS)
+def test_a_relocated_op_is_rebuilt_without_records_and_not_with_them(ninja, workdir, built,
+                                                                     tmp_path):
+    old, _, _ = built
+    run_ninja(ninja, old, workdir=workdir)
+    assert would_run(ninja, old, workdir) == []            # up to date where it was built
+    bare = relocate(old, tmp_path / "bare")
+    # what the H200 showed: the op's files all there (in FlashInfer 0.6 ninja's records too,
+    # naming the bake's paths), yet ninja builds all four again
+    (bare / OP / "build.ninja").write_text(
+        (old / OP / "build.ninja").read_text().replace(str(old.resolve()), str(bare.resolve())))
+    assert len(would_run(ninja, bare, workdir)) == 4
+
+    new = relocate(old, tmp_path / "restored")
+    before = {p.name: p.read_bytes() for p in (new / OP).iterdir()}
+    line = ninja_log.record_op(new / OP, ninja_log.probe(ninja))
+    where = (new / OP) if workdir == "op" else new
+    assert line.startswith(f"ninja's records written for 4 output(s) in {where.resolve()}, "
+                           "build.ninja moved from ")
+    assert would_run(ninja, new, workdir) == []
+    assert "no work to do" in run_ninja(ninja, new, workdir=workdir)
+    assert (new / OP / "norm.so").read_bytes() == before["norm.so"]
+    # what FlashInfer writes on load is what the op now holds (its write_if_different keeps it)
+    assert (new / OP / "build.ninja").read_text() == flashinfer_build(new, built[2], built[1])
+
+
+@pytest.mark.parametrize("workdir", WORKDIRS)
+@pytest.mark.parametrize("ninja", NINJAS)
+def test_the_records_still_let_ninja_see_a_changed_source(ninja, workdir, built, tmp_path):
+    old, _, sources = built
+    run_ninja(ninja, old, workdir=workdir)
+    new = relocate(old, tmp_path / "restored")
+    ninja_log.record_op(new / OP, ninja_log.probe(ninja))
+    assert would_run(ninja, new, workdir) == []
+    later = time.time() + 5
+    os.utime(sources[2], (later, later))
+    assert len(would_run(ninja, new, workdir)) == 2        # helpers.o and the link
+
+
+@pytest.mark.parametrize("ninja", NINJAS)
+def test_records_go_after_those_of_ops_already_built_there(ninja, built, tmp_path):
+    """A JIT directory where ninja already built another op keeps its records; the restored
+    op's path ids follow theirs."""
+    old, cuda, sources = built
+    run_ninja(ninja, old)
+    new = relocate(old, tmp_path / "restored")
+    other = new / "rope"
+    other.mkdir()
+    other_build = flashinfer_build(new, sources[2:], cuda).replace(f"/{OP}/", "/rope/") \
+        .replace(f"name = {OP}", "name = rope").replace(f"{OP}.so", "rope.so")
+    (other / "build.ninja").write_text(other_build)
+    subprocess.run([ninja, "-C", str(new.resolve()), "-f", str((other / "build.ninja").resolve())],
+                   check=True, capture_output=True, timeout=120)
+    ninja_log.record_op(new / OP, ninja_log.probe(ninja))
+    assert would_run(ninja, new) == []
+    rope = subprocess.run([ninja, "-C", str(new.resolve()), "-f", str((other / "build.ninja").resolve()),
+                           "-n"], capture_output=True, text=True, timeout=60).stdout
+    assert "no work to do" in rope
+
+
+@pytest.mark.parametrize("text, message", [
+    ("include other.ninja\n", "'include' is not what FlashInfer writes"),
+    ("rule r\n  command = x\n  rspfile = $out.rsp\nbuild a: r b\ndefault a\n",
+     "rule r has bindings not written here"),
+    ("rule r\n  command = x\nbuild a: r b | c\ndefault a\n", "implicit or order-only paths"),
+    ("rule r\n  command = x\nbuild a r b\n", "a build line without ':'"),
+    ("  command = x\n", "an indented line outside a rule or build"),
+    ("rule r\n  command = x $%\nbuild a: r b\ndefault a\n", "an escape ninja would refuse"),
+    ("build a: nothing b\ndefault a\n", "no rule 'nothing'"),
+    ("v0 = xxxxxxxxxxxxxxxx\n" + "".join(f"v{i} = $v{i - 1}$v{i - 1}\n" for i in range(1, 60)),
+     "a value longer than 262,144 characters"),
+    ("rule r\n  command = $x\n  x = a$x\nbuild a: r b\ndefault a\n", "$x refers to itself"),
+])
+def test_a_build_file_not_shaped_as_flashinfer_writes_it_is_left_alone(tmp_path, text, message):
+    op = tmp_path / "cached_ops" / OP
+    op.mkdir(parents=True)
+    (op / "build.ninja").write_text(text)
+    with pytest.raises(Unsupported, match=message.replace("(", r"\(").replace("$", r"\$")):
+        ninja_log.record_op(op, ninja_log.Formats("ninja", b"# ninja log v5\n", "murmur64a", 4))
+    assert sorted(os.listdir(tmp_path / "cached_ops")) == [OP]
+
+
+def test_a_build_file_above_its_limit_is_left_alone(tmp_path):
+    op = tmp_path / "cached_ops" / OP
+    op.mkdir(parents=True)
+    (op / "build.ninja").write_text("#" * (ninja_log.MAX_BUILD_FILE + 1))
+    with pytest.raises(Unsupported, match=r"build.ninja: 1,048,577 bytes \(limit 1,048,576\)"):
+        ninja_log.record_op(op, ninja_log.Formats("ninja", b"# ninja log v5\n", "murmur64a", 4))
+
+
+def test_an_op_whose_outputs_lie_elsewhere_or_are_missing_is_left_alone(built, tmp_path):
+    old, cuda, sources = built
+    new = relocate(old, tmp_path / "restored")
+    formats = ninja_log.Formats("ninja", b"# ninja log v5\n", "murmur64a", 4)
+    with pytest.raises(Unsupported, match="an output is missing from the op"):
+        ninja_log.record_op(new / OP, formats)              # never built: no objects
+    (new / OP / "build.ninja").write_text(flashinfer_build(new, sources, cuda).replace(
+        f"build {(new / OP).resolve()}/csrc_helpers.o", "build /etc/helpers.o"))
+    with pytest.raises(Unsupported, match="an output outside"):
+        ninja_log.record_op(new / OP, formats)
+    assert not (new / ".ninja_log").exists() and not (new / ".ninja_deps").exists()
+
+
+def test_no_ninja_means_no_records(tmp_path):
+    assert ninja_log.probe(str(tmp_path / "absent")) is None
+    fake = tmp_path / "ninja"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    assert ninja_log.probe(str(fake)) is None               # ran, wrote no records
+
+
+@pytest.mark.parametrize("ninja", NINJAS)
+def test_the_hash_is_ninjas_at_every_length(ninja, tmp_path):
+    """Commands of 9 to 140 bytes (every branch of both hashes: up to 16, 48 and 96 bytes and
+    past them) built by the real ninja: the hash it logged is the one computed here."""
+    lines, commands = [], {}
+    for n in range(9, 141):
+        command = f"touch o{n} #" + "x" * (n - len(f"touch o{n} #"))
+        commands[f"o{n}"] = command
+        lines += [f"rule r{n}", f"  command = {command}", f"build o{n}: r{n}", ""]
+    (tmp_path / "build.ninja").write_text("\n".join(lines))
+    subprocess.run([ninja, "-C", str(tmp_path)], check=True, capture_output=True, timeout=120)
+    formats = ninja_log.probe(ninja)
+    logged = {f[3].decode(): int(f[4], 16) for f in
+              (line.split(b"\t") for line in (tmp_path / ".ninja_log").read_bytes().splitlines()[1:])}
+    assert len(logged) == len(commands)
+    assert all(formats.hash(commands[out]) == h for out, h in logged.items())
+
+
+def test_the_hashes_of_the_probe_command():
+    """What ninja 1.11 (MurmurHash64A) and 1.13 (rapidhash) logged for the probe's command."""
+    command = b"touch out && echo out: > out.d"
+    assert ninja_log.murmur64a(command) == 0x179C5D09D6955A26
+    assert ninja_log.rapidhash(command) == 0x62E99188F011EE98
+
+
+# --- through the cache commands: pack, restore under another root, load -----------------------
+ON_PATH = shutil.which("ninja")
+
+
+def _baked_root(tmp_path: Path, ninja: str) -> tuple[Path, Path]:
+    """A --root layout whose FlashInfer cache holds the op, built there by ninja in the op's
+    directory, as FlashInfer 0.6 builds it (its records then travel in the archive)."""
+    root = tmp_path / "bake"
+    jit = root / ".cache" / "flashinfer" / "0.6.15" / "90a" / "cached_ops"
+    (jit / OP).mkdir(parents=True)
+    (jit / OP / "build.ninja").write_text(
+        flashinfer_build(jit, _sources(tmp_path), _toolchain(tmp_path)))
+    run_ninja(ninja, jit, workdir="op")
+    return root, jit
+
+
+@pytest.mark.skipif(ON_PATH is None, reason="no ninja on PATH (the one FlashInfer runs)")
+def test_a_restored_flashinfer_op_is_not_built_again(tmp_path, capsys):
+    from _cli import cli
+
+    ninja_log.probe.cache_clear()
+    root, _ = _baked_root(tmp_path, ON_PATH)
+    archive = tmp_path / "a.tar"
+    code, _, err = cli(capsys, "cache", "pack", str(archive), "--root", str(root), "--kinds",
+                       "flashinfer", "-q")
+    assert code == 0, err
+    dest = tmp_path / "elsewhere"
+    code, out, err = cli(capsys, "cache", "restore", str(archive), "--dest", str(dest),
+                         "--format", "json", "-q")
+    assert code == 0, err
+    [op] = [o for o in json.loads(out)["outcomes"] if o["kind"] == "flashinfer"]
+    assert op["status"] == "added"
+    new_jit = dest / ".cache" / "flashinfer" / "0.6.15" / "90a" / "cached_ops"
+    assert op["detail"].startswith(f"ninja's records written for 4 output(s) in "
+                                   f"{(new_jit / OP).resolve()}, build.ninja moved")
+    assert would_run(ON_PATH, new_jit, "op") == []
+
+
+def test_without_a_ninja_the_restore_says_the_op_will_be_built_again(tmp_path, capsys,
+                                                                      monkeypatch):
+    from _cli import cli
+
+    if not NINJAS:
+        pytest.skip("no ninja to bake with")
+    root, baked_jit = _baked_root(tmp_path, NINJAS[0])
+    archive = tmp_path / "a.tar"
+    assert cli(capsys, "cache", "pack", str(archive), "--root", str(root), "-q")[0] == 0
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))
+    ninja_log.probe.cache_clear()
+    try:
+        code, out, err = cli(capsys, "cache", "restore", str(archive), "--dest",
+                             str(tmp_path / "d"))
+    finally:
+        ninja_log.probe.cache_clear()
+    assert code == 0, err
+    target = tmp_path / "d" / ".cache" / "flashinfer" / "0.6.15" / "90a" / "cached_ops" / OP
+    assert ("warning: 1 FlashInfer op(s) without ninja's records: FlashInfer's ninja builds each "
+            "again at its first load (restore where the server runs, with its ninja on PATH)\n"
+            f"  {target}: no ninja here whose records this tool writes") in out + err
+    assert not (target.parent / ".ninja_log").exists()
+    assert (target / ".ninja_log").read_bytes() == (baked_jit / OP / ".ninja_log").read_bytes()
