@@ -11,11 +11,14 @@ Measured on the H200: every launch from a restored prebake rebuilt FlashInfer's 
 against 31 s in the bake.
 
 After a FlashInfer op is installed, :func:`record_op` writes what ninja would have written had
-it built the op there: the op's ``build.ninja`` with the old JIT directory replaced by the new
-one (FlashInfer writes the same text when it loads the op: its own
-``write_if_different``), the outputs' times in build order, one build-log line per output with
-the hash of its command as ninja evaluates it, one deps record per compiled object (no
-headers: the archive's toolchain check already says the sources are the same).
+it built the op there: the op's ``build.ninja`` with the bake's workspace paths replaced by
+this one's (the text FlashInfer 0.6 writes when it loads the op, which its
+``write_if_different`` then keeps), the outputs' times in build order, one build-log line per output with
+the hash of its command as ninja evaluates it, one deps record per compiled object naming the
+headers its compile read (taken from the bake's deps log, moved with the op), all appended to
+the records the op carried.  An op that carried no records of its own (a FlashInfer that keeps
+them in the JIT directory), or whose sources or headers are not all here, is left as it is:
+ninja builds it again, as it would have.
 
 The formats are learned from the ninja installed here, not assumed: :func:`probe` runs it once
 on a one-line build of our own in a scratch directory and keeps the build-log version, the
@@ -30,18 +33,17 @@ from __future__ import annotations
 import functools
 import os
 import re
+import stat
 import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from cache_tools import atomic, inputfile
+from cache_tools.ninja_build import Edge, Unsupported, parse
 
 #: build.ninja files above this are not FlashInfer's (theirs are a few KiB)
 MAX_BUILD_FILE = 1 << 20
-#: an evaluated value (a command) above this is not FlashInfer's (theirs are a few KiB)
-MAX_VALUE = 256 << 10
 #: a deps log above this is left alone (one op adds a few hundred bytes)
 MAX_DEPS_LOG = 64 << 20
 _DEPS_MAGIC = b"# ninjadeps\n"
@@ -49,8 +51,6 @@ _LOG_HEADER = re.compile(rb"# ninja log v(\d+)\n")
 _M64 = (1 << 64) - 1
 
 
-class Unsupported(Exception):
-    """Ninja's records cannot be written for this op; the message says why."""
 
 
 # --- the two command hashes ninja has used ----------------------------------------------------
@@ -192,192 +192,148 @@ def probe(ninja: str | None = None) -> Formats | None:
     return Formats(exe, header.group(0), hash_name, version)
 
 
-# --- build.ninja, as ninja reads it -----------------------------------------------------------
-@dataclass(frozen=True)
-class Edge:
-    outputs: tuple[str, ...]
-    inputs: tuple[str, ...]
-    command: str
-    deps: bool          # deps = gcc: a deps record per output
-
-
-_VAR = re.compile(r"\$(?:\{([A-Za-z0-9_.-]+)\}|([A-Za-z0-9_-]+)|(.)|$)", re.S)
-_SHELL_SAFE = re.compile(r"[A-Za-z0-9_+\-./]*\Z")
-
-
-def _shell(path: str) -> str:
-    """A path in $in/$out as ninja writes it into a command (its GetShellEscapedString)."""
-    return path if _SHELL_SAFE.match(path) else "'" + path.replace("'", "'\\''") + "'"
-
-
-def _evaluate(text: str, lookup: Callable[[str], str]) -> str:
-    out, pos, size = [], 0, 0
-    for m in _VAR.finditer(text):
-        out.append(text[pos:m.start()])
-        pos = m.end()
-        name = m.group(1) or m.group(2)
-        if name:
-            out.append(lookup(name))
-        elif m.group(3) in ("$", " ", ":"):
-            out.append(m.group(3))
-        else:
-            raise Unsupported(f"build.ninja: an escape ninja would refuse: {m.group(0)!r}")
-        size += len(out[-2]) + len(out[-1])
-        if size > MAX_VALUE:  # variables that double each other: bounded as they grow
-            raise Unsupported(f"build.ninja: a value longer than {MAX_VALUE:,} characters")
-    return "".join(out) + text[pos:]
-
-
-def _logical_lines(text: str) -> list[str]:
-    """Lines with ninja's ``$``-newline continuations joined (the next line's indent dropped)."""
-    out: list[str] = []
-    pending = ""
-    for raw in text.split("\n"):
-        line = raw.lstrip(" ") if pending else raw
-        if re.search(r"(?<!\$)(\$\$)*\$\Z", line):
-            pending += line[:-1]
-            continue
-        out.append(pending + line)
-        pending = ""
-    if pending:
-        out.append(pending)
-    return out
-
-
-def _paths(text: str, scope: dict[str, str]) -> list[str]:
-    return [_evaluate(p, lambda n: scope.get(n, ""))
-            for p in re.split(r"(?<!\$) +", text.strip()) if p]
-
-
-def parse(text: str) -> tuple[list[Edge], list[str]]:
-    """The edges of a FlashInfer ``build.ninja`` (top-level variables, rules, builds with their
-    own bindings, ``default``) with each command evaluated as ninja evaluates it, and the
-    default targets.  Anything else (``include``, ``subninja``, pools, response files, implicit
-    or order-only dependencies) raises :class:`Unsupported`."""
-    scope: dict[str, str] = {}
-    rules: dict[str, dict[str, str]] = {}
-    builds: list[tuple[list[str], str, list[str], dict[str, str]]] = []
-    defaults: list[str] = []
-    current: dict[str, str] | None = None
-    for line in _logical_lines(text):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if line.startswith(" "):
-            key, eq, value = line.strip().partition("=")
-            if current is None or not eq:
-                raise Unsupported(f"build.ninja: an indented line outside a rule or build: {line.strip()[:80]!r}")
-            current[key.strip()] = value.strip()
-            continue
-        current = None
-        word, _, rest = line.partition(" ")
-        if word == "rule":
-            current = rules.setdefault(rest.strip(), {})
-        elif word == "build":
-            colon = re.search(r"(?<!\$):", rest)
-            if colon is None:
-                raise Unsupported("build.ninja: a build line without ':'")
-            head, tail = rest[:colon.start()], rest[colon.end():]
-            rule, _, ins = tail.strip().partition(" ")
-            if re.search(r"(?<!\$)\|", ins) or re.search(r"(?<!\$)\|", head):
-                raise Unsupported("build.ninja: implicit or order-only paths")
-            current = {}
-            builds.append((_paths(head, scope), rule, _paths(ins, scope), current))
-        elif word == "default":
-            defaults += _paths(rest, scope)
-        elif "=" in line and word not in ("include", "subninja", "pool"):
-            key, _, value = line.partition("=")
-            scope[key.strip()] = _evaluate(value.strip(), lambda n: scope.get(n, ""))
-        else:
-            raise Unsupported(f"build.ninja: {word!r} is not what FlashInfer writes")
-    return [_edge(outs, rules, rule, ins, binds, scope) for outs, rule, ins, binds in builds
-            if rule != "phony"], defaults
-
-
-def _edge(outs: list[str], rules: dict[str, dict[str, str]], rule_name: str, ins: list[str],
-          binds: dict[str, str], scope: dict[str, str]) -> Edge:
-    rule = rules.get(rule_name)
-    if rule is None:
-        raise Unsupported(f"build.ninja: no rule {rule_name!r}")
-    if "rspfile" in rule or "generator" in rule or "restat" in rule or "dyndep" in rule:
-        raise Unsupported(f"build.ninja: rule {rule_name} has bindings not written here")
-    # an edge's own bindings are evaluated where they stand (in the file's scope)
-    edge_vars = {k: _evaluate(v, lambda n: scope.get(n, "")) for k, v in binds.items()}
-
-    evaluating: set[str] = set()
-
-    def lookup(name: str) -> str:
-        if name == "in":
-            return " ".join(_shell(p) for p in ins)
-        if name == "out":
-            return " ".join(_shell(p) for p in outs)
-        if name in edge_vars:
-            return edge_vars[name]
-        if name in rule:
-            if name in evaluating:
-                raise Unsupported(f"build.ninja: rule {rule_name}: ${name} refers to itself")
-            evaluating.add(name)
-            try:
-                return _evaluate(rule[name], lookup)
-            finally:
-                evaluating.discard(name)
-        return scope.get(name, "")
-
-    deps = lookup("deps") if "deps" in rule or "deps" in edge_vars else ""
-    if deps not in ("", "gcc") or (lookup("depfile") and deps != "gcc"):
-        raise Unsupported(f"build.ninja: rule {rule_name}: depfile without deps = gcc")
-    return Edge(tuple(outs), tuple(ins), lookup("command"), deps == "gcc")
-
-
 # --- the records ------------------------------------------------------------------------------
+@dataclass
+class _DepsLog:
+    """A version-4 deps log read whole: its paths by id, the last record of each output."""
+
+    paths: list[bytes]
+    ids: dict[bytes, int]
+    deps: dict[int, list[int]]
+
+
 def record_op(op_dir: Path, formats: Formats) -> str:
-    """Write ninja's records for the FlashInfer op installed at ``op_dir`` (its build.ninja
-    moved to this JIT directory first); returns what was done, one line.  Raises
-    :class:`Unsupported` (nothing written then) when the op is not one ninja's records can be
-    written for."""
-    build_file = op_dir / "build.ninja"
+    """Write ninja's records for the FlashInfer op installed at ``op_dir``; returns what was
+    done, one line.  Everything is checked before anything is written: :class:`Unsupported`
+    (the op left as installed) when the op is not one whose records can be written."""
+    op = os.path.realpath(op_dir)
+    build_file = Path(op, "build.ninja")
     try:
         text = inputfile.read(build_file, MAX_BUILD_FILE).decode()
     except (OSError, inputfile.TooLarge, UnicodeDecodeError) as exc:  # left alone
         raise Unsupported(f"{build_file}: {exc}") from None
-    jit_dir = os.path.realpath(op_dir.parent)
     edges, defaults = parse(text)
-    target = f"{op_dir.name}.so"
-    if len(defaults) != 1 or Path(defaults[0]).name != target \
-            or Path(defaults[0]).parent.name != op_dir.name:
-        raise Unsupported(f"{build_file}: its default is not {op_dir.name}/{target}")
-    old_dir = str(Path(defaults[0]).parent.parent)
-    if old_dir != jit_dir:
-        text = text.replace(old_dir + "/", jit_dir + "/")
-        edges, defaults = parse(text)
+    name = os.path.basename(op)
+    if len(defaults) != 1 or not defaults[0].endswith(f"/{name}/{name}.so"):
+        raise Unsupported(f"{build_file}: its default is not <JIT dir>/{name}/{name}.so")
+    # the bake's <workspace>/<version>/<archs> (cached_ops/ and generated/ are below it)
+    old_base = os.path.dirname(os.path.dirname(os.path.dirname(defaults[0])))
+    base = os.path.dirname(os.path.dirname(op))
+    if os.path.basename(os.path.dirname(os.path.dirname(defaults[0]))) != \
+            os.path.basename(os.path.dirname(op)):
+        raise Unsupported(f"{build_file}: its default is not under {os.path.dirname(op)}")
+    if old_base != base:
+        text = text.replace(old_base + "/", base + "/")
+        edges, _ = parse(text)
+    _check_edges(edges, op, build_file)
+    log_path, deps_path = Path(op, ".ninja_log"), Path(op, ".ninja_deps")
+    _check_log(log_path, formats)
+    deps = _read_deps(deps_path)
+    headers = {out: _headers(out, deps, old_base, base, deps_path)
+               for e in edges if e.deps for out in e.outputs}
+    # checked: now written (build.ninja as FlashInfer writes it for this place first)
+    if old_base != base:
+        atomic.write_text(build_file, text, fsync=False)
+    times = _touch_in_order(edges, [h for hs in headers.values() for h in hs])
+    _append(log_path, _log_lines(formats, edges, times))
+    _append(deps_path, _deps_records(deps, headers, times))
+    moved = f", build.ninja moved from {old_base}" if old_base != base else ""
+    return f"ninja's records written for {len(times)} output(s) in {op}{moved}"
+
+
+def _check_edges(edges: list[Edge], op: str, build_file: Path) -> None:
     outputs = [o for e in edges for o in e.outputs]
-    if not outputs or any(os.path.dirname(o) != f"{jit_dir}/{op_dir.name}" for o in outputs):
-        raise Unsupported(f"{build_file}: an output outside {op_dir}")
+    if not outputs or any(os.path.dirname(o) != op for o in outputs):
+        raise Unsupported(f"{build_file}: an output outside {op}")
     if any(not os.path.isfile(o) for o in outputs):
         raise Unsupported(f"{build_file}: an output is missing from the op")
-    if old_dir != jit_dir:
-        atomic.write_text(build_file, text, fsync=False)
-    times = _touch_in_order(edges)
-    workdir = _workdir(op_dir, jit_dir)
-    _append_log(Path(workdir, ".ninja_log"), formats, edges, times)
-    _append_deps(Path(workdir, ".ninja_deps"), edges, times)
-    moved = f", build.ninja moved from {old_dir}" if old_dir != jit_dir else ""
-    return f"ninja's records written for {len(outputs)} output(s) in {workdir}{moved}"
+    missing = next((i for e in edges for i in e.inputs if not os.path.isfile(i)), None)
+    if missing is not None:   # a generated source not restored, a package not installed here
+        raise Unsupported(f"{build_file}: its input {missing} is not here")
 
 
-def _workdir(op_dir: Path, jit_dir: str) -> str:
-    """Where ninja keeps its records for this op: the op's own directory when it holds them
-    (FlashInfer 0.6 runs ninja there, one directory per op; the archive carried them, naming
-    the bake's paths), else the JIT directory (where earlier FlashInfers run it for every op)."""
-    if any(os.path.lexists(op_dir / name) for name in (".ninja_log", ".ninja_deps")):
-        return os.path.realpath(op_dir)
-    return jit_dir
+def _regular(path: Path, what: str) -> None:
+    """``path`` is a regular file of the op (not a link, a FIFO or a directory)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise Unsupported(f"the op carries no {what} ({path.name}): a FlashInfer that keeps "
+                          "ninja's records outside the op's directory") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise Unsupported(f"{path} is not a regular file")
 
 
-def _touch_in_order(edges: list[Edge]) -> dict[str, int]:
-    """Every output newer than its inputs, in build order: nanosecond times from now on, read
-    back as the file system keeps them (what ninja compares)."""
-    inputs = [_mtime(p) for e in edges for p in e.inputs if os.path.exists(p)]
-    now = max([_now_ns(), *inputs])
+def _check_log(path: Path, formats: Formats) -> None:
+    _regular(path, "build log")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        first = os.read(fd, 64).split(b"\n", 1)[0] + b"\n"
+        tail = os.pread(fd, 1, max(os.fstat(fd).st_size - 1, 0))
+    finally:
+        os.close(fd)
+    if first != formats.log_header:
+        raise Unsupported(f"{path} is another ninja's ({first[:20]!r}, here "
+                          f"{formats.log_header[:20]!r})")
+    if tail not in (b"\n", b""):
+        raise Unsupported(f"{path} does not end with a whole line")
+
+
+def _read_deps(path: Path) -> _DepsLog:
+    _regular(path, "deps log")
+    try:
+        data = inputfile.read(path, MAX_DEPS_LOG)
+    except (OSError, inputfile.TooLarge) as exc:
+        raise Unsupported(f"{path}: {exc}") from None
+    if not data.startswith(_DEPS_MAGIC) or len(data) < 16 \
+            or struct.unpack_from("<I", data, len(_DEPS_MAGIC))[0] != 4:
+        raise Unsupported(f"{path} is not a version-4 ninja deps log")
+    log = _DepsLog([], {}, {})
+    pos = len(_DEPS_MAGIC) + 4
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise Unsupported(f"{path} ends inside a record")
+        (size,) = struct.unpack_from("<I", data, pos)
+        body = data[pos + 4:pos + 4 + (size & 0x7FFFFFFF)]
+        pos += 4 + (size & 0x7FFFFFFF)
+        if len(body) != size & 0x7FFFFFFF or len(body) % 4 or len(body) < 4:
+            raise Unsupported(f"{path} has a damaged record")
+        if size & 0x80000000:
+            out, *inputs = struct.unpack_from(f"<{len(body) // 4}I", body)
+            log.deps[out] = inputs[2:]                # after the output's mtime (two words)
+        else:
+            (check,) = struct.unpack_from("<I", body, len(body) - 4)
+            if check != ~len(log.paths) & 0xFFFFFFFF:
+                raise Unsupported(f"{path} has a path record out of order")
+            log.ids[body[:-4].rstrip(b"\0")] = len(log.paths)
+            log.paths.append(body[:-4].rstrip(b"\0"))
+    return log
+
+
+def _headers(out: str, deps: _DepsLog, old_base: str, base: str, where: Path) -> list[str]:
+    """The files the bake's compile of ``out`` read, as the deps log names them, moved with
+    the op: each must be here, or ninja could not see it change."""
+    old_out = old_base + out[len(base):] if out.startswith(base + "/") else out
+    record = deps.deps.get(deps.ids.get(old_out.encode(), -1))
+    if record is None:
+        raise Unsupported(f"{where} has no record of the files {os.path.basename(out)} read")
+    paths = []
+    for i in record:
+        if i >= len(deps.paths):
+            raise Unsupported(f"{where} names a path it does not hold")
+        p = deps.paths[i].decode(errors="surrogateescape")
+        p = base + p[len(old_base):] if p.startswith(old_base + "/") else p
+        if not os.path.isfile(p):
+            raise Unsupported(f"{os.path.basename(out)} read {p}, which is not here")
+        paths.append(p)
+    return paths
+
+
+def _touch_in_order(edges: list[Edge], headers: list[str]) -> dict[str, int]:
+    """Every output newer than its inputs and the headers they read, in build order:
+    nanosecond times from now on, read back as the file system keeps them (what ninja
+    compares)."""
+    inputs = [_mtime(p) for p in [*(i for e in edges for i in e.inputs), *headers]]
+    now = max([time.time_ns(), *inputs])
     times: dict[str, int] = {}
     for step, edge in enumerate(edges, 1):
         for out in edge.outputs:
@@ -386,76 +342,48 @@ def _touch_in_order(edges: list[Edge]) -> dict[str, int]:
     return times
 
 
-def _now_ns() -> int:
-    return time.time_ns()
-
-
 def _mtime(path: str) -> int:
     return os.stat(path).st_mtime_ns
 
 
-def _append_log(path: Path, formats: Formats, edges: list[Edge], times: dict[str, int]) -> None:
-    head = b""
-    if path.exists():
-        with open(path, "rb") as f:
-            first = f.readline(64)
-        if first != formats.log_header:
-            raise Unsupported(f"{path} is another ninja's ({first[:20]!r})")
-    else:
-        head = formats.log_header
-    lines = [head]
+def _log_lines(formats: Formats, edges: list[Edge], times: dict[str, int]) -> bytes:
+    lines = []
     for edge in edges:
         command_hash = formats.hash(edge.command)
-        for out in edge.outputs:
-            lines.append(f"0\t0\t{times[out]}\t{out}\t{command_hash:x}\n".encode())
-    with open(path, "ab") as f:
-        f.write(b"".join(lines))
+        lines += [f"0\t0\t{times[out]}\t{out}\t{command_hash:x}\n" for out in edge.outputs]
+    return "".join(lines).encode()
 
 
-def _append_deps(path: Path, edges: list[Edge], times: dict[str, int]) -> None:
-    """A deps record (no headers) for every output of a ``deps = gcc`` edge, after a path
-    record for each output the log does not name yet (ids count path records in file
-    order; each carries its id's complement as a checksum)."""
-    ids: dict[bytes, int] = {}
-    data = b""
-    if os.path.lexists(path):
-        try:
-            data = inputfile.read(path, MAX_DEPS_LOG)
-        except inputfile.TooLarge as exc:
-            raise Unsupported(f"{path}: {exc}") from None
-        ids = _path_ids(data, path)
-    out = bytearray() if data else bytearray(_DEPS_MAGIC + struct.pack("<I", 4))
-    for edge in edges:
-        if not edge.deps:
-            continue
-        for name in edge.outputs:
-            key = name.encode()
-            if key not in ids:
-                ids[key] = len(ids)
-                padded = key + b"\0" * (-len(key) % 4)
-                out += struct.pack("<I", len(padded) + 4) + padded \
-                    + struct.pack("<I", ~ids[key] & 0xFFFFFFFF)
-            mtime = times[name]
-            out += struct.pack("<IIII", 12 | 0x80000000, ids[key], mtime & 0xFFFFFFFF,
-                               (mtime >> 32) & 0xFFFFFFFF)
-    with open(path, "ab") as f:
-        f.write(bytes(out))
+def _deps_records(deps: _DepsLog, headers: dict[str, list[str]], times: dict[str, int]) -> bytes:
+    """A path record for each path the log does not hold yet (ids count path records in file
+    order; each carries its id's complement), then a deps record per compiled object: its
+    mtime and the headers its compile read."""
+    out = bytearray()
+
+    def path_id(p: str) -> int:
+        key = p.encode(errors="surrogateescape")
+        if key not in deps.ids:
+            deps.ids[key] = len(deps.paths)
+            deps.paths.append(key)
+            padded = key + b"\0" * (-len(key) % 4)
+            out.extend(struct.pack("<I", len(padded) + 4) + padded
+                       + struct.pack("<I", ~deps.ids[key] & 0xFFFFFFFF))
+        return deps.ids[key]
+
+    for obj, read in headers.items():
+        ids = [path_id(obj), *(path_id(h) for h in read)]
+        mtime = times[obj]
+        out += struct.pack("<4I", (4 * (3 + len(read))) | 0x80000000, ids[0],
+                           mtime & 0xFFFFFFFF, (mtime >> 32) & 0xFFFFFFFF)
+        out += struct.pack(f"<{len(read)}I", *ids[1:])
+    return bytes(out)
 
 
-def _path_ids(data: bytes, where: Path) -> dict[bytes, int]:
-    if not data.startswith(_DEPS_MAGIC) or len(data) < 16 \
-            or struct.unpack_from("<I", data, len(_DEPS_MAGIC))[0] != 4:
-        raise Unsupported(f"{where} is not a version-4 ninja deps log")
-    ids: dict[bytes, int] = {}
-    pos = len(_DEPS_MAGIC) + 4
-    count = 0
-    while pos + 4 <= len(data):
-        (size,) = struct.unpack_from("<I", data, pos)
-        body = data[pos + 4:pos + 4 + (size & 0x7FFFFFFF)]
-        if len(body) != size & 0x7FFFFFFF:
-            raise Unsupported(f"{where} ends inside a record")
-        if not size & 0x80000000:
-            ids[body[:-4].rstrip(b"\0")] = count
-            count += 1
-        pos += 4 + (size & 0x7FFFFFFF)
-    return ids
+def _append(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)

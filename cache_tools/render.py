@@ -326,7 +326,8 @@ def plan_json(plan: RestorePlan | PullPlan) -> dict[str, Any]:
 
 def outcomes_json(r: RestoreResult) -> list[dict[str, Any]]:
     return [{"kind": o.entry.kind, "name": o.entry.name, "status": o.status,
-             "target": str(o.target), "detail": o.detail} for o in r.outcomes]
+             "target": str(o.target), "detail": o.detail,
+             "rebuilt_by_ninja": o.rebuilt_by_ninja} for o in r.outcomes]
 
 
 def result_text(r: RestoreResult, verb: str = "Restored") -> str:
