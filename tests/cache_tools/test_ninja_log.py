@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cache_tools import ninja_log
 from cache_tools.ninja_build import Unsupported
@@ -373,3 +375,25 @@ def test_without_a_ninja_the_restore_says_the_op_will_be_built_again(tmp_path, c
             f"  {target}: no ninja here whose records this tool writes") in out + err
     assert not (target.parent / ".ninja_log").exists()
     assert (target / ".ninja_log").read_bytes() == (baked_jit / OP / ".ninja_log").read_bytes()
+
+
+# --- any text at all --------------------------------------------------------------------------
+_NINJA_WORDS = st.sampled_from(["rule r", "build a: r b", "build $out: r $in", "default a",
+                                "  command = $x$$y ${z}", "  deps = gcc", "  depfile = $out.d",
+                                "x = $x$x", "include f", "pool p", "  x = $command", "# c $",
+                                "a = b $", "build a$ b: r c | d", "  rspfile = r", "$", "${",
+                                "v = $v"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(_NINJA_WORDS, st.text(max_size=30)), max_size=40))
+def test_any_build_file_parses_or_is_refused_in_one_line(lines):
+    from cache_tools import ninja_build
+
+    try:
+        edges, defaults = ninja_build.parse("\n".join(lines))
+    except Unsupported as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert all(isinstance(e.command, str) for e in edges)
+        assert all(isinstance(d, str) for d in defaults)
