@@ -10,7 +10,9 @@ library, stamped with the phase of the moment it was seen, in the compile log an
 A new directory with everything below it is one build (DeepGEMM's ``cache/<kernel>.<hash>/``,
 an Inductor FX graph's key directory), a new file in a directory already there is one build;
 new files inside one build directory of the kind's layout (a FlashInfer op's
-``<ver>/<archs>/cached_ops/<op>/``) are one build of that directory: ninja rebuilding an op that is
+``<ver>/<archs>/cached_ops/<op>/``) are one build of that directory, recorded once its marker
+(``<op>.so``) is newer than the build's first new file or the directory went quiet for a poll,
+whatever polls the build spans: ninja rebuilding an op that is
 already there (after a restore, its ``.ninja_log`` gone or naming another directory) leaves
 only new depfiles (``*.o.d``) beside the objects it rewrites.
 Its duration is the span of the entry's file times (DeepGEMM writes the kernel's source first
@@ -20,6 +22,7 @@ of their own and are not watched.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import threading
@@ -54,6 +57,8 @@ class KindWatch:
         self.kind, self.root = kind, root
         self.dirs: dict[Path, _Dir] = {}
         self.baseline = True
+        #: build directories with new files whose build may go on: glob of the marker, times
+        self.held: dict[tuple[str, ...], tuple[str, list[float]]] = {}
 
     def poll(self) -> list[tuple[str, float]]:
         """New entries since the last poll (the first poll only learns what is there), each
@@ -63,19 +68,42 @@ class KindWatch:
         self.baseline = False
         builds: dict[tuple[str, ...], list[float]] = {}
         for parts, times in found.items():
-            builds.setdefault(self._entry_of(parts), []).extend(times)
+            held = self._build_dir_of(parts)
+            if held is None:
+                builds.setdefault(parts, []).extend(times)
+            else:
+                self.held.setdefault(held[0], (held[1], []))[1].extend(times)
+        for entry, times in self._finished(set(found)):
+            builds[entry] = times
         return [("/".join(parts), max(times) - min(times) if times else 0.0)
                 for parts, times in builds.items()]
 
-    def _entry_of(self, parts: tuple[str, ...]) -> tuple[str, ...]:
+    def _build_dir_of(self, parts: tuple[str, ...]) -> tuple[tuple[str, ...], str] | None:
         """The build directory of the layout that holds ``parts`` (an entry complete once its
-        marker file exists: one module's build), else ``parts`` itself (an entry directory
-        of other kinds, Inductor's hash prefix, holds many builds)."""
-        for n in range(1, len(parts)):
+        marker file exists: one module's build, FlashInfer's op) and its marker glob; None
+        for other entries (Inductor's hash prefix holds many builds, each its own)."""
+        for n in range(1, len(parts) + 1):
             verdict, rule = self.kind.layout.match(parts[:n], True)
             if verdict == "entry" and rule is not None and rule.complete.startswith("marker:"):
-                return parts[:n]
-        return parts
+                return parts[:n], rule.complete[len("marker:"):].replace("{name}", parts[n - 1])
+        return None
+
+    def _finished(self, new: set[tuple[str, ...]]) -> list[tuple[tuple[str, ...], list[float]]]:
+        """Held build directories whose build is over: the marker is at least as new as the
+        build's first new file (a module built, or rebuilt over its restored files), or the
+        marker was there already and nothing new came in since the last poll (a rebuild in
+        place: ninja rewrites what exists).  A directory still without its marker stays held
+        (a first build can run long between new files).  One build each, whatever polls it
+        spans."""
+        done = []
+        for entry, (glob, times) in list(self.held.items()):
+            quiet = not any(parts[:len(entry)] == entry for parts in new)
+            marker = _marker_mtime(self.root.joinpath(*entry), glob)
+            if marker >= min(times, default=0.0) or (quiet and marker >= 0):
+                done.append((entry, times + [marker] if marker >= min(times, default=0.0)
+                             else times))
+                del self.held[entry]
+        return done
 
     def _visit(self, path: Path, parts: tuple[str, ...],
                found: dict[tuple[str, ...], list[float]]) -> None:
@@ -157,6 +185,15 @@ class KindWatch:
             return False
 
 
+def _marker_mtime(directory: Path, glob: str) -> float:
+    """The newest mtime of the files in ``directory`` matching ``glob``, else -1."""
+    try:
+        names = [n for n in os.listdir(directory) if fnmatch.fnmatchcase(n, glob)]
+    except OSError:
+        return -1.0
+    return max((_mtime(directory / n) for n in names), default=-1.0)
+
+
 def _mtime(path: Path) -> float:
     try:
         return os.stat(path).st_mtime
@@ -212,3 +249,9 @@ class CacheWatch:
         self.stop_event.set()
         if self.thread is not None:
             self.thread.join(timeout=5)
+        for watch in self.kinds:  # first builds still without their marker (failed, or cut)
+            for entry, (_, times) in watch.held.items():
+                self.record(compile_log.BUILT, "/".join(entry),
+                            round(max(times) - min(times), 3) if times else 0.0,
+                            compiler=watch.kind.name, path=str(watch.root.joinpath(*entry)))
+            watch.held.clear()

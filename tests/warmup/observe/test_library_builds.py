@@ -118,6 +118,59 @@ def test_an_op_rebuilt_in_place_is_one_build_of_the_op(tmp_path):
     assert [e for e, _ in watch.poll()] == ["0.6.15.post1/90a/cached_ops/rope"]
 
 
+def test_an_op_built_over_several_polls_is_one_build(tmp_path):
+    """A first build: build.ninja, then an object, then the .so, one poll apart: held until
+    the .so is there, then one build with the whole span."""
+    root = tmp_path / "flashinfer"
+    jit = root / "0.6.15.post1" / "90a" / "cached_ops"
+    jit.mkdir(parents=True)
+    watch = cache_watch.KindWatch(locations.kind("flashinfer"), root)
+    assert watch.poll() == []
+    t = time.time()
+    write(jit / "rope" / "build.ninja", mtime=t - 30)
+    assert watch.poll() == []
+    write(jit / "rope" / "rope.cuda.o", mtime=t - 10)
+    assert watch.poll() == []
+    assert watch.poll() == []                  # a long compile: nothing new, no .so yet
+    write(jit / "rope" / "rope.so", mtime=t)
+    [(entry, span)] = watch.poll()
+    assert entry == "0.6.15.post1/90a/cached_ops/rope" and span == pytest.approx(30, abs=0.1)
+    assert watch.poll() == []
+
+
+def test_a_first_build_cut_short_is_recorded_when_the_watch_stops(tmp_path):
+    root = tmp_path / "flashinfer"
+    jit = root / "0.6.15.post1" / "90a" / "cached_ops"
+    jit.mkdir(parents=True)
+    recorded = []
+    watch = cache_watch.CacheWatch(lambda *a, **k: recorded.append((a, k)), 60,
+                                   kinds=[cache_watch.KindWatch(locations.kind("flashinfer"), root)])
+    watch.poll_once()
+    write(jit / "rope" / "build.ninja")
+    assert watch.poll_once() == 0              # no .so yet: held
+    watch.stop()
+    [(args, kwargs)] = recorded
+    assert args[1] == "0.6.15.post1/90a/cached_ops/rope" and kwargs["compiler"] == "flashinfer"
+
+
+def test_an_op_rebuilt_in_place_over_several_polls_is_one_build(tmp_path):
+    """After a restore: ninja's depfiles appear beside a .so older than them, then nothing new
+    (ninja rewrites the objects and the .so): one build, once the directory is quiet."""
+    root = tmp_path / "flashinfer"
+    op = root / "0.6.15.post1" / "90a" / "cached_ops" / "norm"
+    t = time.time()
+    write(op / "norm.so", mtime=t - 100)
+    write(op / "csrc_norm.cuda.o", mtime=t - 100)
+    watch = cache_watch.KindWatch(locations.kind("flashinfer"), root)
+    assert watch.poll() == []
+    write(op / "csrc_norm.cuda.o.d", mtime=t)
+    assert watch.poll() == []                  # building: the .so is older than the depfile
+    [(entry, _)] = watch.poll()
+    assert entry == "0.6.15.post1/90a/cached_ops/norm"
+    os.utime(op / "norm.so", (t + 5, t + 5))   # ninja's link, later: nothing new to report
+    assert watch.poll() == []
+
+
 def test_the_watch_records_builds_in_the_current_phase(installed, tmp_path):
     state, registry = installed
     root = tmp_path / "deep_gemm"
