@@ -3,6 +3,7 @@ carries (an audit's): every value checked, a refusal naming the file, the fact a
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import fields
@@ -132,6 +133,20 @@ def _read(p: Path) -> dict:
     except OSError as exc:
         raise FactsError(f"{p}: cannot read facts file: {exc.strerror or exc}",
                          hint=_READ_HINT) from None
+    if text.lstrip().startswith("{"):
+        # JSON first: YAML 1.1 reads JSON's 5e5 as a string, JSON as the number it is
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise FactsError(f"{p}: not valid YAML/JSON: nested too deeply",
+                             hint=_READ_HINT) from None
+        except ValueError:  # not JSON after all (a YAML flow mapping): read as YAML
+            pass
+        else:
+            if not isinstance(data, dict):
+                raise FactsError(f"{p}: a facts file must be a mapping",
+                                 hint="write `name: value` lines")
+            return data
     import yaml
 
     try:

@@ -227,3 +227,11 @@ def test_a_facts_dump_with_a_wrong_value_names_it(pr_facts, tmp_path):
         with pytest.raises(FactsError) as info:
             facts_file.from_file(p)
         assert info.value.message == f"{p}: {fact}: expected {what}, not {value!r}"
+
+
+def test_a_json_facts_file_with_exponent_numbers_reads_them_as_numbers(tmp_path):
+    """JSON writers print 5e5; YAML 1.1 would read it as the string '5e5'."""
+    p = tmp_path / "facts.json"
+    p.write_text('{"context_length": 1.31072e5, "max_total_num_tokens": 5e5, "page_size": 1}')
+    f = facts_file.from_file(p)
+    assert f.context_length == 131072 and f.max_total_tokens == 500000
