@@ -48,11 +48,19 @@ class EntryRule:
     below the preceding components an entry.  ``complete`` is ``"any"`` (a file, or a directory
     holding at least one file), ``"triton"`` (Triton's group rule, see scan.py) or
     ``"marker:<glob>"`` (the directory holds a file matching the glob; ``{name}`` stands for the
-    entry's own name).
+    entry's own name).  ``ninja``: the library runs ninja on the entry's ``build.ninja`` each
+    time it loads it, so an install writes ninja's records for it (``cache_tools.ninja_log``).
     """
 
     pattern: tuple[str, ...]
     complete: str = "any"
+    ninja: bool = False
+
+    def marker(self, name: str) -> str | None:
+        """The glob of the marker file of the entry called ``name``; None for a rule without."""
+        if not self.complete.startswith("marker:"):
+            return None
+        return self.complete[len("marker:"):].replace("{name}", name)
 
 
 @dataclass(frozen=True)
@@ -218,9 +226,9 @@ KINDS: tuple[CacheKind, ...] = (
         ("FLASHINFER_WORKSPACE_BASE", "SGLANG_CACHE_DIR"),
         "$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer; SGLang >= 0.5.22 sets the base to "
         "$SGLANG_CACHE_DIR; FlashInfer's own default base is $HOME",
-        Layout(_rules((("cubins", "**"), "any"),
-                      (("*", "*", "cached_ops", "*"), "marker:{name}.so"),
-                      (("*", "*", "generated", "*"), "any")),
+        Layout((EntryRule(("cubins", "**")),
+                EntryRule(("*", "*", "cached_ops", "*"), "marker:{name}.so", ninja=True),
+                EntryRule(("*", "*", "generated", "*"))),
                temp=("*.tmp",), ignore=("*.lock", "tmp", ".ninja_lock"),
                entry="one op, <version>/<archs>/cached_ops/<op>/ (complete once <op>.so "
                      "exists) or generated/<op>/; one downloaded file under cubins/"),

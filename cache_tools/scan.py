@@ -471,8 +471,8 @@ def layout_problem(rule: EntryRule, parts: tuple[str, ...], files: Iterable[str]
         return "empty directory (being written or interrupted)"
     if rule.complete == "any":
         return ""
-    if rule.complete.startswith("marker:"):
-        glob = rule.complete[len("marker:"):].replace("{name}", parts[-1] if parts else "")
+    glob = rule.marker(parts[-1] if parts else "")
+    if glob is not None:
         if any("/" not in f and fnmatch.fnmatchcase(f, glob) for f in names):
             return ""
         return f"no {glob} yet (being built or interrupted)"

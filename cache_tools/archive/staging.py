@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Mapping
 
+from cache_tools import locations
 from cache_tools.errors import CacheError
 from cache_tools.locations import (MERGE_PREFIX, PACK_PREFIX, STAGING_PREFIX, TRASH_PREFIX,
                                    kind)
@@ -388,11 +389,12 @@ class Installer:
 
 
 def _with_ninja_records(outcomes: list[Outcome]) -> list[Outcome]:
-    """FlashInfer ops just added, with ninja's records written beside them so that FlashInfer's
-    ninja does not build them again (:mod:`cache_tools.ninja_log`); each such outcome says
-    what was done, or why ninja will build the op again at its first load."""
+    """Entries just added whose library runs ninja on them at each load (FlashInfer's ops), with
+    ninja's records written beside them so that ninja does not build them again
+    (:mod:`cache_tools.ninja_log`); each such outcome says what was done, or why ninja will
+    build the op again at its first load."""
     ops = [i for i, o in enumerate(outcomes) if o.status == "added" and o.entry.is_dir
-           and o.entry.kind == "flashinfer" and _FLASHINFER_OP.fullmatch(o.entry.name)]
+           and _built_by_ninja(o.entry)]
     if not ops:
         return outcomes
     from cache_tools import ninja_log
@@ -413,7 +415,13 @@ def _with_ninja_records(outcomes: list[Outcome]) -> list[Outcome]:
     return outcomes
 
 
-_FLASHINFER_OP = re.compile(r"[^/]+/[^/]+/cached_ops/[^/]+")
+def _built_by_ninja(entry: EntryRecord) -> bool:
+    """The entry's layout rule says its library runs ninja on it at each load."""
+    try:
+        rule = locations.kind(entry.kind).layout.entry_rule(tuple(entry.name.split("/")), True)
+    except CacheError:  # a kind this version does not know: nothing of ours to write
+        return False
+    return rule is not None and rule.ninja
 
 
 def triton_hits_group(group_file: Path) -> bool:

@@ -84,8 +84,9 @@ class KindWatch:
         for other entries (Inductor's hash prefix holds many builds, each its own)."""
         for n in range(1, len(parts) + 1):
             verdict, rule = self.kind.layout.match(parts[:n], True)
-            if verdict == "entry" and rule is not None and rule.complete.startswith("marker:"):
-                return parts[:n], rule.complete[len("marker:"):].replace("{name}", parts[n - 1])
+            glob = rule.marker(parts[n - 1]) if verdict == "entry" and rule is not None else None
+            if glob is not None:
+                return parts[:n], glob
         return None
 
     def _finished(self, new: set[tuple[str, ...]]) -> list[tuple[tuple[str, ...], list[float]]]:
