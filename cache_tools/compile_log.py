@@ -131,6 +131,7 @@ class JitBuildRecord(BaseRecord, total=False):
     path: str | None
     cache_hit: bool
     error: str
+    reason: str
 
 
 class GcRecord(BaseRecord, total=False):

@@ -5,7 +5,9 @@ compiled again for every new guard set: a batch of one against several, another 
 stride.  That costs tens to hundreds of milliseconds even when Inductor then finds every kernel
 in its caches, so no Triton compile is recorded.  Dynamo calls its start and end callbacks
 around each such compile (``torch._dynamo.callback.callback_handler``); each becomes a
-``jit_build`` of compiler ``dynamo`` with its duration and the function compiled.  Armed when
+``jit_build`` of compiler ``dynamo`` with its duration and the function compiled, and, when it
+is a recompile, the guard of the earlier graph that failed (``reason``: Dynamo works it out for
+every recompile, logged or not, and keeps it in the compile's metrics context).  Armed when
 ``torch._dynamo.callback`` is imported: nothing here imports torch.
 """
 
@@ -26,6 +28,7 @@ from warmup.observe.recorder import Recorder
 
 MODULE = "torch._dynamo.callback"
 HOOK = f"{MODULE}.callback_handler"
+MAX_REASON = 512  # characters of a guard failure kept in the record
 
 
 class DynamoHooks:
@@ -33,7 +36,7 @@ class DynamoHooks:
 
     def __init__(self, inst: Recorder) -> None:
         self.inst = inst
-        self.started: dict[int, tuple[float, str | None]] = {}
+        self.started: dict[int, tuple[float, str | None, str | None]] = {}
 
     def install(self) -> None:
         module = sys.modules.get(MODULE)
@@ -67,7 +70,8 @@ class DynamoHooks:
     def start(self, *args: Any) -> None:
         """Dynamo begins compiling a frame (the outermost of nested compiles)."""
         try:
-            self.started[threading.get_ident()] = (time.perf_counter(), _compiled_function())
+            self.started[threading.get_ident()] = (time.perf_counter(), _compiled_function(),
+                                                   _recompile_reason())
         except Exception as exc:  # a guest never raises into Dynamo's compile: counted, logged
             self.inst.failed("dynamo", exc)
 
@@ -82,7 +86,7 @@ class DynamoHooks:
             if compile_id is not None:
                 name = f"{name} [{compile_id}]"
             self.inst.build(compile_log.BUILT, name, round(time.perf_counter() - began[0], 4),
-                            compiler=compile_log.DYNAMO)
+                            compiler=compile_log.DYNAMO, reason=began[2])
         except Exception as exc:  # a guest never raises into Dynamo's compile: counted, logged
             self.inst.failed("dynamo", exc)
 
@@ -99,6 +103,21 @@ def _compiled_function() -> str | None:
             return f"{_short(code.co_filename)}:{code.co_name}"
         frame, depth = frame.f_back, depth + 1
     return None
+
+
+def _recompile_reason() -> str | None:
+    """The guard failure that made Dynamo compile this frame again, or None for a first compile.
+
+    Dynamo computes it for every recompile (``get_and_maybe_log_recompilation_reasons``) and
+    puts it in the metrics context of the compile before our start callback runs; reading it
+    there needs no ``TORCH_LOGS``.  Private to torch: anything unexpected reads as None."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    get_context = getattr(utils, "get_metrics_context", None)
+    if get_context is None:
+        return None
+    values = getattr(get_context(), "_metrics", None)
+    reason = values.get("recompile_reason") if isinstance(values, dict) else None
+    return reason[:MAX_REASON] if isinstance(reason, str) and reason else None
 
 
 def _short(path: str) -> str:

@@ -244,9 +244,11 @@ class _Installation:
             self.failed(event, exc)
 
     def build(self, outcome: str, module_name: str | None, duration_s: float | None, *,
-              compiler: str, path: str | None = None, error: str | None = None) -> None:
+              compiler: str, path: str | None = None, error: str | None = None,
+              reason: str | None = None) -> None:
         """Count and log one JIT build (``built``, ``hit`` or ``failed``) and write its
-        compile-log line; a failure of ours is counted, never raised."""
+        compile-log line (``reason``: why it was built again, where the compiler says); a
+        failure of ours is counted, never raised."""
         try:
             state = self.phase()
             self.measure(lambda m: m.jit_build(state.phase, outcome, duration_s,
@@ -254,13 +256,16 @@ class _Installation:
             if outcome != compile_log.CACHED:
                 log = logger.warning if state.phase == "serving" or outcome == "failed" \
                     else logger.debug
-                log("sglang-warmup: %s build %s %s in %.3f s (phase %s)", compiler,
-                    module_name, outcome, duration_s or 0.0, state.phase)
+                log("sglang-warmup: %s build %s %s in %.3f s (phase %s)%s", compiler,
+                    module_name, outcome, duration_s or 0.0, state.phase,
+                    f": {reason}" if reason else "")
             rec = self.new_record(compile_log.JIT_BUILD, state, compiler)
             rec.update({"outcome": outcome, "module_name": module_name,
                         "duration_s": duration_s, "path": path, "cache_hit": outcome == compile_log.CACHED})
             if error is not None:
                 rec["error"] = error
+            if reason is not None:
+                rec["reason"] = reason
             self.write(rec)
         except Exception as exc:  # a guest never raises into its host
             self.failed(compiler, exc)

@@ -31,7 +31,8 @@ class Recorder(Protocol):
         """Write one record of ``event`` stamped with the phase of now."""
 
     def build(self, outcome: str, module_name: str | None, duration_s: float | None, *,
-              compiler: str, path: str | None = None, error: str | None = None) -> None:
+              compiler: str, path: str | None = None, error: str | None = None,
+              reason: str | None = None) -> None:
         """Count, log and write one JIT build."""
 
     def measure(self, record: Callable[[metrics.Metrics], None]) -> None:

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from cache_tools import compile_log, locations
-from warmup.observe import cache_watch, events, metrics, phase
+from warmup.observe import cache_watch, dynamo_hooks, events, metrics, phase
 
 
 @pytest.fixture
@@ -218,6 +218,23 @@ def test_torch_compile_graphs_are_recorded_with_their_function(installed):
     assert all(r["phase"] == "serving" and r["duration_s"] > 0 for r in recs)
     assert all("apply_scaling_penalties" in r["module_name"] for r in recs)
     assert counted(registry, "dynamo", "serving") == 2
+    # the first graph is no recompile; the second names the guard of the first that failed
+    assert "reason" not in recs[0]
+    assert "logits" in recs[1]["reason"] and len(recs[1]["reason"]) <= dynamo_hooks.MAX_REASON
+
+
+def test_a_recompile_reason_is_read_without_torch_logs(installed):
+    """A dtype change fails the first graph's tensor guard: the reason names the argument, and
+    Dynamo's recompile logging stayed off."""
+    import torch
+
+    state, _ = installed
+    compiled = torch.compile(lambda x: x * 2, backend="eager", dynamic=True)
+    compiled(torch.ones(3, dtype=torch.float32))
+    compiled(torch.ones(3, dtype=torch.float64))
+    recs = [r for r in builds(state) if r["compiler"] == "dynamo"]
+    assert [("reason" in r) for r in recs] == [False, True]
+    assert "float" in recs[1]["reason"] or "dtype" in recs[1]["reason"]
 
 
 def test_the_main_process_alone_watches(monkeypatch):
