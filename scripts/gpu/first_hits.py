@@ -572,7 +572,8 @@ def compile_records(state_dir: Path) -> list[dict]:
             out.append({"t": rec.get("time"), "event": rec.get("event"), "phase": rec.get("phase"),
                         "compiler": rec.get("compiler"), "name": name,
                         "seconds": rec.get("seconds") or rec.get("duration_s"),
-                        "outcome": rec.get("outcome"), "pid": rec.get("pid")})
+                        "outcome": rec.get("outcome"), "pid": rec.get("pid"),
+                        "reason": rec.get("reason")})
     return out
 
 
