@@ -483,17 +483,26 @@ def _gen_sampling(x: _Expander, phase: str, shape: Shape) -> None:
     prompt = x.value(shape.prompt)
     steps = x.value(shape.decode_tokens) if shape.decode_tokens else 16
     conc = _sizes(x, phase, shape, shape.concurrency) if shape.concurrency else [1]
+    mixed = x.value(shape.mixed_prompt) if shape.mixed_prompt is not None else None
     for variant in shape.variants:
         for c in conc:
-            why = x.running_fits(c) or x.fits(prompt, steps)
-            if why:
-                x.skip(phase, shape, why, item=f"{variant} x{c}")
-                continue
-            x.room(c)
-            reqs = [x.request(shape, prompt + i, new_tokens=steps, variant=variant, ignore_eos=True)
-                    for i in range(c)]
-            x.add(phase, shape, "concurrent" if c > 1 else "single", reqs,
-                  note=f"{variant} x{c}, {steps} decode steps")
+            # the burst of c prompts of one length, then (mixed_prompt) the same burst with its
+            # last prompt of the other length: a one-token prompt is a logits path of its own
+            bursts = [[prompt + i for i in range(c)]]
+            if mixed is not None:
+                bursts.append([prompt + i for i in range(c - 1)] + [mixed])
+            for k, lengths in enumerate(bursts):
+                item = f"{variant} x{c}" + (f" with {mixed}" if k else "")
+                why = x.running_fits(c) or next(
+                    (w for w in (x.fits(n, steps) for n in lengths) if w), None)
+                if why:
+                    x.skip(phase, shape, why, item=item)
+                    continue
+                x.room(c)
+                reqs = [x.request(shape, n, new_tokens=steps, variant=variant, ignore_eos=True)
+                        for n in lengths]
+                x.add(phase, shape, "concurrent" if c > 1 else "single", reqs,
+                      note=f"{item}, {steps} decode steps")
 
 
 _GENERATORS = {

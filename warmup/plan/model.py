@@ -131,6 +131,7 @@ class Shape:
     decode_tokens: Size | None = None  # mixed, decode, sampling
     variants: tuple[str, ...] = ()  # sampling
     concurrency: tuple[Size, ...] = ()  # sampling
+    mixed_prompt: Size | None = None  # sampling: a second length, mixed into every burst
     #: request features for every request of the class, e.g. (("return_logprob", True), ...)
     request: tuple[tuple[str, "Size | bool"], ...] = ()
     #: the family a user can turn off as a whole (default: the kind)

@@ -83,7 +83,10 @@ SHAPE_KIND = {
     "decode": {"batch_sizes": Field("range_or_list", True), "decode_tokens": Field("int_expr", False)},
     "sampling": {"variants": Field("variant_names", True), "prompt": Field("int_expr", True),
                  "decode_tokens": Field("int_expr", False),
-                 "concurrency": Field("expr_list", False)},
+                 "concurrency": Field("expr_list", False),
+                 "mixed_prompt": Field("int_expr", False, "a second prompt length: at each "
+                                       "concurrency a second step sends it in place of one "
+                                       "prompt (alone at concurrency 1)")},
 }
 assert set(SHAPE_KIND) == set(KINDS)
 

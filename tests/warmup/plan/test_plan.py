@@ -435,3 +435,44 @@ def test_dsv4_plan_meets_every_c128_key_of_a_prompt_up_to_long_cap(flags):
     lengths = [*range(1, cap + 1, 29), *(m * 128 + d for m in range(1, cap // 128) for d in (0, 127))]
     missing = sorted({n for n in lengths if n <= cap and not keys(n) <= met})
     assert not missing, f"{len(missing)} prompt lengths meet a new key, e.g. {missing[:5]}"
+
+
+MIXED_PLAN = """version: 1
+name: m
+phases:
+  - name: p
+    shapes:
+      - class: s
+        kind: sampling
+        variants: [greedy]
+        prompt: 219
+        decode_tokens: 2
+        concurrency: [1, 2, 3]
+        mixed_prompt: 1
+        request: {logprob_start_len: "input_len // 2", top_logprobs_num: 5}
+"""
+
+
+def test_a_mixed_prompt_is_sent_alone_and_in_place_of_one_prompt_of_every_burst():
+    """A one-token prompt with logprobs is a path of its own (a guard set of the penalties'
+    torch.compile graph on the GPU): each concurrency sends its burst, then the burst with its
+    last prompt of the mixed length; the features are worked out per prompt."""
+    exp = expand(loader.loads(MIXED_PLAN, "m.yaml"), _facts_cache.pr44627())
+    assert [[r.input_len for r in s.requests] for s in exp.steps] == [
+        [219], [1], [219, 220], [219, 1], [219, 220, 221], [219, 220, 1]]
+    assert [s.mode for s in exp.steps] == ["single", "single", *["concurrent"] * 4]
+    assert [s.note for s in exp.steps][:2] == ["greedy x1, 2 decode steps",
+                                               "greedy x1 with 1, 2 decode steps"]
+    one = exp.steps[1].requests[0]
+    assert dict(one.features)["logprob_start_len"] == 0
+
+
+def test_a_mixed_prompt_the_server_refuses_skips_only_its_steps():
+    text = MIXED_PLAN.replace("mixed_prompt: 1", "mixed_prompt: 10 ** 9")
+    exp = expand(loader.loads(text, "m.yaml"), _facts_cache.pr44627())
+    assert [[r.input_len for r in s.requests] for s in exp.steps] == [
+        [219], [219, 220], [219, 220, 221]]
+    assert [s.item for s in exp.skipped] == ["greedy x1 with 1000000000",
+                                            "greedy x2 with 1000000000",
+                                            "greedy x3 with 1000000000"]
+    assert "above the longest accepted prompt" in exp.skipped[0].reason

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Which request shapes make SGLang's ``torch.compile``'d penalties compile a new graph?
+
+``apply_scaling_penalties`` (``penaltylib/repetition_penalty.py``, ``dynamic=True``) is traced
+again for every guard set its arguments fail.  This sends probes to a server launched by
+``first_hits.py`` (best without a warm-up: ``qwen-default-A``), one at a time, each a single
+prompt or a burst of prompts sent at once with a penalizing sampler and a logprob mode, and
+after each reads the ``dynamo`` builds our plugin wrote to the compile log: the graph compiled
+and the guard of an earlier graph that failed (``reason``).  The order matters (a probe
+compiles only what no earlier probe did); the probes go from the plain cases to the mixed ones.
+
+    python3 scripts/gpu/first_hits.py setup --models qwen \\
+      && python3 scripts/gpu/first_hits.py launch qwen-default-A \\
+      && python3 scripts/gpu/penalty_guards.py qwen-default-A
+
+Writes ``$OUT/penalty-guards.json`` and prints one line per probe.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import first_hits as fh  # noqa: E402
+
+PENALIZED = {"temperature": 0, "repetition_penalty": 1.05, "frequency_penalty": 0.1}
+SAMPLED_PENALIZED = {"temperature": 0.7, "repetition_penalty": 1.1}
+
+#: (label, prompts, max_new_tokens, sampling, logprob mode of first_hits.LOGPROBS)
+PROBES = [
+    ("single-none-prefill", [219], 1, PENALIZED, "none"),
+    ("burst2-none-prefill", [219, 220], 1, PENALIZED, "none"),
+    ("single-none-decode", [221], 4, PENALIZED, "none"),
+    ("burst2-none-decode", [222, 223], 4, PENALIZED, "none"),
+    ("single-token_ids-prefill", [224], 1, PENALIZED, "token_ids"),
+    ("burst2-token_ids-prefill", [225, 226], 1, PENALIZED, "token_ids"),
+    ("burst2-token_ids-decode", [227, 228], 4, PENALIZED, "token_ids"),
+    ("single-1tok-token_ids-prefill", [1], 1, PENALIZED, "token_ids"),
+    ("burst-428+1-token_ids-prefill", [428, 1], 1, PENALIZED, "token_ids"),
+    ("burst-428+1-token_ids-decode16", [429, 1], 16, PENALIZED, "token_ids"),
+    ("burst-428+1-none-decode16", [430, 1], 16, PENALIZED, "none"),
+    ("burst-1+1-token_ids", [1, 1], 4, PENALIZED, "token_ids"),
+    ("single-input0-prefill", [231], 1, PENALIZED, "input_from_0"),
+    ("burst2-input0-decode", [232, 233], 4, PENALIZED, "input_from_0"),
+    ("burst-428+1-input0", [431, 1], 4, PENALIZED, "input_from_0"),
+    ("burst-428+1-output_top", [432, 1], 4, PENALIZED, "output_top"),
+    ("burst-428+1-offset_top", [433, 1], 4, PENALIZED, "input_offset_top"),
+    ("burst3-mixed-token_ids", [61, 1, 824], 8, PENALIZED, "token_ids"),
+    ("burst-428+1-sampled-rep-token_ids", [434, 1], 16, SAMPLED_PENALIZED, "token_ids"),
+    ("burst4-mixed-none", [5, 1, 300, 2000], 8, SAMPLED_PENALIZED, "none"),
+]
+
+
+def main() -> None:
+    from warmup.coverage.traffic import TrafficStep
+    from warmup.serve.transport import HttpTransport
+
+    name = sys.argv[1]
+    if not fh.wait_ready([name], 400):
+        raise SystemExit(f"{name} not ready: {fh.tail(fh.load_state()[name], 20)}")
+    s = fh.load_state()[name]
+    state_dir = Path(s["base"]) / "state"
+    tr = HttpTransport(f"http://127.0.0.1:{s['port']}", timeout_s=300, seed="guards")
+    tr.facts_sync()
+    rows = []
+    for i, (label, prompts, new, sampling, mode) in enumerate(PROBES):
+        feats = dict(fh.LOGPROBS[mode])
+        if feats.get("logprob_start_len") == -1:
+            feats["logprob_start_len"] = max(0, min(prompts) // 2)
+        step = TrafficStep(kind="burst" if len(prompts) > 1 else "single", prompts=prompts,
+                           max_new_tokens=new, sampling=dict(sampling), features=feats,
+                           label=label)
+        before = len(fh.compile_records(state_dir))
+        sent = fh.send_step(tr, step.to_step(i))
+        time.sleep(0.3)
+        new_recs = [r for r in fh.compile_records(state_dir)[before:] if r["compiler"] == "dynamo"]
+        row = {"probe": label, "prompts": prompts, "max_new_tokens": new, "logprobs": mode,
+               **sent, "graphs": [{"name": r["name"], "seconds": r["seconds"],
+                                   "reason": r.get("reason")} for r in new_recs]}
+        rows.append(row)
+        fh.log(f"{label}: {sent.get('ms')} ms"
+               + "".join(f"\n    {g['name']} {g['seconds']} s: {g['reason']}" for g in row["graphs"])
+               + (f" ERROR {sent['error']}" if sent.get("error") else ""))
+    before_all = [{"name": r["name"], "phase": r["phase"], "reason": r.get("reason")}
+                  for r in fh.compile_records(state_dir) if r["compiler"] == "dynamo"]
+    fh.OUT.mkdir(parents=True, exist_ok=True)
+    (fh.OUT / "penalty-guards.json").write_text(json.dumps(
+        {"launch": name, "probes": rows, "dynamo_builds": before_all}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
