@@ -8,7 +8,9 @@ directories every ``WARMUP_CACHE_WATCH_S`` seconds (one ``stat`` per directory; 
 listed again only when its mtime moved) and records every new entry as a ``jit_build`` of that
 library, stamped with the phase of the moment it was seen, in the compile log and Prometheus.
 A new directory with everything below it is one build (DeepGEMM's ``cache/<kernel>.<hash>/``,
-an Inductor FX graph's key directory), a new file in a directory already there is one build;
+an Inductor FX graph's key directory), a new file in a directory already there is one build,
+a new directory above the layout's entries (``cache/`` made by the first kernel) holds builds
+each of its own, and a file outside every entry (a log or a lock beside them) is none;
 new files inside one build directory of the kind's layout (a FlashInfer op's
 ``<ver>/<archs>/cached_ops/<op>/``) are one build of that directory, recorded once its marker
 (``<op>.so``) is newer than the build's first new file or the directory went quiet for a poll,
@@ -139,17 +141,50 @@ class KindWatch:
     def _new(self, path: Path, parts: tuple[str, ...],
              found: dict[tuple[str, ...], list[float]]) -> bool:
         """A path that appeared: a new file is one entry, a new directory with everything
-        below it is one entry.  False for a directory that holds no file yet."""
+        below it is one entry, a new directory above the layout's entries (a cache directory
+        made now, FlashInfer's version directory) holds entries each of its own.  A file
+        outside every entry (ninja's log in the JIT directory of a FlashInfer before 0.6) is
+        no build.  False for a directory that holds no file yet."""
         if not self._is_dir(path):
-            found.setdefault(parts, []).append(_mtime(path))
+            if not self._outside_entries(parts):
+                found.setdefault(parts, []).append(_mtime(path))
             return True
-        self._visit_new_tree(path, parts, found, parts)
-        if found[parts]:
-            return True
-        del found[parts]
-        for known in [d for d in self.dirs if d == path or path in d.parents]:
-            del self.dirs[known]
-        return False
+        if self.kind.layout.match(parts, True)[0] == "descend":
+            held = self._new_container(path, parts, found)
+        else:
+            self._visit_new_tree(path, parts, found, parts)
+            held = bool(found[parts])
+            if not held:
+                del found[parts]
+        if not held:
+            for known in [d for d in self.dirs if d == path or path in d.parents]:
+                del self.dirs[known]
+        return held
+
+    def _outside_entries(self, parts: tuple[str, ...]) -> bool:
+        """True when no part of the file's path is an entry of the layout, nor the file."""
+        return all(self.kind.layout.match(parts[:n], n < len(parts))[0] != "entry"
+                   for n in range(1, len(parts) + 1))
+
+    def _new_container(self, path: Path, parts: tuple[str, ...],
+                       found: dict[tuple[str, ...], list[float]]) -> bool:
+        """A new directory above the entry level: everything in it is new, entry by entry; a
+        directory in it still empty is looked at again at the next pass.  False when it holds
+        nothing yet."""
+        try:
+            mtime_ns = os.stat(path).st_mtime_ns
+        except OSError:
+            return False
+        children = self._list(path)
+        known: set[str] = set()
+        for name in sorted(children):
+            layout = self.kind.layout
+            if layout.is_temp(name) or layout.is_ignored(name) \
+                    or self._new(path / name, parts + (name,), found):
+                known.add(name)
+        if len(self.dirs) < MAX_DIRS:
+            self.dirs[path] = _Dir(mtime_ns if known == children else -1, known)
+        return bool(known)
 
     def _visit_new_tree(self, path: Path, parts: tuple[str, ...],
                         found: dict[tuple[str, ...], list[float]],

@@ -84,7 +84,33 @@ def test_a_cache_directory_made_after_the_start_is_watched(tmp_path):
     watch = deep_gemm_watch(root)
     assert watch.poll() == []
     write(root / "cache" / "kernel.k.dddd" / "kernel.cubin")
-    assert [e for e, _ in watch.poll()] == ["cache"]  # the first build makes cache/ itself
+    write(root / "cache" / "kernel.k.eeee" / "kernel.cubin")
+    (root / "cache" / "kernel.k.ffff").mkdir()     # being filled: seen once it holds a file
+    # cache/ itself is above the entries: each kernel in it is a build of its own
+    assert sorted(e for e, _ in watch.poll()) == ["cache/kernel.k.dddd", "cache/kernel.k.eeee"]
+    write(root / "cache" / "kernel.k.ffff" / "kernel.cubin")
+    assert [e for e, _ in watch.poll()] == ["cache/kernel.k.ffff"]
+    assert watch.poll() == []
+
+
+def test_a_fresh_flashinfer_cache_is_one_build_per_op_once_its_so_is_there(tmp_path):
+    """The first op of a FlashInfer cache made after the start: the version directory appears
+    with the op's build inside it; one build of the op, held until its .so is there, never
+    one named after the version directory.  Ninja's log in the JIT directory (FlashInfer
+    before 0.6 ran ninja there) is no build."""
+    root = tmp_path / "flashinfer"
+    watch = cache_watch.KindWatch(locations.kind("flashinfer"), root)
+    assert watch.poll() == []
+    jit = root / "0.5.3" / "90a" / "cached_ops"
+    write(jit / "norm" / "build.ninja")
+    write(jit / ".ninja_log")
+    write(jit / ".ninja_deps")
+    assert watch.poll() == []                   # held: no norm.so yet
+    write(jit / "norm" / "norm.so")
+    assert [e for e, _ in watch.poll()] == ["0.5.3/90a/cached_ops/norm"]
+    write(jit / "rope" / "rope.so")
+    os.utime(jit / ".ninja_log", (time.time() + 1, time.time() + 1))
+    assert [e for e, _ in watch.poll()] == ["0.5.3/90a/cached_ops/rope"]
 
 
 def test_a_new_directory_is_one_build_and_a_new_file_in_a_known_one_is_one(tmp_path):
@@ -95,7 +121,7 @@ def test_a_new_directory_is_one_build_and_a_new_file_in_a_known_one_is_one(tmp_p
     write(root / "fxgraph" / "2d" / "newkey" / "graph")
     write(root / "as" / "cas.py")
     write(root / "fxgraph" / "2d" / "old" / "second")
-    assert sorted(e for e, _ in watch.poll()) == ["as", "fxgraph/2d/newkey",
+    assert sorted(e for e, _ in watch.poll()) == ["as/cas.py", "fxgraph/2d/newkey",
                                                   "fxgraph/2d/old/second"]
 
 
