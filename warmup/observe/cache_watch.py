@@ -27,6 +27,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,18 +145,23 @@ class KindWatch:
         below it is one entry, a new directory above the layout's entries (a cache directory
         made now, FlashInfer's version directory) holds entries each of its own.  A file
         outside every entry (ninja's log in the JIT directory of a FlashInfer before 0.6) is
-        no build.  False for a directory that holds no file yet."""
-        if not self._is_dir(path):
+        no build.  False for a directory that holds no file yet, and for a path gone again
+        (looked at again at the next pass, like a directory being filled)."""
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
             if not self._outside_entries(parts):
-                found.setdefault(parts, []).append(_mtime(path))
+                found.setdefault(parts, []).append(st.st_mtime)
             return True
         if self.kind.layout.match(parts, True)[0] == "descend":
             held = self._new_container(path, parts, found)
         else:
             self._visit_new_tree(path, parts, found, parts)
-            held = bool(found[parts])
+            held = bool(found.get(parts))
             if not held:
-                del found[parts]
+                found.pop(parts, None)
         if not held:
             for known in [d for d in self.dirs if d == path or path in d.parents]:
                 del self.dirs[known]
@@ -189,6 +195,7 @@ class KindWatch:
     def _visit_new_tree(self, path: Path, parts: tuple[str, ...],
                         found: dict[tuple[str, ...], list[float]],
                         entry: tuple[str, ...]) -> None:
+        times = found.setdefault(entry, [])
         try:
             st = os.stat(path)
             children = self._list(path)
@@ -196,15 +203,18 @@ class KindWatch:
             return
         if len(self.dirs) < MAX_DIRS:
             self.dirs[path] = _Dir(st.st_mtime_ns, children)
-        times = found.setdefault(entry, [])
         for name in sorted(children):
             if self.kind.layout.is_temp(name) or self.kind.layout.is_ignored(name):
                 continue
             child = path / name
-            if self._is_dir(child):
+            try:
+                cst = os.lstat(child)
+            except OSError:
+                continue  # gone again
+            if stat.S_ISDIR(cst.st_mode):
                 self._visit_new_tree(child, parts + (name,), found, entry)
             else:
-                times.append(_mtime(child))
+                times.append(cst.st_mtime)
 
     @staticmethod
     def _list(path: Path) -> set[str]:

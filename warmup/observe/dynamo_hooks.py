@@ -71,7 +71,7 @@ class DynamoHooks:
         """Dynamo begins compiling a frame (the outermost of nested compiles)."""
         try:
             self.started[threading.get_ident()] = (time.perf_counter(), _compiled_function(),
-                                                   _recompile_reason())
+                                                   _recompile_reason(args))
         except Exception as exc:  # a guest never raises into Dynamo's compile: counted, logged
             self.inst.failed("dynamo", exc)
 
@@ -105,17 +105,27 @@ def _compiled_function() -> str | None:
     return None
 
 
-def _recompile_reason() -> str | None:
-    """The guard failure that made Dynamo compile this frame again, or None for a first compile.
+def _recompile_reason(args: tuple[Any, ...]) -> str | None:
+    """The guard failure that made Dynamo compile this frame again, or None for a first compile
+    and for callbacks of other triggers (a CUDA graph recorded, a lazy backward).
 
     Dynamo computes it for every recompile (``get_and_maybe_log_recompilation_reasons``) and
     puts it in the metrics context of the compile before our start callback runs; reading it
-    there needs no ``TORCH_LOGS``.  Private to torch: anything unexpected reads as None."""
+    there needs no ``TORCH_LOGS``.  The context keeps its values after the compile, so it is
+    read only inside one, for Dynamo's own trigger.  Private to torch: anything unexpected
+    reads as None."""
+    trigger = getattr(args[0], "callback_trigger", None) if args else None
+    if trigger is not None and getattr(trigger, "name", None) != "DYNAMO":
+        return None
     utils = sys.modules.get("torch._dynamo.utils")
     get_context = getattr(utils, "get_metrics_context", None)
     if get_context is None:
         return None
-    values = getattr(get_context(), "_metrics", None)
+    context = get_context()
+    in_progress = getattr(context, "in_progress", None)
+    if not callable(in_progress) or not in_progress():
+        return None
+    values = getattr(context, "_metrics", None)
     reason = values.get("recompile_reason") if isinstance(values, dict) else None
     return reason[:MAX_REASON] if isinstance(reason, str) and reason else None
 

@@ -483,24 +483,43 @@ def _gen_sampling(x: _Expander, phase: str, shape: Shape) -> None:
     prompt = x.value(shape.prompt)
     steps = x.value(shape.decode_tokens) if shape.decode_tokens else 16
     conc = _sizes(x, phase, shape, shape.concurrency) if shape.concurrency else [1]
-    mixed = x.value(shape.mixed_prompt) if shape.mixed_prompt is not None else None
+    mixed: int | None = None
+    mixed_why = ""  # a mixed prompt that cannot be sent skips its steps alone, by name
+    if shape.mixed_prompt is not None:
+        try:
+            mixed = x.value(shape.mixed_prompt)
+        except _OverLimit:
+            raise
+        except _SkipShape as exc:
+            mixed_why = exc.reason
     for variant in shape.variants:
         for c in conc:
             # the burst of c prompts of one length, then (mixed_prompt) the same burst with its
             # last prompt of the other length: a one-token prompt is a logits path of its own
             bursts = [[prompt + i for i in range(c)]]
-            if mixed is not None:
-                bursts.append([prompt + i for i in range(c - 1)] + [mixed])
+            if mixed is not None or mixed_why:
+                other = [prompt + i for i in range(c - 1)] + [mixed if mixed is not None else 0]
+                if other != bursts[0]:
+                    bursts.append(other)
             for k, lengths in enumerate(bursts):
-                item = f"{variant} x{c}" + (f" with {mixed}" if k else "")
-                why = x.running_fits(c) or next(
+                item = f"{variant} x{c}" + (f" with {mixed if mixed is not None else 'mixed_prompt'}"
+                                            if k else "")
+                why = (mixed_why if k else "") or x.running_fits(c) or next(
                     (w for w in (x.fits(n, steps) for n in lengths) if w), None)
                 if why:
                     x.skip(phase, shape, why, item=item)
                     continue
                 x.room(c)
-                reqs = [x.request(shape, n, new_tokens=steps, variant=variant, ignore_eos=True)
-                        for n in lengths]
+                try:
+                    reqs = [x.request(shape, n, new_tokens=steps, variant=variant,
+                                      ignore_eos=True) for n in lengths]
+                except _OverLimit:
+                    raise
+                except _SkipShape as exc:
+                    if not k:
+                        raise  # the class's own prompt: the whole class, as before
+                    x.skip(phase, shape, exc.reason, item=item)
+                    continue
                 x.add(phase, shape, "concurrent" if c > 1 else "single", reqs,
                       note=f"{item}, {steps} decode steps")
 

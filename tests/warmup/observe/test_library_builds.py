@@ -6,6 +6,7 @@ log and Prometheus, as the first hits they cause after ready are found on the GP
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -91,6 +92,30 @@ def test_a_cache_directory_made_after_the_start_is_watched(tmp_path):
     write(root / "cache" / "kernel.k.ffff" / "kernel.cubin")
     assert [e for e, _ in watch.poll()] == ["cache/kernel.k.ffff"]
     assert watch.poll() == []
+
+
+def test_an_entry_gone_while_it_is_walked_costs_no_other_build(tmp_path, monkeypatch):
+    """A kernel directory removed between the listing and its walk: the pass goes on, the
+    kernel beside it is one build, and the one gone is no build (nor one of time 0)."""
+    root = tmp_path / "deep_gemm"
+    (root / "cache").mkdir(parents=True)
+    watch = deep_gemm_watch(root)
+    watch.poll()
+    write(root / "cache" / "kernel.b" / "kernel.cubin")
+    write(root / "cache" / "kernel.c" / "kernel.cubin")
+    walk = watch._visit_new_tree
+    removed = []
+
+    def vanishing(path, parts, found, entry):
+        if path.name == "kernel.c" and not removed:
+            shutil.rmtree(path)
+            removed.append(path)
+        walk(path, parts, found, entry)
+
+    monkeypatch.setattr(watch, "_visit_new_tree", vanishing)
+    assert [e for e, _ in watch.poll()] == ["cache/kernel.b"]
+    write(root / "cache" / "kernel.c" / "kernel.cubin")      # made again: seen then
+    assert [e for e, _ in watch.poll()] == ["cache/kernel.c"]
 
 
 def test_a_fresh_flashinfer_cache_is_one_build_per_op_once_its_so_is_there(tmp_path):
@@ -261,6 +286,25 @@ def test_a_recompile_reason_is_read_without_torch_logs(installed):
     recs = [r for r in builds(state) if r["compiler"] == "dynamo"]
     assert [("reason" in r) for r in recs] == [False, True]
     assert "float" in recs[1]["reason"] or "dtype" in recs[1]["reason"]
+    assert not torch._logging._internal.log_state.is_artifact_enabled("recompiles")
+
+
+def test_a_callback_outside_a_dynamo_compile_carries_no_stale_reason(installed):
+    """Dynamo's metrics context keeps the last recompile's values after it; a CUDA graph
+    recorded later on the same thread (another trigger of the same callbacks) is no
+    recompile and must not carry them."""
+    import torch
+    from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+    state, _ = installed
+    compiled = torch.compile(lambda x: x * 2, backend="eager", dynamic=True)
+    compiled(torch.ones(3, dtype=torch.float32))
+    compiled(torch.ones(3, dtype=torch.float64))
+    with callback_handler.install_callbacks(CallbackTrigger.CUDAGRAPH_RECORDING, "0/1"):
+        pass
+    recs = [r for r in builds(state) if r["compiler"] == "dynamo"]
+    assert len(recs) == 3
+    assert "reason" in recs[1] and "reason" not in recs[2]
 
 
 def test_the_main_process_alone_watches(monkeypatch):

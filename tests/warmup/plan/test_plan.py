@@ -476,3 +476,30 @@ def test_a_mixed_prompt_the_server_refuses_skips_only_its_steps():
                                             "greedy x2 with 1000000000",
                                             "greedy x3 with 1000000000"]
     assert "above the longest accepted prompt" in exp.skipped[0].reason
+
+
+@pytest.mark.parametrize("change, reason", [
+    # a feature the one-token prompt cannot take (logprobs from position 5 of 1 token)
+    ({"request: {logprob_start_len: \"input_len // 2\", top_logprobs_num: 5}":
+      "request: {logprob_start_len: 5}"}, "logprob_start_len 5 is not below the prompt length 1"),
+    # a fact this server does not set
+    ({"mixed_prompt: 1": "mixed_prompt: max_req_input_len"}, "needs max_req_input_len"),
+])
+def test_a_mixed_prompt_that_cannot_be_sent_skips_its_steps_by_name(change, reason):
+    text = MIXED_PLAN
+    for old, new in change.items():
+        assert old in text
+        text = text.replace(old, new)
+    exp = expand(loader.loads(text, "m.yaml"), _facts_cache.pr44627())
+    assert [[r.input_len for r in s.requests] for s in exp.steps] == [
+        [219], [219, 220], [219, 220, 221]]
+    assert [s.item.split(" with ")[0] for s in exp.skipped] == ["greedy x1", "greedy x2",
+                                                                "greedy x3"]
+    assert all(" with " in s.item and reason in s.reason for s in exp.skipped)
+
+
+def test_a_mixed_prompt_of_the_class_length_adds_no_repeated_step():
+    exp = expand(loader.loads(MIXED_PLAN.replace("mixed_prompt: 1", "mixed_prompt: 219"),
+                              "m.yaml"), _facts_cache.pr44627())
+    assert [[r.input_len for r in s.requests] for s in exp.steps] == [
+        [219], [219, 220], [219, 219], [219, 220, 221], [219, 220, 219]]
