@@ -253,6 +253,9 @@ class SGLangHttpStandIn:
         self.headers: list[dict[str, str]] = []
         self.queries: list[str] = []
         self.bodies: list[dict] = []
+        #: the queues of the streams being answered: ended by close(), so that no handler (nor
+        #: the client thread reading it) outlives the test, waiting for a pump that stopped
+        self.streams: set[queue.Queue] = set()
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._loop_thread.start()
@@ -264,6 +267,8 @@ class SGLangHttpStandIn:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
 
     def close(self) -> None:
+        for chunks in list(self.streams):
+            chunks.put(None)
         self.server.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(5)
@@ -368,16 +373,21 @@ class _Handler(BaseHTTPRequestHandler):
             except ValueError as exc:
                 chunks.put({"error": {"message": str(exc), "type": "invalid_request_error", "code": 400,
                                       "retryable": False}})
-            chunks.put(None)
+            finally:
+                chunks.put(None)
 
-        asyncio.run_coroutine_threadsafe(pump(), self.app.loop)
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        while (out := chunks.get()) is not None:
-            self.wfile.write(b"data: " + json.dumps(out).encode() + b"\n\n")
-            self.wfile.flush()
-        self.wfile.write(b"data: [DONE]\n\n")
+        self.app.streams.add(chunks)
+        try:
+            asyncio.run_coroutine_threadsafe(pump(), self.app.loop)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            while (out := chunks.get()) is not None:
+                self.wfile.write(b"data: " + json.dumps(out).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+        finally:
+            self.app.streams.discard(chunks)
 
 
 @pytest.fixture
