@@ -85,6 +85,9 @@ class DynamoHooks:
             name = began[1] or "torch.compile"
             if compile_id is not None:
                 name = f"{name} [{compile_id}]"
+            trigger = _other_trigger(args)
+            if trigger:     # the same callbacks around a CUDA graph recorded, a lazy backward
+                name = f"{name} ({trigger})"
             self.inst.build(compile_log.BUILT, name, round(time.perf_counter() - began[0], 4),
                             compiler=compile_log.DYNAMO, reason=began[2])
         except Exception as exc:  # a guest never raises into Dynamo's compile: counted, logged
@@ -114,8 +117,7 @@ def _recompile_reason(args: tuple[Any, ...]) -> str | None:
     there needs no ``TORCH_LOGS``.  The context keeps its values after the compile, so it is
     read only inside one, for Dynamo's own trigger.  Private to torch: anything unexpected
     reads as None."""
-    trigger = getattr(args[0], "callback_trigger", None) if args else None
-    if trigger is not None and getattr(trigger, "name", None) != "DYNAMO":
+    if _other_trigger(args):
         return None
     utils = sys.modules.get("torch._dynamo.utils")
     get_context = getattr(utils, "get_metrics_context", None)
@@ -128,6 +130,14 @@ def _recompile_reason(args: tuple[Any, ...]) -> str | None:
     values = getattr(context, "_metrics", None)
     reason = values.get("recompile_reason") if isinstance(values, dict) else None
     return reason[:MAX_REASON] if isinstance(reason, str) and reason else None
+
+
+def _other_trigger(args: tuple[Any, ...]) -> str:
+    """The callbacks' trigger in lower case when it is not Dynamo's compile (``cudagraph_recording``,
+    ``lazy_backward``, ``triton_autotuning``), else ''."""
+    trigger = getattr(args[0], "callback_trigger", None) if args else None
+    name = getattr(trigger, "name", None)
+    return name.lower() if isinstance(name, str) and name != "DYNAMO" else ""
 
 
 def _short(path: str) -> str:

@@ -305,6 +305,7 @@ def test_a_callback_outside_a_dynamo_compile_carries_no_stale_reason(installed):
     recs = [r for r in builds(state) if r["compiler"] == "dynamo"]
     assert len(recs) == 3
     assert "reason" in recs[1] and "reason" not in recs[2]
+    assert recs[2]["module_name"] == "torch.compile [0/1] (cudagraph_recording)"
 
 
 def test_the_main_process_alone_watches(monkeypatch):
