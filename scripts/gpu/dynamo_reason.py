@@ -17,7 +17,6 @@ Prints one JSON object and writes it to ``$OUT/dynamo-reason.json``.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -69,10 +68,7 @@ def main() -> None:
                              and all(b["reason"] for b in builds[1:3])
                              and builds[3]["reason"] is None
                              and builds[3]["module_name"].endswith("(cudagraph_recording)"))
-    print(json.dumps(result, indent=1))
-    out = Path(os.environ.get("OUT", "/tmp"))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "dynamo-reason.json").write_text(json.dumps(result, indent=1))
+    fh.emit("dynamo-reason.json", result)
 
 
 if __name__ == "__main__":

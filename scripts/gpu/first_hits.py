@@ -80,6 +80,13 @@ CACHE_VARS = {"SGLANG_CACHE_DIR": "sglang", "SGLANG_JIT_CACHE_DIR": "sglang_jit"
               "CUDA_CACHE_PATH": "nv", "HOME": "home"}
 
 
+def emit(filename: str, result: dict) -> None:
+    """Print a result as JSON and keep it as ``$OUT/filename`` (what comes back from the GPU)."""
+    print(json.dumps(result, indent=1))
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / filename).write_text(json.dumps(result, indent=1))
+
+
 def log(msg: str) -> None:
     print(f"[{time.time() - T0:7.1f}s] {msg}", flush=True)
 

@@ -19,7 +19,6 @@ setup``); prints one JSON object and writes it to ``$OUT/flashinfer-relocate.jso
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -97,10 +96,7 @@ def main() -> None:
             p.unlink()
         out["plain"] = load("plain", WORK / "plain")
     out["restored"] = load("restored", WORK / "restored")
-    print(json.dumps(out, indent=1))
-    dest = Path(os.environ.get("OUT", "/tmp"))
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "flashinfer-relocate.json").write_text(json.dumps(out, indent=1))
+    fh.emit("flashinfer-relocate.json", out)
 
 
 if __name__ == "__main__":
