@@ -78,7 +78,8 @@ class KeyEvents:
     ``compiler``: triton, sglang_jit or tvm_ffi.  ``name``: the Triton kernel name or the JIT
     module name.  ``module``: the Python module of a Triton kernel.  ``hash``: Triton's cache
     hash (None for JIT modules).  ``signature``: argument types and constexpr values, as text
-    (empty when no record of the key carried them, e.g. a device load alone).  ``compiled``:
+    (empty when no record of the key carried them, e.g. a device load alone); for a
+    ``torch.compile`` graph compiled again, ``guard failed: `` and Dynamo's reason.  ``compiled``:
     Triton compiles and JIT builds; ``disk_hits``: loads from the Triton or JIT disk cache;
     ``device_loads``: first launches; ``failed``: failed JIT builds.  ``processes``: how many
     distinct processes (TP ranks) recorded the key.  ``seconds``: compile/build time summed.
@@ -184,6 +185,10 @@ def aggregate(records: Iterable[Mapping[str, Any]]) -> list[KeyEvents]:
             a["module"] = module
         if not a["signature"] and r.get("event") in (compile_log.MISS, compile_log.HIT):
             a["signature"] = signature_text(r)
+        elif not a["signature"] and isinstance(r.get("reason"), str) and r["reason"]:
+            # a torch.compile recompile; the log is data: its text is shown printable and short
+            reason = "".join(c if c.isprintable() else " " for c in r["reason"][:512])
+            a["signature"] = f"guard failed: {reason}"
         event = r.get("event")
         if event == compile_log.MISS:
             a["compiled"] += 1

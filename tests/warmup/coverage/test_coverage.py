@@ -275,3 +275,22 @@ def test_hostile_compile_log_records_aggregate_without_tracebacks():
     keys = coverage.aggregate(recs)
     assert [(k.compiler, k.compiled, k.seconds, k.processes) for k in keys] == [
         ("triton", 1, 0.0, 0), ("sglang_jit", 1, 0.0, 1)]
+
+
+def test_a_recompiled_graph_shows_the_guard_that_failed():
+    """A ``torch.compile`` graph compiled again carries Dynamo's reason in the compile log; the
+    reports show it where a Triton key shows its signature.  A reason that is not text shows
+    nothing."""
+    recs = [{"event": "jit_build", "compiler": "dynamo", "outcome": "built", "pid": 7,
+             "module_name": "repetition_penalty.py:apply_scaling_penalties [4/0]"},
+            {"event": "jit_build", "compiler": "dynamo", "outcome": "built", "pid": 7,
+             "module_name": "repetition_penalty.py:apply_scaling_penalties [4/2]",
+             "reason": "4/0: 'NoneType' object has no attribute 'size'"},
+            {"event": "jit_build", "compiler": "dynamo", "outcome": "built", "pid": 7,
+             "module_name": "x.py:f [5/1]", "reason": ["not", "text"]},
+            {"event": "jit_build", "compiler": "dynamo", "outcome": "built", "pid": 7,
+             "module_name": "x.py:f [5/2]", "reason": "a\x1b[2Jb\n" + "z" * 10_000}]
+    keys = coverage.aggregate(recs)
+    assert [k.signature for k in keys][:3] == [
+        "", "guard failed: 4/0: 'NoneType' object has no attribute 'size'", ""]
+    assert keys[3].signature == "guard failed: a [2Jb " + "z" * 505   # 512 characters
