@@ -232,19 +232,19 @@ class KindWatch:
 
 
 def _marker_mtime(directory: Path, glob: str) -> float:
-    """The newest mtime of the files in ``directory`` matching ``glob``, else -1."""
+    """The newest mtime of the files in ``directory`` matching ``glob``, else -1 (a marker
+    gone between the listing and its stat is no marker)."""
     try:
         names = [n for n in os.listdir(directory) if fnmatch.fnmatchcase(n, glob)]
     except OSError:
         return -1.0
-    return max((_mtime(directory / n) for n in names), default=-1.0)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return 0.0
+    times = []
+    for n in names:
+        try:
+            times.append(os.stat(directory / n).st_mtime)
+        except OSError:
+            continue
+    return max(times, default=-1.0)
 
 
 def watches(env: dict[str, str] | None = None) -> list[KindWatch]:

@@ -143,10 +143,10 @@ def allocator_line(kept: Any) -> str | None:
 
 # --- compile keys and coverage ---------------------------------------------------------------
 def key_label(k: KeyEvents) -> str:
-    """``name [hash10] (signature)``."""
+    """``name [hash10] (signature)``, printable: its parts come from a compile log (data)."""
     short = f" [{k.hash[:10]}]" if k.hash else ""
     sig = f" ({k.signature})" if k.signature else ""
-    return f"{k.name}{short}{sig}"
+    return "".join(c if c.isprintable() else "?" for c in f"{k.name}{short}{sig}")
 
 
 def key_events(k: KeyEvents) -> str:

@@ -294,3 +294,17 @@ def test_a_recompiled_graph_shows_the_guard_that_failed():
     assert [k.signature for k in keys][:3] == [
         "", "guard failed: 4/0: 'NoneType' object has no attribute 'size'", ""]
     assert keys[3].signature == "guard failed: a [2Jb " + "z" * 505   # 512 characters
+
+
+def test_a_compile_key_from_a_hostile_log_is_printed_printable():
+    """Names, hashes and signatures come from compile logs (data): the terminal label of a
+    key carries no control character of theirs."""
+    from warmup.view.text import key_label
+
+    recs = [{"event": "jit_build", "compiler": "dynamo", "outcome": "built", "pid": 1,
+             "module_name": "x\x1b[2J.py:f [0/1]", "reason": "ok \x1b[31m"},
+            {"event": "miss", "compiler": "triton", "pid": 1, "hash": "h\x07ash",
+             "kernel": {"name": "k\rern"}}]
+    labels = [key_label(k) for k in coverage.aggregate(recs)]
+    assert all(label.isprintable() for label in labels), labels
+    assert labels[0] == "x?[2J.py:f [0/1] (guard failed: ok  [31m)"

@@ -306,6 +306,8 @@ def test_a_callback_outside_a_dynamo_compile_carries_no_stale_reason(installed):
     assert len(recs) == 3
     assert "reason" in recs[1] and "reason" not in recs[2]
     assert recs[2]["module_name"] == "torch.compile [0/1] (cudagraph_recording)"
+    # and without a trigger to go by, outside a compile the context's old values are not read
+    assert dynamo_hooks._recompile_reason(()) is None
 
 
 def test_the_main_process_alone_watches(monkeypatch):

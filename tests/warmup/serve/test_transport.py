@@ -256,6 +256,7 @@ class SGLangHttpStandIn:
         #: the queues of the streams being answered: ended by close(), so that no handler (nor
         #: the client thread reading it) outlives the test, waiting for a pump that stopped
         self.streams: set[queue.Queue] = set()
+        self.closed = False
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._loop_thread.start()
@@ -267,11 +268,12 @@ class SGLangHttpStandIn:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
 
     def close(self) -> None:
-        for chunks in list(self.streams):
-            chunks.put(None)
+        self.closed = True              # a stream opened from now on ends at once
         self.server.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(5)
+        for chunks in list(self.streams):   # pumps the stopped loop will never finish
+            chunks.put(None)
         if not self._loop_thread.is_alive():
             self.loop.close()
 
@@ -377,6 +379,8 @@ class _Handler(BaseHTTPRequestHandler):
                 chunks.put(None)
 
         self.app.streams.add(chunks)
+        if self.app.closed:
+            chunks.put(None)
         try:
             asyncio.run_coroutine_threadsafe(pump(), self.app.loop)
             self.send_response(200)
