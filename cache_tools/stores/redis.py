@@ -39,7 +39,6 @@ from cache_tools.scan import CacheWarning, scan
 from cache_tools.archive.staging import Installer, Outcome, clean_roots, refuse_links
 from cache_tools.stores import REDIS_NAMESPACE
 
-NAMESPACE = REDIS_NAMESPACE
 #: Redis strings hold at most 512 MiB; entries above this are skipped with a warning
 MAX_ENTRY_BYTES = 256 << 20
 #: an entry record above this is refused before it is fetched
@@ -212,7 +211,7 @@ class PushResult:
     seconds: float
 
 
-def push(url: str, locations: Iterable[Location], *, namespace: str = NAMESPACE,
+def push(url: str, locations: Iterable[Location], *, namespace: str = REDIS_NAMESPACE,
          fingerprint: Fingerprint | None = None, max_entry_bytes: int = MAX_ENTRY_BYTES,
          progress: Progress | None = None, client: Any = None) -> PushResult:
     """Publish every complete local entry that the store does not hold yet."""
@@ -370,7 +369,7 @@ def _stage_blob(installer: Installer, rec: EntryRecord, target: Path, blob: byte
 
 def plan_pull(url: str, *, dest: str | os.PathLike[str] | None = None,
               kinds: Iterable[str] | None = None, fingerprint_hash: str | None = None,
-              namespace: str = NAMESPACE, force: bool = False,
+              namespace: str = REDIS_NAMESPACE, force: bool = False,
               env: Mapping[str, str] | None = None, local: Fingerprint | None = None,
               client: Any = None) -> PullPlan:
     """List what the store holds for a toolchain and compare it with the destination.

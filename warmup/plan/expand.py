@@ -157,6 +157,10 @@ class _Expander:
             return f"{input_len}+{new_tokens} tokens is above the context length ({ctx})"
         return None
 
+    def fits_all(self, pairs: Iterable[tuple[int, int]]) -> str | None:
+        """:meth:`fits` of each (prompt length, new tokens) of one step: the first reason."""
+        return next((why for why in (self.fits(n, m) for n, m in pairs) if why), None)
+
     def kv_fits(self, tokens: int) -> str | None:
         cap = self.facts.max_total_tokens
         if cap is not None and tokens > cap:
@@ -376,7 +380,7 @@ def _gen_concurrent(x: _Expander, phase: str, shape: Shape) -> None:
             continue
         x.room(len(lens))
         reqs = [x.request(shape, n) for n in lens]
-        why = (next((w for w in (x.fits(r.input_len, r.max_new_tokens) for r in reqs) if w), None)
+        why = (x.fits_all((r.input_len, r.max_new_tokens) for r in reqs)
                or x.running_fits(len(reqs))
                or x.kv_fits(sum(r.input_len + r.max_new_tokens for r in reqs)))
         if why:
@@ -408,7 +412,7 @@ def _gen_batch(x: _Expander, phase: str, shape: Shape) -> None:
                        f"budget ({budget})", item=f"bs={bs} {cls}")
                 continue
             reqs = [x.request(shape, n) for n in lens]
-            why = next((w for w in (x.fits(n, r.max_new_tokens) for n, r in zip(lens, reqs)) if w), None)
+            why = x.fits_all((n, r.max_new_tokens) for n, r in zip(lens, reqs))
             if why:
                 x.skip(phase, shape, why, item=f"bs={bs} {cls}")
                 continue
@@ -484,7 +488,7 @@ def _gen_sampling(x: _Expander, phase: str, shape: Shape) -> None:
     steps = x.value(shape.decode_tokens) if shape.decode_tokens else 16
     conc = _sizes(x, phase, shape, shape.concurrency) if shape.concurrency else [1]
     mixed: int | None = None
-    mixed_why = ""  # a mixed prompt that cannot be sent skips its steps alone, by name
+    mixed_why = ""  # a mixed prompt that cannot be worked out skips its own steps, by name
     if shape.mixed_prompt is not None:
         try:
             mixed = x.value(shape.mixed_prompt)
@@ -494,34 +498,42 @@ def _gen_sampling(x: _Expander, phase: str, shape: Shape) -> None:
             mixed_why = exc.reason
     for variant in shape.variants:
         for c in conc:
-            # the burst of c prompts of one length, then (mixed_prompt) the same burst with its
-            # last prompt of the other length: a one-token prompt is a logits path of its own
-            bursts = [[prompt + i for i in range(c)]]
-            if mixed is not None or mixed_why:
-                other = [prompt + i for i in range(c - 1)] + [mixed if mixed is not None else 0]
-                if other != bursts[0]:
-                    bursts.append(other)
-            for k, lengths in enumerate(bursts):
-                item = f"{variant} x{c}" + (f" with {mixed if mixed is not None else 'mixed_prompt'}"
-                                            if k else "")
-                why = (mixed_why if k else "") or x.running_fits(c) or next(
-                    (w for w in (x.fits(n, steps) for n in lengths) if w), None)
-                if why:
-                    x.skip(phase, shape, why, item=item)
-                    continue
-                x.room(c)
-                try:
-                    reqs = [x.request(shape, n, new_tokens=steps, variant=variant,
-                                      ignore_eos=True) for n in lengths]
-                except _OverLimit:
-                    raise
-                except _SkipShape as exc:
-                    if not k:
-                        raise  # the class's own prompt: the whole class, as before
-                    x.skip(phase, shape, exc.reason, item=item)
-                    continue
-                x.add(phase, shape, "concurrent" if c > 1 else "single", reqs,
-                      note=f"{item}, {steps} decode steps")
+            burst = [prompt + i for i in range(c)]
+            _sampling_step(x, phase, shape, variant, burst, steps, f"{variant} x{c}")
+            if shape.mixed_prompt is None:
+                continue
+            # the same burst with its last prompt of the other length (alone at x1): a
+            # one-token prompt with logprobs is a logits path of its own
+            item = f"{variant} x{c} with {mixed if mixed is not None else 'mixed_prompt'}"
+            if mixed is None:
+                x.skip(phase, shape, mixed_why, item=item)
+            elif burst[:-1] + [mixed] != burst:
+                _sampling_step(x, phase, shape, variant, burst[:-1] + [mixed], steps, item,
+                               mixed=True)
+
+
+def _sampling_step(x: _Expander, phase: str, shape: Shape, variant: str, lengths: list[int],
+                   steps: int, item: str, *, mixed: bool = False) -> None:
+    """One step of a sampling class: its prompts at once, decoding ``steps`` tokens.  A step
+    the server cannot take is skipped by name; a request feature it refuses for the class's
+    own prompt skips the class (as for every kind), for the mixed prompt only this step."""
+    why = x.running_fits(len(lengths)) or x.fits_all((n, steps) for n in lengths)
+    if why:
+        x.skip(phase, shape, why, item=item)
+        return
+    x.room(len(lengths))
+    try:
+        reqs = [x.request(shape, n, new_tokens=steps, variant=variant, ignore_eos=True)
+                for n in lengths]
+    except _OverLimit:
+        raise
+    except _SkipShape as exc:
+        if not mixed:
+            raise
+        x.skip(phase, shape, exc.reason, item=item)
+        return
+    x.add(phase, shape, "concurrent" if len(lengths) > 1 else "single", reqs,
+          note=f"{item}, {steps} decode steps")
 
 
 _GENERATORS = {
