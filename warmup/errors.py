@@ -14,13 +14,19 @@ _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 36, 36
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (escapes, line breaks) as ``?``:
+    for text that comes from data (a compile log, a request file) shown on a terminal."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 def shown(value: Any) -> str:
     """A value for an error line: short (40 characters at most, nesting cut), printable."""
     try:
         text = _REPR.repr(value)
     except ValueError:  # an integer of more digits than int-to-text converts
         return "an integer of more than 4,300 digits"
-    text = "".join(c if c.isprintable() else "?" for c in text)
+    text = printable(text)
     return text if len(text) <= 40 else text[:37] + "..."
 
 

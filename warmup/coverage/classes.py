@@ -186,9 +186,9 @@ def aggregate(records: Iterable[Mapping[str, Any]]) -> list[KeyEvents]:
         if not a["signature"] and r.get("event") in (compile_log.MISS, compile_log.HIT):
             a["signature"] = signature_text(r)
         elif not a["signature"] and isinstance(r.get("reason"), str) and r["reason"]:
-            # a torch.compile recompile; the log is data: its text is shown printable and short
-            reason = "".join(c if c.isprintable() else " " for c in r["reason"][:512])
-            a["signature"] = f"guard failed: {reason}"
+            # a torch.compile recompile (the log is data: cut short here, made printable where
+            # it is shown, view.text.key_label)
+            a["signature"] = f"guard failed: {r['reason'][:512]}"
         event = r.get("event")
         if event == compile_log.MISS:
             a["compiled"] += 1

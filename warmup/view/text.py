@@ -11,6 +11,7 @@ from typing import Any, Iterable
 from cache_tools.render import bar, lines, table
 from warmup.coverage.audit import SLOW_RATIO, AuditReport, StepAudit
 from warmup.coverage.classes import Coverage, KeyEvents
+from warmup.errors import printable
 from warmup.serve.report import RunReport, allocator_kept, sweep_processes
 from warmup.view.documents import AUDIT, COVERAGE, OTHER, RUN, Document, Outline
 
@@ -146,7 +147,7 @@ def key_label(k: KeyEvents) -> str:
     """``name [hash10] (signature)``, printable: its parts come from a compile log (data)."""
     short = f" [{k.hash[:10]}]" if k.hash else ""
     sig = f" ({k.signature})" if k.signature else ""
-    return "".join(c if c.isprintable() else "?" for c in f"{k.name}{short}{sig}")
+    return printable(f"{k.name}{short}{sig}")
 
 
 def key_events(k: KeyEvents) -> str:
