@@ -461,12 +461,32 @@ def wait_ready(names: list[str], budget: float) -> list[str]:
                 s.setdefault("artifacts_at_ready", artifacts(Path(s["cache"])))
                 s.setdefault("compiles_at_ready", compiles_by_phase(Path(s["base"]) / "state"))
                 log(f"{name} ready after {s['ready_s']} s")
+                keep_startup_log(name, s)
                 up.append(name)
         save_state(state)
         if len(up) == len(names):
             break
         time.sleep(3)
     return [n for n in up if not state[n].get("died")]
+
+
+_REQUEST_LINES = re.compile(r"POST /generate|GET /health|GET /model_info|GET /get_model_info|"
+                            r"Prefill batch|Decode batch|POST /flush_cache")
+
+
+def keep_startup_log(name: str, s: dict) -> None:
+    """The server's log up to ready without its per-request lines, to ``$OUT/NAME-startup.log``:
+    SGLang's own time-stamped milestones (weights, DeepGEMM's precompile, CUDA-graph capture,
+    the warm-up's steps) show where a launch spends its start."""
+    try:
+        lines = (Path(s["base"]) / "server.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return
+    kept = [ln for ln in lines if not _REQUEST_LINES.search(ln)]
+    head = (f"# launch {name} t0={s['t0']:.1f} ready_s={s.get('ready_s')} "
+            f"(scripts/gpu/startup_timeline.py reads this line)")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{name}-startup.log").write_text(head + "\n" + "\n".join(kept)[-400_000:] + "\n")
 
 
 def tail(s: dict, n: int) -> str:
