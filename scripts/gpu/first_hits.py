@@ -461,7 +461,9 @@ def wait_ready(names: list[str], budget: float) -> list[str]:
                 s.setdefault("artifacts_at_ready", artifacts(Path(s["cache"])))
                 s.setdefault("compiles_at_ready", compiles_by_phase(Path(s["base"]) / "state"))
                 log(f"{name} ready after {s['ready_s']} s")
-                keep_startup_log(name, s)
+                if not s.get("startup_log"):    # once: a later wait (traffic) finds it ready
+                    keep_startup_log(name, s)
+                    s["startup_log"] = True
                 up.append(name)
         save_state(state)
         if len(up) == len(names):
@@ -486,7 +488,8 @@ def keep_startup_log(name: str, s: dict) -> None:
     head = (f"# launch {name} t0={s['t0']:.1f} ready_s={s.get('ready_s')} "
             f"(scripts/gpu/startup_timeline.py reads this line)")
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{name}-startup.log").write_text(head + "\n" + "\n".join(kept)[-400_000:] + "\n")
+    # the beginning is kept: the timeline counts from the first line
+    (OUT / f"{name}-startup.log").write_text(head + "\n" + "\n".join(kept)[:400_000] + "\n")
 
 
 def tail(s: dict, n: int) -> str:

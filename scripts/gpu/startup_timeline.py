@@ -7,7 +7,9 @@
 
 Each column is a launch; each row the seconds from the launch's first logged line to a
 milestone (SGLang logs whole seconds), and the rows the user waits for: the time before the
-first line (Python's start and SGLang's imports in the launching process; ``ready_s`` from the
+first line (Python's start and SGLang's imports in the launching process, plus the delay
+until the harness's ``/health`` poll, every 3 s, saw the server ready, and up to a second of
+SGLang's whole-second stamps: ``ready_s`` less the "ready to roll" line; ``ready_s`` from the
 log's first line, or ``--ready`` for logs written without it) and the time to ready.  The
 stages between milestones are what to compare: the scheduler's start, the weights, the GEMM
 sweep, the decode-graph capture, the warm-up, and what follows it.
@@ -21,7 +23,8 @@ import json
 import re
 from pathlib import Path
 
-STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] (.*)$")
+#: SGLang's time stamp, with the rank tag of a tensor- or data-parallel scheduler (``TP0``)
+STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?: [^\]]*)?\] (.*)$")
 HEAD = re.compile(r"^# launch (\S+) t0=\S+ ready_s=(\S+)")
 #: (milestone, pattern); the first line matching each counts
 MILESTONES = [
@@ -68,11 +71,19 @@ def main() -> None:
     ap.add_argument("--ready", default="", help="NAME=SECONDS,... for logs without a head line")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
-    ready = {k: float(v) for k, v in (x.split("=") for x in a.ready.split(",") if x)}
+    ready: dict[str, float] = {}
+    for item in filter(None, (x.strip() for x in a.ready.split(","))):
+        name, sep, value = item.partition("=")
+        try:
+            ready[name.strip()] = float(value)
+        except ValueError:
+            raise SystemExit(f"--ready: {item!r} is not NAME=SECONDS") from None
+        if not sep:
+            raise SystemExit(f"--ready: {item!r} is not NAME=SECONDS")
     rows = [timeline(p, ready) for p in a.logs]
     print("| seconds | " + " | ".join(r["name"] for r in rows) + " |")
     print("|---|" + "---:|" * len(rows))
-    print("| before SGLang's first line (Python, imports) | "
+    print("| before SGLang's first line, and the readiness poll | "
           + " | ".join(str(r.get("before_first_line_s", "")) for r in rows) + " |")
     for label, _ in MILESTONES:
         cells = [r["from_first_line"].get(label) for r in rows]
