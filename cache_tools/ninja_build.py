@@ -91,9 +91,24 @@ def _logical_lines(text: str) -> list[str]:
     return out
 
 
+def _unescaped(text: str, chars: str) -> list[int]:
+    """Where ``chars`` stand in ``text`` outside ninja's escapes (``$$``, ``$ ``, ``$:``,
+    ``$name``, ``${name}``): the separators ninja sees."""
+    found, i = [], 0
+    while i < len(text):
+        if text[i] == "$":
+            i = max(_VAR.match(text, i).end(), i + 1)   # type: ignore[union-attr]
+            continue
+        if text[i] in chars:
+            found.append(i)
+        i += 1
+    return found
+
+
 def _paths(text: str, scope: dict[str, str], budget: _Budget) -> list[str]:
+    cuts = [-1, *_unescaped(text, " "), len(text)]
     return [_evaluate(p, lambda n: scope.get(n, ""), budget)
-            for p in re.split(r"(?<!\$) +", text.strip()) if p]
+            for p in (text[a + 1:b] for a, b in zip(cuts, cuts[1:])) if p]
 
 
 def parse(text: str) -> tuple[list[Edge], list[str]]:
@@ -112,24 +127,29 @@ def parse(text: str) -> tuple[list[Edge], list[str]]:
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         if line.startswith(" "):
-            key, eq, value = line.strip().partition("=")
+            # ninja drops the spaces around the name and before the value, not after it
+            key, eq, value = line.lstrip(" ").partition("=")
+            key, value = key.strip(" "), value.lstrip(" ")
             if current is None or not eq:
                 raise Unsupported(f"build.ninja: an indented line outside a rule or build: {line.strip()[:80]!r}")
-            if current is not builds_current and key.strip() not in RULE_BINDINGS:
-                raise Unsupported(f"build.ninja: a rule binding ninja refuses: {key.strip()[:40]!r}")
-            current[key.strip()] = value.strip()
+            if current is builds_current:   # a build's own binding: evaluated where it stands
+                current[key] = _evaluate(value, lambda n: scope.get(n, ""), budget)
+            elif key not in RULE_BINDINGS:
+                raise Unsupported(f"build.ninja: a rule binding ninja refuses: {key[:40]!r}")
+            else:
+                current[key] = value
             continue
         current = builds_current = None
         word, _, rest = line.partition(" ")
         if word == "rule":
             current = rules.setdefault(rest.strip(), {})
         elif word == "build":
-            colon = re.search(r"(?<!\$):", rest)
-            if colon is None:
+            colons = _unescaped(rest, ":")
+            if not colons:
                 raise Unsupported("build.ninja: a build line without ':'")
-            head, tail = rest[:colon.start()], rest[colon.end():]
-            rule, _, ins = tail.strip().partition(" ")
-            if re.search(r"(?<!\$)\|", ins) or re.search(r"(?<!\$)\|", head):
+            head, tail = rest[:colons[0]], rest[colons[0] + 1:]
+            rule, _, ins = tail.strip(" ").partition(" ")
+            if _unescaped(head, "|") or _unescaped(ins, "|"):
                 raise Unsupported("build.ninja: implicit or order-only paths")
             current = builds_current = {}
             builds.append((_paths(head, scope, budget), rule, _paths(ins, scope, budget),
@@ -138,7 +158,8 @@ def parse(text: str) -> tuple[list[Edge], list[str]]:
             defaults += _paths(rest, scope, budget)
         elif "=" in line and word not in ("include", "subninja", "pool"):
             key, _, value = line.partition("=")
-            scope[key.strip()] = _evaluate(value.strip(), lambda n: scope.get(n, ""), budget)
+            scope[key.strip(" ")] = _evaluate(value.lstrip(" "), lambda n: scope.get(n, ""),
+                                              budget)
         else:
             raise Unsupported(f"build.ninja: {word!r} is not what FlashInfer writes")
     return [_edge(outs, rules, rule, ins, binds, scope, budget)
@@ -152,8 +173,7 @@ def _edge(outs: list[str], rules: dict[str, dict[str, str]], rule_name: str, ins
         raise Unsupported(f"build.ninja: no rule {rule_name!r}")
     if "rspfile" in rule or "generator" in rule or "restat" in rule or "dyndep" in rule:
         raise Unsupported(f"build.ninja: rule {rule_name} has bindings not written here")
-    # an edge's own bindings are evaluated where they stand (in the file's scope)
-    edge_vars = {k: _evaluate(v, lambda n: scope.get(n, ""), budget) for k, v in binds.items()}
+    edge_vars = binds           # evaluated where they stood (in the file's scope then)
     evaluating: set[str] = set()
     evaluated: dict[str, str] = {}   # a rule binding is evaluated once per edge
 
@@ -175,6 +195,8 @@ def _edge(outs: list[str], rules: dict[str, dict[str, str]], rule_name: str, ins
         return scope.get(name, "")
 
     deps = lookup("deps") if "deps" in rule or "deps" in edge_vars else ""
-    if deps not in ("", "gcc") or (lookup("depfile") and deps != "gcc"):
+    if deps not in ("", "gcc"):
+        raise Unsupported(f"build.ninja: rule {rule_name}: deps = {deps[:20]!r}, not gcc")
+    if lookup("depfile") and deps != "gcc":
         raise Unsupported(f"build.ninja: rule {rule_name}: depfile without deps = gcc")
     return Edge(tuple(outs), tuple(ins), lookup("command"), deps == "gcc")

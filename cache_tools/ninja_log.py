@@ -51,8 +51,6 @@ _LOG_HEADER = re.compile(rb"# ninja log v(\d+)\n")
 _M64 = (1 << 64) - 1
 
 
-
-
 # --- the two command hashes ninja has used ----------------------------------------------------
 def murmur64a(data: bytes, seed: int = 0xDECAFBADDECAFBAD) -> int:
     """MurmurHash64A, ninja's command hash in build logs v5 and v6."""
@@ -206,16 +204,21 @@ def record_op(op_dir: Path, formats: Formats) -> str:
     """Write ninja's records for the FlashInfer op installed at ``op_dir``; returns what was
     done, one line.  Everything is checked before anything is written: :class:`Unsupported`
     (the op left as installed) when the op is not one whose records can be written."""
-    op = os.path.realpath(op_dir)
+    # the path as FlashInfer spells it (its workspace, unresolved), not through its links
+    op = os.path.abspath(op_dir)
     build_file = Path(op, "build.ninja")
+    _regular(build_file, "build file")
     try:
         text = inputfile.read(build_file, MAX_BUILD_FILE).decode()
     except (OSError, inputfile.TooLarge, UnicodeDecodeError) as exc:  # left alone
-        raise Unsupported(f"{build_file}: {exc}") from None
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise Unsupported(f"{build_file}: {why}") from None
     edges, defaults = parse(text)
     name = os.path.basename(op)
-    if len(defaults) != 1 or not defaults[0].endswith(f"/{name}/{name}.so"):
-        raise Unsupported(f"{build_file}: its default is not <JIT dir>/{name}/{name}.so")
+    if len(defaults) != 1 or not os.path.isabs(defaults[0]) \
+            or not defaults[0].endswith(f"/{name}/{name}.so") \
+            or all(defaults[0] not in e.outputs for e in edges):
+        raise Unsupported(f"{build_file}: its default is not the output <JIT dir>/{name}/{name}.so")
     # the bake's <workspace>/<version>/<archs> (cached_ops/ and generated/ are below it)
     old_base = os.path.dirname(os.path.dirname(os.path.dirname(defaults[0])))
     base = os.path.dirname(os.path.dirname(op))
@@ -257,6 +260,9 @@ def _regular(path: Path, what: str) -> None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
+        if what == "build file":
+            raise Unsupported(f"the op carries no {path.name}: not an op FlashInfer built "
+                              "with ninja") from None
         raise Unsupported(f"the op carries no {what} ({path.name}): a FlashInfer that keeps "
                           "ninja's records outside the op's directory") from None
     if not stat.S_ISREG(st.st_mode):
@@ -271,6 +277,8 @@ def _check_log(path: Path, formats: Formats) -> None:
         tail = os.pread(fd, 1, max(os.fstat(fd).st_size - 1, 0))
     finally:
         os.close(fd)
+    if first == b"\n":
+        raise Unsupported(f"{path} is empty: ninja writes its header first")
     if first != formats.log_header:
         raise Unsupported(f"{path} is another ninja's ({first[:20]!r}, here "
                           f"{formats.log_header[:20]!r})")

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 from cache_tools.errors import ArchiveError, CacheError
 from cache_tools.fingerprint import Fingerprint, canonical_json
 from cache_tools.archive.groups import MAX_GROUP_BYTES, is_group
-from cache_tools.locations import KIND_NAMES, kind
+from cache_tools.locations import KIND_NAMES, EntryRule, kind
 from cache_tools.scan import layout_problem
 
 FORMAT = "sglang-warmup-cache-archive"
@@ -108,14 +108,25 @@ def member_prefix(kind: str, name: str) -> str:
     return f"{kind}/{name}" if name else kind
 
 
+def entry_rule(entry: EntryRecord) -> EntryRule | None:
+    """The layout rule of a directory entry's kind that names it (None for a file entry)."""
+    if not entry.is_dir:
+        return None
+    parts = tuple(entry.name.split("/")) if entry.name else ()
+    return kind(entry.kind).layout.entry_rule(parts, True)
+
+
 def is_triton(entry: EntryRecord) -> bool:
     """Whether ``entry`` is a Triton-style directory (Triton's own cache, or Inductor's nested
     one): its group files name its children and are rewritten on restore."""
-    if not entry.is_dir:
-        return False
-    parts = tuple(entry.name.split("/")) if entry.name else ()
-    rule = kind(entry.kind).layout.entry_rule(parts, True)
+    rule = entry_rule(entry)
     return rule is not None and rule.complete == "triton"
+
+
+def is_built_by_ninja(entry: EntryRecord) -> bool:
+    """Whether ``entry``'s library runs ninja on it at each load (FlashInfer's ops)."""
+    rule = entry_rule(entry)
+    return rule is not None and rule.ninja
 
 
 def content_digest(is_dir: bool, files: tuple[FileRecord, ...]) -> str:

@@ -24,11 +24,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Mapping
 
-from cache_tools import locations
 from cache_tools.errors import CacheError
 from cache_tools.locations import (MERGE_PREFIX, PACK_PREFIX, STAGING_PREFIX, TRASH_PREFIX,
                                    kind)
-from cache_tools.archive.manifest import EntryRecord, FileRecord, is_triton
+from cache_tools.archive.manifest import EntryRecord, FileRecord, is_built_by_ninja, is_triton
 from cache_tools.scan import GROUP_PREFIX, entry_at, read_group, triton_hits
 
 #: a leftover of another host (shared filesystem) is removed after this long
@@ -394,7 +393,7 @@ def _with_ninja_records(outcomes: list[Outcome]) -> list[Outcome]:
     (:mod:`cache_tools.ninja_log`); each such outcome says what was done, or why ninja will
     build the op again at its first load."""
     ops = [i for i, o in enumerate(outcomes) if o.status == "added" and o.entry.is_dir
-           and _built_by_ninja(o.entry)]
+           and is_built_by_ninja(o.entry)]
     if not ops:
         return outcomes
     from cache_tools import ninja_log
@@ -413,15 +412,6 @@ def _with_ninja_records(outcomes: list[Outcome]) -> list[Outcome]:
             outcomes[i] = replace(o, detail=f"ninja's records not written: {exc!r}",
                                   rebuilt_by_ninja=True)
     return outcomes
-
-
-def _built_by_ninja(entry: EntryRecord) -> bool:
-    """The entry's layout rule says its library runs ninja on it at each load."""
-    try:
-        rule = locations.kind(entry.kind).layout.entry_rule(tuple(entry.name.split("/")), True)
-    except CacheError:  # a kind this version does not know: nothing of ours to write
-        return False
-    return rule is not None and rule.ninja
 
 
 def triton_hits_group(group_file: Path) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -61,7 +62,7 @@ def flashinfer_build(jit_dir: Path, sources: list[Path], cuda_home: Path) -> str
     join = " $\n    ".join
     common = ["-DPy_LIMITED_API=0x03090000", "-D_GLIBCXX_USE_CXX11_ABI=1",
               f"-isystem {sources[0].parent}"]
-    out_dir = (jit_dir / OP).resolve()
+    out_dir = (jit_dir / OP).absolute()     # as FlashInfer spells it: links not resolved
     lines = ["ninja_required_version = 1.3", f"name = {OP}", f"cuda_home = {cuda_home}",
              "cxx = gcc", "nvcc = $cuda_home/bin/nvcc", "cxx_launcher = ", "nvcc_launcher = ", "",
              "common_cflags = " + join(common), "cflags = " + join(["$common_cflags", "-fPIC", "-O2"]),
@@ -157,6 +158,25 @@ def test_a_relocated_op_is_rebuilt_without_records_and_not_with_them(ninja, buil
     assert (new / OP / "build.ninja").read_text() == flashinfer_build(new, built[2], built[1])
 
 
+@pytest.mark.parametrize("ninja", NINJAS)
+def test_an_op_restored_under_a_linked_directory_keeps_the_path_flashinfer_uses(ninja, built,
+                                                                               tmp_path):
+    """FlashInfer spells its workspace as its variable or HOME give it, through any link: the
+    records name the op by that path, not the resolved one, or ninja builds it again."""
+    old, cuda, sources = built
+    run_ninja(ninja, old, workdir="op")
+    relocate(old, tmp_path / "real")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    linked = tmp_path / "link" / "0.6.15" / "90a" / "cached_ops"
+    ninja_log.record_op(linked / OP, ninja_log.probe(ninja))
+    # what FlashInfer writes on load, and the ninja it runs, both with the linked path
+    assert (linked / OP / "build.ninja").read_text() == flashinfer_build(linked, sources, cuda)
+    done = subprocess.run([ninja, "-C", str(linked / OP), "-f", str(linked / OP / "build.ninja"),
+                           "-n"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [x for x in done.stdout.splitlines() if x.startswith("[")] == []
+
+
 @pytest.mark.parametrize("changed", ["helpers.cc", "norm.h"])
 @pytest.mark.parametrize("ninja", NINJAS)
 def test_the_records_still_let_ninja_see_a_changed_source_or_header(ninja, changed, built,
@@ -214,6 +234,13 @@ def test_an_op_without_records_of_its_own_is_left_alone(ninja, built, tmp_path):
     ("rule r\n  command = $depfile\n  depfile = a$command\nbuild a: r b\ndefault a\n",
      "$depfile refers to itself"),
     ("rule r\n  command = $x\n  x = a\nbuild a: r b\ndefault a\n", "a rule binding ninja refuses: 'x'"),
+    # a default that is relative, or not an output, would move unrelated paths
+    ("rule r\n  command = x\nbuild q/norm/norm.so: r b\ndefault q/norm/norm.so\n",
+     "its default is not the output"),
+    ("rule r\n  command = x\nbuild /j/norm/a.so: r b\ndefault /j/norm/norm.so\n",
+     "its default is not the output"),
+    ("rule r\n  command = x\n  deps = msvc\nbuild /j/norm/norm.so: r b\ndefault /j/norm/norm.so\n",
+     "deps = 'msvc', not gcc"),
     ("v = a\n" + "".join(f"w{i} = " + f"$w{i - 1}" * 60 + "\n" for i in range(1, 8)).replace("$w0", "$v"),
      "more than 4,194,304 characters evaluated"),
 ])
@@ -247,26 +274,32 @@ def test_an_op_whose_outputs_lie_elsewhere_or_are_missing_is_left_alone(built, t
     assert not (new / ".ninja_log").exists() and not (new / ".ninja_deps").exists()
 
 
+@pytest.mark.parametrize("record", [".ninja_log", ".ninja_deps", "build.ninja"])
 @pytest.mark.parametrize("what", ["link", "dangling", "fifo"])
-def test_records_that_are_not_regular_files_are_left_alone(built, tmp_path, what):
-    """A restored op whose .ninja_log is a link (to a file elsewhere, or to nothing) or a FIFO:
-    nothing followed, nothing created, no hang."""
+def test_records_that_are_not_regular_files_are_left_alone(built, tmp_path, what, record):
+    """A restored op whose build file or records are a link (to a file elsewhere, or to
+    nothing) or a FIFO: nothing followed, nothing created, no hang."""
     old, _, _ = built
     run_ninja(NINJAS[0], old, workdir="op")
     new = relocate(old, tmp_path / "restored")
-    log = new / OP / ".ninja_log"
+    path = new / OP / record
     outside = tmp_path / "outside"
-    log.unlink()
+    path.unlink()
     if what == "link":
         outside.write_bytes(b"# ninja log v5\n")
-        log.symlink_to(outside)
+        path.symlink_to(outside)
     elif what == "dangling":
-        log.symlink_to(outside)
+        path.symlink_to(outside)
     else:
-        os.mkfifo(log)
-    with pytest.raises(Unsupported, match=r"\.ninja_log is not a regular file"):
+        os.mkfifo(path)
+    started = time.monotonic()
+    with pytest.raises(Unsupported, match=f"{re.escape(record)} is not a regular file"):
         ninja_log.record_op(new / OP, ninja_log.probe(NINJAS[0]))
-    assert outside.read_bytes() == b"# ninja log v5\n" if what == "link" else not outside.exists()
+    assert time.monotonic() - started < 10
+    if what == "link":
+        assert outside.read_bytes() == b"# ninja log v5\n"
+    else:
+        assert not outside.exists()
 
 
 def test_an_input_that_is_not_here_leaves_the_op_alone(built, tmp_path):
@@ -397,3 +430,29 @@ def test_any_build_file_parses_or_is_refused_in_one_line(lines):
     else:
         assert all(isinstance(e.command, str) for e in edges)
         assert all(isinstance(d, str) for d in defaults)
+
+
+# --- commands as ninja evaluates them ---------------------------------------------------------
+@pytest.mark.parametrize("ninja", NINJAS)
+@pytest.mark.parametrize("text", [
+    # a value keeps its trailing spaces (FlashInfer's joined flag lists can end with one)
+    "v = x  \nrule r\n  command = echo $v$v\nbuild a: r b\n",
+    "rule r\n  command = echo $f  \nbuild a: r b\n  f = y  \n",
+    # a build's own binding is evaluated where it stands, not at the end of the file
+    "v = 1\nrule r\n  command = echo $w $v\nbuild a: r b\n  w = $v\nv = 2\n",
+    # $$ is a dollar: the space, colon or bar after it separates
+    "rule r\n  command = echo $in\nbuild a: r b$$ c\n",
+    "rule r\n  command = echo $out $in\nbuild a$$: r c\n",
+    "rule r\n  command = echo $in\nbuild a: r b$ c$:d\n",
+    "rule r\n  command = echo $in x$$y ${in}\nbuild a: r b\n",
+])
+def test_commands_are_evaluated_as_ninja_evaluates_them(ninja, tmp_path, text):
+    """The command hash is of the command ninja evaluates: spaces, scopes and escapes as its."""
+    from cache_tools import ninja_build
+
+    (tmp_path / "build.ninja").write_text(text)
+    edges, _ = ninja_build.parse(text)
+    done = subprocess.run([ninja, "-C", str(tmp_path), "-t", "commands", edges[0].outputs[0]],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [e.command for e in edges] == done.stdout.split("\n")[:-1]
