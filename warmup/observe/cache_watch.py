@@ -16,7 +16,11 @@ new files inside one build directory of the kind's layout (a FlashInfer op's
 (``<op>.so``) is newer than the build's first new file or the directory went quiet for a poll,
 whatever polls the build spans: ninja rebuilding an op that is
 already there (after a restore, its ``.ninja_log`` gone or naming another directory) leaves
-only new depfiles (``*.o.d``) beside the objects it rewrites.
+only new depfiles (``*.o.d``) beside the objects it rewrites.  A held build is stamped with
+the phase of the poll that first saw it (a build begun in ``warmup`` and finished after the
+phase turned ``serving`` is no compile after ready); one whose marker never comes is recorded
+as failed once its directory is gone, or nothing new came in for ``HELD_FAILED_AFTER_S``, or
+the watch stops.
 Its duration is the span of the entry's file times (DeepGEMM writes the kernel's source first
 and its cubin last), a lower bound.  Triton, SGLang's own nvcc JIT and tvm-ffi have hooks
 of their own and are not watched.
@@ -29,11 +33,13 @@ import logging
 import os
 import stat
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 from cache_tools import compile_log, locations
+from warmup.observe import phase
 
 logger = logging.getLogger("sglang_warmup.events")
 
@@ -43,8 +49,32 @@ WATCHED = compile_log.LIBRARY_COMPILERS
 #: Directories one watch follows at most (a cache that large is listed, never walked whole
 #: again): above it new entries in the directories past the limit are not seen.
 MAX_DIRS = 20_000
+#: a build directory without its marker, with nothing new in it for this long, is a build that
+#: failed (the longest single nvcc step of a FlashInfer op takes minutes, not ten)
+HELD_FAILED_AFTER_S = 600.0
 
 Record = Callable[..., None]
+
+
+class Build(NamedTuple):
+    """One build seen: its path below the kind's root, the span of its files' mtimes (s),
+    what the caller passed to the poll that first saw it, and whether it ended without its
+    marker (failed)."""
+
+    entry: str
+    span: float
+    seen: Any = None
+    failed: bool = False
+
+
+@dataclass
+class _Held:
+    """A build directory with new files whose build may go on."""
+
+    glob: str                   # its marker
+    seen: Any                   # what the first poll that saw it was given
+    times: list[float] = field(default_factory=list)
+    last_new: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -60,26 +90,32 @@ class KindWatch:
         self.kind, self.root = kind, root
         self.dirs: dict[Path, _Dir] = {}
         self.baseline = True
-        #: build directories with new files whose build may go on: glob of the marker, times
-        self.held: dict[tuple[str, ...], tuple[str, list[float]]] = {}
+        #: build directories with new files whose build may go on
+        self.held: dict[tuple[str, ...], _Held] = {}
 
-    def poll(self) -> list[tuple[str, float]]:
+    def poll(self, seen: Any = None) -> list[Build]:
         """New entries since the last poll (the first poll only learns what is there), each
-        as (its path below the root, the span of its files' mtimes in seconds)."""
+        a :class:`Build` carrying ``seen`` of the poll that first saw it."""
         found: dict[tuple[str, ...], list[float]] = {}
         self._visit(self.root, (), found)
         self.baseline = False
-        builds: dict[tuple[str, ...], list[float]] = {}
+        builds: list[Build] = []
         for parts, times in found.items():
             held = self._build_dir_of(parts)
             if held is None:
-                builds.setdefault(parts, []).extend(times)
+                builds.append(Build("/".join(parts), _span(times), seen))
             else:
-                self.held.setdefault(held[0], (held[1], []))[1].extend(times)
-        for entry, times in self._finished(set(found)):
-            builds[entry] = times
-        return [("/".join(parts), max(times) - min(times) if times else 0.0)
-                for parts, times in builds.items()]
+                h = self.held.setdefault(held[0], _Held(held[1], seen))
+                h.times.extend(times)
+                h.last_new = time.monotonic()
+        return builds + self._finished(set(found))
+
+    def release(self) -> list[Build]:
+        """The held builds, as failed (cut short: the watch stops)."""
+        out = [Build("/".join(entry), _span(h.times), h.seen, failed=True)
+               for entry, h in self.held.items()]
+        self.held.clear()
+        return out
 
     def _build_dir_of(self, parts: tuple[str, ...]) -> tuple[tuple[str, ...], str] | None:
         """The build directory of the layout that holds ``parts`` (an entry complete once its
@@ -92,21 +128,28 @@ class KindWatch:
                 return parts[:n], glob
         return None
 
-    def _finished(self, new: set[tuple[str, ...]]) -> list[tuple[tuple[str, ...], list[float]]]:
+    def _finished(self, new: set[tuple[str, ...]]) -> list[Build]:
         """Held build directories whose build is over: the marker is at least as new as the
         build's first new file (a module built, or rebuilt over its restored files), or the
         marker was there already and nothing new came in since the last poll (a rebuild in
         place: ninja rewrites what exists).  A directory still without its marker stays held
-        (a first build can run long between new files).  One build each, whatever polls it
-        spans."""
+        (a first build can run long between new files) until it is gone or quiet for
+        ``HELD_FAILED_AFTER_S``: a failed build.  One build each, whatever polls it spans."""
         done = []
-        for entry, (glob, times) in list(self.held.items()):
+        for entry, h in list(self.held.items()):
             quiet = not any(parts[:len(entry)] == entry for parts in new)
-            marker = _marker_mtime(self.root.joinpath(*entry), glob)
-            if marker >= min(times, default=0.0) or (quiet and marker >= 0):
-                done.append((entry, times + [marker] if marker >= min(times, default=0.0)
-                             else times))
-                del self.held[entry]
+            directory = self.root.joinpath(*entry)
+            marker = _marker_mtime(directory, h.glob)
+            built = marker >= min(h.times, default=0.0)
+            if built or (quiet and marker >= 0):
+                done.append(Build("/".join(entry), _span(h.times + [marker] if built
+                                                         else h.times), h.seen))
+            elif quiet and (not directory.is_dir()
+                            or time.monotonic() - h.last_new > HELD_FAILED_AFTER_S):
+                done.append(Build("/".join(entry), _span(h.times), h.seen, failed=True))
+            else:
+                continue
+            del self.held[entry]
         return done
 
     def _visit(self, path: Path, parts: tuple[str, ...],
@@ -231,6 +274,10 @@ class KindWatch:
             return False
 
 
+def _span(times: list[float]) -> float:
+    return max(times) - min(times) if times else 0.0
+
+
 def _marker_mtime(directory: Path, glob: str) -> float:
     """The newest mtime of the files in ``directory`` matching ``glob``, else -1 (a marker
     gone between the listing and its stat is no marker)."""
@@ -259,7 +306,8 @@ def watches(env: dict[str, str] | None = None) -> list[KindWatch]:
 
 class CacheWatch:
     """The watching thread: every ``interval_s``, each kind's new entries become builds
-    recorded by ``record(outcome, entry, duration_s, compiler=kind, path=...)``."""
+    recorded by ``record(outcome, entry, duration_s, compiler=kind, path=..., state=...)``,
+    ``state`` the phase of the poll that first saw the build."""
 
     def __init__(self, record: Record, interval_s: float,
                  kinds: list[KindWatch] | None = None) -> None:
@@ -270,13 +318,15 @@ class CacheWatch:
 
     def poll_once(self) -> int:
         """One pass over every kind; returns how many builds were recorded."""
-        n = 0
-        for watch in self.kinds:
-            for entry, span in watch.poll():
-                self.record(compile_log.BUILT, entry, round(span, 3), compiler=watch.kind.name,
-                            path=str(watch.root / entry))
-                n += 1
-        return n
+        seen = phase.current()
+        return sum(self._record(watch, watch.poll(seen)) for watch in self.kinds)
+
+    def _record(self, watch: KindWatch, builds: list[Build]) -> int:
+        for b in builds:
+            self.record(compile_log.FAILED if b.failed else compile_log.BUILT, b.entry,
+                        round(b.span, 3), compiler=watch.kind.name,
+                        path=str(watch.root / b.entry), state=b.seen)
+        return len(builds)
 
     def start(self) -> None:
         self.poll_once()  # what is there now is the baseline, not builds
@@ -292,12 +342,12 @@ class CacheWatch:
                 logger.debug("sglang-warmup: cache watch pass failed: %r", exc)
 
     def stop(self) -> None:
+        """Stop the thread; first builds still without their marker are recorded as failed
+        (cut short), unless the thread is still in a pass."""
         self.stop_event.set()
         if self.thread is not None:
             self.thread.join(timeout=5)
-        for watch in self.kinds:  # first builds still without their marker (failed, or cut)
-            for entry, (_, times) in watch.held.items():
-                self.record(compile_log.BUILT, "/".join(entry),
-                            round(max(times) - min(times), 3) if times else 0.0,
-                            compiler=watch.kind.name, path=str(watch.root.joinpath(*entry)))
-            watch.held.clear()
+            if self.thread.is_alive():
+                return
+        for watch in self.kinds:
+            self._record(watch, watch.release())

@@ -178,13 +178,15 @@ def status() -> InstallReport | None:
 
 
 def record_build(outcome: str, module_name: str | None, duration_s: float | None, *,
-                 compiler: str, path: str | None = None, error: str | None = None) -> None:
-    """Count and log one JIT build of ``compiler`` (``built``, ``hit`` or ``failed``) in the
-    current phase and write its compile-log line (nothing when the recorders are not
-    installed); never raises."""
+                 compiler: str, path: str | None = None, error: str | None = None,
+                 reason: str | None = None, state: _phase.PhaseState | None = None) -> None:
+    """Count and log one JIT build of ``compiler`` (``built``, ``hit`` or ``failed``) in
+    ``state`` (default: the current phase) and write its compile-log line (nothing when the
+    recorders are not installed); never raises."""
     inst = _installation
     if inst is not None:
-        inst.build(outcome, module_name, duration_s, compiler=compiler, path=path, error=error)
+        inst.build(outcome, module_name, duration_s, compiler=compiler, path=path, error=error,
+                   reason=reason, state=state)
 
 
 def note(event: str, compiler: str, **fields: Any) -> None:
@@ -245,12 +247,13 @@ class _Installation:
 
     def build(self, outcome: str, module_name: str | None, duration_s: float | None, *,
               compiler: str, path: str | None = None, error: str | None = None,
-              reason: str | None = None) -> None:
+              reason: str | None = None, state: _phase.PhaseState | None = None) -> None:
         """Count and log one JIT build (``built``, ``hit`` or ``failed``) and write its
-        compile-log line (``reason``: why it was built again, where the compiler says); a
-        failure of ours is counted, never raised."""
+        compile-log line (``reason``: why it was built again, where the compiler says;
+        ``state``: the phase it began in, default the current one); a failure of ours is
+        counted, never raised."""
         try:
-            state = self.phase()
+            state = state or self.phase()
             self.measure(lambda m: m.jit_build(state.phase, outcome, duration_s,
                                                compiler=compiler))
             if outcome != compile_log.CACHED:

@@ -32,8 +32,8 @@ class Recorder(Protocol):
 
     def build(self, outcome: str, module_name: str | None, duration_s: float | None, *,
               compiler: str, path: str | None = None, error: str | None = None,
-              reason: str | None = None) -> None:
-        """Count, log and write one JIT build."""
+              reason: str | None = None, state: PhaseState | None = None) -> None:
+        """Count, log and write one JIT build (in ``state``, default the current phase)."""
 
     def measure(self, record: Callable[[metrics.Metrics], None]) -> None:
         """Record one sample through the metrics."""

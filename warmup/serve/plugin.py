@@ -64,9 +64,13 @@ def _start_cache_watch() -> None:
     interval = settings.CACHE_WATCH_S.get()
     if interval <= 0 or not _is_main_process():
         return
+    import atexit
+
     from warmup.observe import cache_watch, events
 
-    cache_watch.CacheWatch(events.record_build, interval).start()
+    watch = cache_watch.CacheWatch(events.record_build, interval)
+    watch.start()
+    atexit.register(watch.stop)   # builds still without their marker: recorded as cut short
 
 
 def _arm_serving_marker() -> None:

@@ -64,7 +64,8 @@ def test_new_cache_entries_are_builds_with_their_span(tmp_path):
     write(root / "cache" / "kernel.sm90_fp8_gemm_1d2d.bbbb" / "kernel.cu", mtime=now - 2.5)
     write(root / "cache" / "kernel.sm90_fp8_gemm_1d2d.bbbb" / "kernel.cubin", mtime=now)
     write(root / "locks" / "x.lock")
-    assert watch.poll() == [("cache/kernel.sm90_fp8_gemm_1d2d.bbbb", pytest.approx(2.5, abs=0.01))]
+    assert [b[:2] for b in watch.poll()] == [("cache/kernel.sm90_fp8_gemm_1d2d.bbbb",
+                                            pytest.approx(2.5, abs=0.01))]
     assert watch.poll() == []
 
 
@@ -76,7 +77,7 @@ def test_a_directory_being_filled_is_one_build_once_it_holds_a_file(tmp_path):
     (root / "cache" / "kernel.k.cccc").mkdir()
     assert watch.poll() == []
     write(root / "cache" / "kernel.k.cccc" / "kernel.cubin")
-    assert [e for e, _ in watch.poll()] == ["cache/kernel.k.cccc"]
+    assert [e for e, *_ in watch.poll()] == ["cache/kernel.k.cccc"]
     assert watch.poll() == []
 
 
@@ -88,9 +89,9 @@ def test_a_cache_directory_made_after_the_start_is_watched(tmp_path):
     write(root / "cache" / "kernel.k.eeee" / "kernel.cubin")
     (root / "cache" / "kernel.k.ffff").mkdir()     # being filled: seen once it holds a file
     # cache/ itself is above the entries: each kernel in it is a build of its own
-    assert sorted(e for e, _ in watch.poll()) == ["cache/kernel.k.dddd", "cache/kernel.k.eeee"]
+    assert sorted(e for e, *_ in watch.poll()) == ["cache/kernel.k.dddd", "cache/kernel.k.eeee"]
     write(root / "cache" / "kernel.k.ffff" / "kernel.cubin")
-    assert [e for e, _ in watch.poll()] == ["cache/kernel.k.ffff"]
+    assert [e for e, *_ in watch.poll()] == ["cache/kernel.k.ffff"]
     assert watch.poll() == []
 
 
@@ -113,9 +114,9 @@ def test_an_entry_gone_while_it_is_walked_costs_no_other_build(tmp_path, monkeyp
         walk(path, parts, found, entry)
 
     monkeypatch.setattr(watch, "_visit_new_tree", vanishing)
-    assert [e for e, _ in watch.poll()] == ["cache/kernel.b"]
+    assert [e for e, *_ in watch.poll()] == ["cache/kernel.b"]
     write(root / "cache" / "kernel.c" / "kernel.cubin")      # made again: seen then
-    assert [e for e, _ in watch.poll()] == ["cache/kernel.c"]
+    assert [e for e, *_ in watch.poll()] == ["cache/kernel.c"]
 
 
 def test_a_fresh_flashinfer_cache_is_one_build_per_op_once_its_so_is_there(tmp_path):
@@ -132,10 +133,10 @@ def test_a_fresh_flashinfer_cache_is_one_build_per_op_once_its_so_is_there(tmp_p
     write(jit / ".ninja_deps")
     assert watch.poll() == []                   # held: no norm.so yet
     write(jit / "norm" / "norm.so")
-    assert [e for e, _ in watch.poll()] == ["0.5.3/90a/cached_ops/norm"]
+    assert [e for e, *_ in watch.poll()] == ["0.5.3/90a/cached_ops/norm"]
     write(jit / "rope" / "rope.so")
     os.utime(jit / ".ninja_log", (time.time() + 1, time.time() + 1))
-    assert [e for e, _ in watch.poll()] == ["0.5.3/90a/cached_ops/rope"]
+    assert [e for e, *_ in watch.poll()] == ["0.5.3/90a/cached_ops/rope"]
 
 
 def test_a_new_directory_is_one_build_and_a_new_file_in_a_known_one_is_one(tmp_path):
@@ -146,7 +147,7 @@ def test_a_new_directory_is_one_build_and_a_new_file_in_a_known_one_is_one(tmp_p
     write(root / "fxgraph" / "2d" / "newkey" / "graph")
     write(root / "as" / "cas.py")
     write(root / "fxgraph" / "2d" / "old" / "second")
-    assert sorted(e for e, _ in watch.poll()) == ["as/cas.py", "fxgraph/2d/newkey",
+    assert sorted(e for e, *_ in watch.poll()) == ["as/cas.py", "fxgraph/2d/newkey",
                                                   "fxgraph/2d/old/second"]
 
 
@@ -163,10 +164,10 @@ def test_an_op_rebuilt_in_place_is_one_build_of_the_op(tmp_path):
     write(op / ".ninja_lock")
     write(op / "csrc_norm.cuda.o.d", mtime=time.time() - 2)
     write(op / "csrc_flashinfer_norm_binding.cuda.o.d")
-    [(entry, span)] = watch.poll()
+    [(entry, span, _, _)] = watch.poll()
     assert entry == "0.6.15.post1/90a/cached_ops/norm" and span >= 1.5
     write(root / "0.6.15.post1" / "90a" / "cached_ops" / "rope" / "rope.so")
-    assert [e for e, _ in watch.poll()] == ["0.6.15.post1/90a/cached_ops/rope"]
+    assert [e for e, *_ in watch.poll()] == ["0.6.15.post1/90a/cached_ops/rope"]
 
 
 def test_an_op_built_over_several_polls_is_one_build(tmp_path):
@@ -184,7 +185,7 @@ def test_an_op_built_over_several_polls_is_one_build(tmp_path):
     assert watch.poll() == []
     assert watch.poll() == []                  # a long compile: nothing new, no .so yet
     write(jit / "rope" / "rope.so", mtime=t)
-    [(entry, span)] = watch.poll()
+    [(entry, span, _, _)] = watch.poll()
     assert entry == "0.6.15.post1/90a/cached_ops/rope" and span == pytest.approx(30, abs=0.1)
     assert watch.poll() == []
 
@@ -201,7 +202,64 @@ def test_a_first_build_cut_short_is_recorded_when_the_watch_stops(tmp_path):
     assert watch.poll_once() == 0              # no .so yet: held
     watch.stop()
     [(args, kwargs)] = recorded
-    assert args[1] == "0.6.15.post1/90a/cached_ops/rope" and kwargs["compiler"] == "flashinfer"
+    assert args[:2] == ("failed", "0.6.15.post1/90a/cached_ops/rope")
+    assert kwargs["compiler"] == "flashinfer"
+
+
+def test_a_build_held_across_polls_keeps_what_its_first_poll_saw(tmp_path):
+    """A build first seen while warming and finished after the phase turned: stamped with
+    the first poll's phase, not counted as a compile after ready."""
+    root = tmp_path / "flashinfer"
+    jit = root / "0.6.15.post1" / "90a" / "cached_ops"
+    jit.mkdir(parents=True)
+    watch = cache_watch.KindWatch(locations.kind("flashinfer"), root)
+    assert watch.poll("init") == []
+    write(jit / "rope" / "build.ninja")
+    assert watch.poll("warmup") == []
+    write(jit / "rope" / "rope.so")
+    [build] = watch.poll("serving")
+    assert (build.entry, build.seen, build.failed) == \
+        ("0.6.15.post1/90a/cached_ops/rope", "warmup", False)
+
+
+@pytest.mark.parametrize("end", ["removed", "quiet"])
+def test_a_build_that_never_gets_its_marker_is_a_failed_build(tmp_path, monkeypatch, end):
+    """Its directory removed (a cleanup after the failure), or nothing new in it for long:
+    one failed build, no longer held."""
+    root = tmp_path / "flashinfer"
+    jit = root / "0.6.15.post1" / "90a" / "cached_ops"
+    jit.mkdir(parents=True)
+    watch = cache_watch.KindWatch(locations.kind("flashinfer"), root)
+    watch.poll()
+    write(jit / "rope" / "build.ninja")
+    assert watch.poll("warmup") == []
+    assert watch.poll() == []                   # quiet, but not for long
+    if end == "removed":
+        shutil.rmtree(jit / "rope")
+    else:
+        monkeypatch.setattr(cache_watch, "HELD_FAILED_AFTER_S", 0.0)
+    [build] = watch.poll("serving")
+    assert (build.entry, build.seen, build.failed) == \
+        ("0.6.15.post1/90a/cached_ops/rope", "warmup", True)
+    assert watch.held == {} and watch.poll() == []
+
+
+def test_the_watch_records_a_held_build_in_the_phase_it_began(installed, tmp_path):
+    state, _ = installed
+    root = tmp_path / "flashinfer"
+    jit = root / "0.6.15.post1" / "90a" / "cached_ops"
+    jit.mkdir(parents=True)
+    phase.set_phase("warmup", state_dir=state)
+    watch = cache_watch.CacheWatch(events.record_build, 60,
+                                   kinds=[cache_watch.KindWatch(locations.kind("flashinfer"), root)])
+    watch.poll_once()
+    write(jit / "rope" / "build.ninja")
+    assert watch.poll_once() == 0
+    phase.set_phase("serving", state_dir=state)
+    write(jit / "rope" / "rope.so")
+    assert watch.poll_once() == 1
+    [rec] = builds(state)
+    assert (rec["compiler"], rec["phase"], rec["outcome"]) == ("flashinfer", "warmup", "built")
 
 
 def test_an_op_rebuilt_in_place_over_several_polls_is_one_build(tmp_path):
@@ -216,7 +274,7 @@ def test_an_op_rebuilt_in_place_over_several_polls_is_one_build(tmp_path):
     assert watch.poll() == []
     write(op / "csrc_norm.cuda.o.d", mtime=t)
     assert watch.poll() == []                  # building: the .so is older than the depfile
-    [(entry, _)] = watch.poll()
+    [(entry, *_)] = watch.poll()
     assert entry == "0.6.15.post1/90a/cached_ops/norm"
     os.utime(op / "norm.so", (t + 5, t + 5))   # ninja's link, later: nothing new to report
     assert watch.poll() == []
