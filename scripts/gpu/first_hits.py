@@ -462,8 +462,7 @@ def wait_ready(names: list[str], budget: float) -> list[str]:
                 s.setdefault("compiles_at_ready", compiles_by_phase(Path(s["base"]) / "state"))
                 log(f"{name} ready after {s['ready_s']} s")
                 if not s.get("startup_log"):    # once: a later wait (traffic) finds it ready
-                    keep_startup_log(name, s)
-                    s["startup_log"] = True
+                    s["startup_log"] = keep_startup_log(name, s)
                 up.append(name)
         save_state(state)
         if len(up) == len(names):
@@ -476,20 +475,21 @@ _REQUEST_LINES = re.compile(r"POST /generate|GET /health|GET /model_info|GET /ge
                             r"Prefill batch|Decode batch|POST /flush_cache")
 
 
-def keep_startup_log(name: str, s: dict) -> None:
+def keep_startup_log(name: str, s: dict) -> bool:
     """The server's log up to ready without its per-request lines, to ``$OUT/NAME-startup.log``:
     SGLang's own time-stamped milestones (weights, DeepGEMM's precompile, CUDA-graph capture,
     the warm-up's steps) show where a launch spends its start."""
     try:
         lines = (Path(s["base"]) / "server.log").read_text(errors="replace").splitlines()
     except OSError:
-        return
+        return False
     kept = [ln for ln in lines if not _REQUEST_LINES.search(ln)]
     head = (f"# launch {name} t0={s['t0']:.1f} ready_s={s.get('ready_s')} "
             f"(scripts/gpu/startup_timeline.py reads this line)")
     OUT.mkdir(parents=True, exist_ok=True)
     # the beginning is kept: the timeline counts from the first line
     (OUT / f"{name}-startup.log").write_text(head + "\n" + "\n".join(kept)[:400_000] + "\n")
+    return True
 
 
 def tail(s: dict, n: int) -> str:
@@ -589,21 +589,28 @@ class Watcher:
         return self.new
 
 
-def compile_records(state_dir: Path) -> list[dict]:
+def log_mark(state_dir: Path) -> dict[str, int]:
+    """Where every compile-log file of the launch ends now (for :func:`compile_records`)."""
+    from cache_tools.compile_log import Cursor
+
+    return Cursor(state_dir).mark()
+
+
+def compile_records(state_dir: Path, since: dict[str, int] | None = None) -> list[dict]:
+    """The launch's compile-log records, in time order (those written after ``since``, a
+    :func:`log_mark`, when given: the files of several processes grow at once, so an index
+    into their concatenation would not say which records are new)."""
+    from cache_tools.compile_log import Cursor
+
     out = []
-    for path in sorted((state_dir / "compile_log").glob("*.jsonl")):
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            kernel = rec.get("kernel")
-            name = kernel.get("name") if isinstance(kernel, dict) else rec.get("module_name")
-            out.append({"t": rec.get("time"), "event": rec.get("event"), "phase": rec.get("phase"),
-                        "compiler": rec.get("compiler"), "name": name,
-                        "seconds": rec.get("seconds") or rec.get("duration_s"),
-                        "outcome": rec.get("outcome"), "pid": rec.get("pid"),
-                        "reason": rec.get("reason")})
+    for rec in Cursor(state_dir).read(since or {}):
+        kernel = rec.get("kernel")
+        name = kernel.get("name") if isinstance(kernel, dict) else rec.get("module_name")
+        out.append({"t": rec.get("time"), "event": rec.get("event"), "phase": rec.get("phase"),
+                    "compiler": rec.get("compiler"), "name": name,
+                    "seconds": rec.get("seconds") or rec.get("duration_s"),
+                    "outcome": rec.get("outcome"), "pid": rec.get("pid"),
+                    "reason": rec.get("reason")})
     return out
 
 
@@ -748,7 +755,7 @@ def run_traffic(name: str, steps_n: int, passes: int, seed: int, budget: float) 
                 continue
             before = listing(cache)
             mem0 = gpu_mem()
-            crec0 = len(compile_records(base / "state"))
+            mark = log_mark(base / "state")
             w = Watcher(s["pid"])
             set_window(base, f"p{p}:s{i}")
             t_wall = time.time()
@@ -763,8 +770,7 @@ def run_traffic(name: str, steps_n: int, passes: int, seed: int, budget: float) 
                                       if after[k] - before[k]}
             mem1 = gpu_mem()
             row["gpu_mib"] = [sum(mem0.values()), sum(mem1.values())]
-            recs = compile_records(base / "state")
-            row["compile_events"] = recs[crec0:][:30]
+            row["compile_events"] = compile_records(base / "state", mark)[:30]
             rows.append(row)
             log(f"{name} p{p} s{i:02d} {st.label}: {row.get('ms')} ms"
                 + (f" new {row['new_file_counts']}" if row["new_file_counts"] else "")

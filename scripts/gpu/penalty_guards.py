@@ -18,7 +18,6 @@ Writes ``$OUT/penalty-guards.json`` and prints one line per probe.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -74,10 +73,10 @@ def main() -> None:
         step = TrafficStep(kind="burst" if len(prompts) > 1 else "single", prompts=prompts,
                            max_new_tokens=new, sampling=dict(sampling), features=feats,
                            label=label)
-        before = len(fh.compile_records(state_dir))
+        mark = fh.log_mark(state_dir)
         sent = fh.send_step(tr, step.to_step(i))
         time.sleep(0.3)
-        new_recs = [r for r in fh.compile_records(state_dir)[before:] if r["compiler"] == "dynamo"]
+        new_recs = [r for r in fh.compile_records(state_dir, mark) if r["compiler"] == "dynamo"]
         row = {"probe": label, "prompts": prompts, "max_new_tokens": new, "logprobs": mode,
                **sent, "graphs": [{"name": r["name"], "seconds": r["seconds"],
                                    "reason": r.get("reason")} for r in new_recs]}
@@ -85,11 +84,10 @@ def main() -> None:
         fh.log(f"{label}: {sent.get('ms')} ms"
                + "".join(f"\n    {g['name']} {g['seconds']} s: {g['reason']}" for g in row["graphs"])
                + (f" ERROR {sent['error']}" if sent.get("error") else ""))
-    before_all = [{"name": r["name"], "phase": r["phase"], "reason": r.get("reason")}
-                  for r in fh.compile_records(state_dir) if r["compiler"] == "dynamo"]
-    fh.OUT.mkdir(parents=True, exist_ok=True)
-    (fh.OUT / "penalty-guards.json").write_text(json.dumps(
-        {"launch": name, "probes": rows, "dynamo_builds": before_all}, indent=1))
+    every_graph = [{"name": r["name"], "phase": r["phase"], "reason": r.get("reason")}
+                   for r in fh.compile_records(state_dir) if r["compiler"] == "dynamo"]
+    fh.emit("penalty-guards.json", {"launch": name, "probes": rows,
+                                    "dynamo_builds": every_graph})
 
 
 if __name__ == "__main__":
