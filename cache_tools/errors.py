@@ -10,6 +10,29 @@ from __future__ import annotations
 
 from types import TracebackType
 
+_WHITESPACE = {"\n": " ", "\r": " ", "\t": " "}
+
+
+def printable(text: str) -> str:
+    """``text`` safe for one line of a terminal or a log: newlines and tabs as spaces, every
+    other character a terminal would act on or that would reorder the line (escapes, C1
+    controls, bidirectional overrides, line separators, anything ``str.isprintable`` refuses)
+    escaped (``\\x1b``, ``\\u202e``).  For text that comes from data or from a peer (a compile
+    log, a request file, a server's or a registry's answer)."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch in _WHITESPACE:
+            out.append(_WHITESPACE[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else
+                       f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
+
 
 class HintedError(Exception):
     """An expected failure with a one-line message and a hint that says how to fix it."""

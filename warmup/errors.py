@@ -5,19 +5,13 @@ from __future__ import annotations
 import reprlib
 from typing import TYPE_CHECKING, Any
 
-from cache_tools.errors import HintedError
+from cache_tools.errors import HintedError, printable
 
 if TYPE_CHECKING:  # an annotation only: the base layer imports nothing above it
     from warmup.serve.report import RunReport
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 36, 36
-
-
-def printable(text: str) -> str:
-    """``text`` with every character a terminal would act on (escapes, line breaks) as ``?``:
-    for text that comes from data (a compile log, a request file) shown on a terminal."""
-    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def shown(value: Any) -> str:

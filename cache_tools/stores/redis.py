@@ -28,7 +28,7 @@ from cache_tools import fingerprint as fp_mod
 from cache_tools.archive import groups
 from cache_tools.archive import tarfmt
 from cache_tools.archive import read_entry
-from cache_tools.errors import ArchiveError, CacheError, RemoteError, os_errors
+from cache_tools.errors import ArchiveError, CacheError, RemoteError, os_errors, printable
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.locations import Location
 from cache_tools.archive.manifest import EntryRecord, check_overlaps, is_triton, parse_entry
@@ -87,8 +87,7 @@ def _redis_error(exc: Exception, url: str, command: str, key: str) -> RemoteErro
     import redis.exceptions as rx
 
     url = safe_url(url)
-    text = " ".join(str(exc).split())[:300] or type(exc).__name__
-    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    text = printable(" ".join(str(exc).split())[:300] or type(exc).__name__)
     at = f" ({command} {key})" if key else ""
     if isinstance(exc, (rx.AuthenticationError, rx.AuthorizationError)) or \
             text.startswith(("NOAUTH", "WRONGPASS", "invalid username-password")):

@@ -28,35 +28,19 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from cache_tools.errors import printable
 from warmup.errors import TransportError
 
 logger = logging.getLogger("sglang_warmup.http")
 
 #: Characters shown escaped in text from a server: C0/C1 controls (terminal escapes, bells,
 #: carriage returns), bidirectional overrides and Unicode line separators.
-_WHITESPACE = {"\n": " ", "\r": " ", "\t": " "}
-_UNSAFE = set(range(0x00, 0x20)) | set(range(0x7F, 0xA0)) | set(range(0x202A, 0x202F)) \
-    | set(range(0x2066, 0x206A)) | {0x2028, 0x2029}
 SNIPPET_CHARS = 200  # of a server's answer quoted in an error line
 #: The most bytes of one answer read from the server: a logprob answer for a long prompt can be
 #: tens of MiB; a larger one is refused, never held whole.
 MAX_RESPONSE_BYTES = 256 << 20
 #: The longest line of a streamed answer (one SSE chunk, its line end included).
 MAX_STREAM_LINE_BYTES = 64 << 20
-
-
-def printable(text: str) -> str:
-    """``text`` with newlines and tabs turned into spaces and every other control character
-    escaped (``\\x1b``, ``\\u202e``): safe to put in one log or error line."""
-    out = []
-    for ch in text:
-        if ch in _WHITESPACE:
-            out.append(_WHITESPACE[ch])
-        elif ord(ch) in _UNSAFE:
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 def snippet(payload: bytes | str, limit: int = SNIPPET_CHARS) -> str:

@@ -15,7 +15,7 @@ import threading
 from typing import Protocol
 
 from cache_tools.errors import RemoteError
-from cache_tools.stores.oci.reference import printable
+from cache_tools.errors import printable
 
 
 class Registry(Protocol):

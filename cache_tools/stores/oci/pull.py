@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Mapping
 
 from cache_tools import fingerprint as fp_mod
 from cache_tools import forks
-from cache_tools.errors import CacheError, RemoteError, os_errors
+from cache_tools.errors import CacheError, RemoteError, os_errors, printable
 from cache_tools.fingerprint import Compatibility, Fingerprint
 from cache_tools.archive.manifest import paused_gc
 from cache_tools.stores.oci import artifact, reference
@@ -172,7 +172,7 @@ def _manifest(reg: Registry, ref: reference.Reference) -> tuple[str, Blob, tuple
                                           "written")
     if said is not None and said.strip() != digest:
         raise reg.error(f"the registry says the manifest's digest is "
-                        f"{reference.printable(said[:80])}, its content's is {digest[:23]}...",
+                        f"{printable(said[:80])}, its content's is {digest[:23]}...",
                         hint="the registry is damaged or hostile; nothing was written")
     config, layers = artifact.parse_manifest(body, media, str(ref))
     return digest, config, layers

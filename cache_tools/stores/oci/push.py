@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from cache_tools.errors import CacheError, os_errors
+from cache_tools.errors import CacheError, os_errors, printable
 from cache_tools.stores.oci import artifact, reference
 from cache_tools.stores.oci.artifact import Blob
 from cache_tools.stores.oci.client import Registry
@@ -110,7 +110,7 @@ def _push(archive: Path, ref: reference.Reference, spool: Path,
         said = reg.put_manifest(tag, body, artifact.MANIFEST_TYPE, f"PUT manifest {tag}")
         if said is not None and said.strip() != digest:
             raise reg.error(f"PUT manifest {tag}: the registry recorded digest "
-                            f"{reference.printable(said[:80])}, not {digest}")
+                            f"{printable(said[:80])}, not {digest}")
     return OciPushResult(str(ref), digest, str(ref.at(digest=digest)), tags, fp.hash,
                          tuple(sent), config_sent, time.monotonic() - started)
 

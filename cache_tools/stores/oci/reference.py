@@ -16,7 +16,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from cache_tools.errors import CacheError
+from cache_tools.errors import CacheError, printable
 
 SECURE = "oci"
 PLAIN = "oci+http"
@@ -139,9 +139,3 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def printable(text: str) -> str:
-    """``text`` with control and other unprintable characters escaped (error lines)."""
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256 else
-                   f"\\u{ord(c):04x}" for c in text)

@@ -13,7 +13,8 @@ import pytest
 
 from _loopback import responding
 from warmup.errors import TransportError
-from warmup.serve.http import HttpClient, Probe, printable, snippet, wait_for_health
+from cache_tools.errors import printable
+from warmup.serve.http import HttpClient, Probe, snippet, wait_for_health
 
 
 class Canned:
