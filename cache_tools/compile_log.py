@@ -46,6 +46,8 @@ COMPILE_EVENTS = (MISS, HIT, JIT_BUILD)
 
 #: A ``jit_build``'s ``outcome``: built now, reused from the library's cache, or failed.
 BUILT, CACHED, FAILED = "built", "hit", "failed"
+#: characters of a recompile's reason a ``jit_build`` record keeps, and a report shows
+MAX_REASON = 512
 JIT_OUTCOMES = (BUILT, CACHED, FAILED)
 
 #: Who compiled (``compiler``; also the label of the compile metrics): Triton, SGLang's nvcc
@@ -131,7 +133,7 @@ class JitBuildRecord(BaseRecord, total=False):
     path: str | None
     cache_hit: bool
     error: str
-    reason: str
+    reason: str     # why a graph was compiled again, as its compiler words it (MAX_REASON)
 
 
 class GcRecord(BaseRecord, total=False):

@@ -188,7 +188,7 @@ def aggregate(records: Iterable[Mapping[str, Any]]) -> list[KeyEvents]:
         elif not a["signature"] and isinstance(r.get("reason"), str) and r["reason"]:
             # a torch.compile recompile (the log is data: cut short here, made printable where
             # it is shown, view.text.key_label)
-            a["signature"] = f"guard failed: {r['reason'][:512]}"
+            a["signature"] = f"guard failed: {r['reason'][:compile_log.MAX_REASON]}"
         event = r.get("event")
         if event == compile_log.MISS:
             a["compiled"] += 1

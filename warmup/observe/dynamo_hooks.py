@@ -28,7 +28,6 @@ from warmup.observe.recorder import Recorder
 
 MODULE = "torch._dynamo.callback"
 HOOK = f"{MODULE}.callback_handler"
-MAX_REASON = 512  # characters of a guard failure kept in the record
 
 
 class DynamoHooks:
@@ -129,7 +128,7 @@ def _recompile_reason(args: tuple[Any, ...]) -> str | None:
         return None
     values = getattr(context, "_metrics", None)
     reason = values.get("recompile_reason") if isinstance(values, dict) else None
-    return reason[:MAX_REASON] if isinstance(reason, str) and reason else None
+    return reason[:compile_log.MAX_REASON] if isinstance(reason, str) and reason else None
 
 
 def _other_trigger(args: tuple[Any, ...]) -> str:

@@ -492,8 +492,6 @@ def _gen_sampling(x: _Expander, phase: str, shape: Shape) -> None:
     if shape.mixed_prompt is not None:
         try:
             mixed = x.value(shape.mixed_prompt)
-        except _OverLimit:
-            raise
         except _SkipShape as exc:
             mixed_why = exc.reason
     for variant in shape.variants:
@@ -505,11 +503,11 @@ def _gen_sampling(x: _Expander, phase: str, shape: Shape) -> None:
             # the same burst with its last prompt of the other length (alone at x1): a
             # one-token prompt with logprobs is a logits path of its own
             item = f"{variant} x{c} with {mixed if mixed is not None else 'mixed_prompt'}"
-            if mixed is None:
+            other = None if mixed is None else burst[:-1] + [mixed]
+            if other is None:
                 x.skip(phase, shape, mixed_why, item=item)
-            elif burst[:-1] + [mixed] != burst:
-                _sampling_step(x, phase, shape, variant, burst[:-1] + [mixed], steps, item,
-                               mixed=True)
+            elif other != burst:
+                _sampling_step(x, phase, shape, variant, other, steps, item, mixed=True)
 
 
 def _sampling_step(x: _Expander, phase: str, shape: Shape, variant: str, lengths: list[int],
@@ -525,8 +523,6 @@ def _sampling_step(x: _Expander, phase: str, shape: Shape, variant: str, lengths
     try:
         reqs = [x.request(shape, n, new_tokens=steps, variant=variant, ignore_eos=True)
                 for n in lengths]
-    except _OverLimit:
-        raise
     except _SkipShape as exc:
         if not mixed:
             raise

@@ -133,29 +133,29 @@ def _read(p: Path) -> dict:
     except OSError as exc:
         raise FactsError(f"{p}: cannot read facts file: {exc.strerror or exc}",
                          hint=_READ_HINT) from None
+    data = _parsed(p, text)
+    if not isinstance(data, dict):
+        raise FactsError(f"{p}: a facts file must be a mapping", hint="write `name: value` lines")
+    return data
+
+
+def _parsed(p: Path, text: str) -> Any:
+    """The document: JSON first (YAML 1.1 reads JSON's 5e5 as a string, JSON as the number it
+    is), else YAML (a flow mapping is not JSON)."""
     if text.lstrip().startswith("{"):
-        # JSON first: YAML 1.1 reads JSON's 5e5 as a string, JSON as the number it is
         try:
-            data = json.loads(text)
+            return json.loads(text)
         except RecursionError:
             raise FactsError(f"{p}: not valid YAML/JSON: nested too deeply",
                              hint=_READ_HINT) from None
         except ValueError:  # not JSON after all (a YAML flow mapping): read as YAML
             pass
-        else:
-            if not isinstance(data, dict):
-                raise FactsError(f"{p}: a facts file must be a mapping",
-                                 hint="write `name: value` lines")
-            return data
     import yaml
 
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except RecursionError:
         raise FactsError(f"{p}: not valid YAML/JSON: nested too deeply", hint=_READ_HINT) from None
     except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of 4,300+ digits
         raise FactsError(f"{p}: not valid YAML/JSON: {' '.join(str(exc).split())[:200]}",
                          hint="fix the syntax") from None
-    if not isinstance(data, dict):
-        raise FactsError(f"{p}: a facts file must be a mapping", hint="write `name: value` lines")
-    return data

@@ -329,7 +329,7 @@ def test_torch_compile_graphs_are_recorded_with_their_function(installed):
     assert counted(registry, "dynamo", "serving") == 2
     # the first graph is no recompile; the second names the guard of the first that failed
     assert "reason" not in recs[0]
-    assert "logits" in recs[1]["reason"] and len(recs[1]["reason"]) <= dynamo_hooks.MAX_REASON
+    assert "logits" in recs[1]["reason"] and len(recs[1]["reason"]) <= compile_log.MAX_REASON
 
 
 def test_a_recompile_reason_is_read_without_torch_logs(installed):
