@@ -171,7 +171,7 @@ class KindWatch:
                 return
             self.dirs[path] = _Dir(st.st_mtime_ns, children)
         for name in sorted(children):
-            if self.kind.layout.is_temp(name) or self.kind.layout.is_ignored(name):
+            if self.kind.layout.may_skip(name):    # temporary or ignored
                 continue
             child, child_parts = path / name, parts + (name,)
             if name in fresh:
@@ -227,9 +227,7 @@ class KindWatch:
         children = self._list(path)
         known: set[str] = set()
         for name in sorted(children):
-            layout = self.kind.layout
-            if layout.is_temp(name) or layout.is_ignored(name) \
-                    or self._new(path / name, parts + (name,), found):
+            if self.kind.layout.may_skip(name) or self._new(path / name, parts + (name,), found):
                 known.add(name)
         if len(self.dirs) < MAX_DIRS:
             self.dirs[path] = _Dir(mtime_ns if known == children else -1, known)
@@ -247,7 +245,7 @@ class KindWatch:
         if len(self.dirs) < MAX_DIRS:
             self.dirs[path] = _Dir(st.st_mtime_ns, children)
         for name in sorted(children):
-            if self.kind.layout.is_temp(name) or self.kind.layout.is_ignored(name):
+            if self.kind.layout.may_skip(name):    # temporary or ignored
                 continue
             child = path / name
             try:
