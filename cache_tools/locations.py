@@ -60,7 +60,8 @@ class EntryRule:
         """The glob of the marker file of the entry called ``name``; None for a rule without."""
         if not self.complete.startswith("marker:"):
             return None
-        return self.complete[len("marker:"):].replace("{name}", name)
+        # the name is a directory's, from disk: its [ * ? are themselves, not wildcards
+        return self.complete[len("marker:"):].replace("{name}", re.sub(r"([*?[])", r"[\1]", name))
 
 
 @dataclass(frozen=True)

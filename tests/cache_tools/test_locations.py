@@ -282,3 +282,14 @@ def test_the_hugging_face_cache_is_where_huggingface_hub_looks(env, tmp_path):
                              "print(constants.HF_HUB_CACHE)"], env=full, capture_output=True,
                             text=True, check=True).stdout.strip()
     assert L.hf_hub_cache(full) == Path(theirs)
+
+
+@pytest.mark.parametrize("name", ["norm", "a[b]", "rope*", "x?y"])
+def test_a_marker_names_the_entry_s_own_file_whatever_characters_its_name_holds(name):
+    """The entry's name comes from disk: its [, * and ? are characters, not wildcards."""
+    import fnmatch
+
+    rule = next(r for r in L.kind("flashinfer").layout.rules if r.ninja)
+    glob = rule.marker(name)
+    assert fnmatch.fnmatchcase(f"{name}.so", glob)
+    assert not fnmatch.fnmatchcase("b.so", glob) and not fnmatch.fnmatchcase(f"{name}2.so", glob)
