@@ -606,11 +606,16 @@ def compile_records(state_dir: Path, since: dict[str, int] | None = None) -> lis
     for rec in Cursor(state_dir).read(since or {}):
         kernel = rec.get("kernel")
         name = kernel.get("name") if isinstance(kernel, dict) else rec.get("module_name")
-        out.append({"t": rec.get("time"), "event": rec.get("event"), "phase": rec.get("phase"),
-                    "compiler": rec.get("compiler"), "name": name,
-                    "seconds": rec.get("seconds") or rec.get("duration_s"),
-                    "outcome": rec.get("outcome"), "pid": rec.get("pid"),
-                    "reason": rec.get("reason")})
+        row = {"t": rec.get("time"), "event": rec.get("event"), "phase": rec.get("phase"),
+               "compiler": rec.get("compiler"), "name": name,
+               "seconds": rec.get("seconds") or rec.get("duration_s"),
+               "outcome": rec.get("outcome"), "pid": rec.get("pid"),
+               "reason": rec.get("reason")}
+        if rec.get("event") == "miss":
+            # the specialization a Triton miss compiled (integer and pointer classes, the
+            # constexprs): which key the plan did not reach
+            row.update({k: rec.get(k) for k in ("attrs", "constexprs", "signature")})
+        out.append(row)
     return out
 
 

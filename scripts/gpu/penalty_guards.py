@@ -13,7 +13,15 @@ compiles only what no earlier probe did); the probes go from the plain cases to 
       && python3 scripts/gpu/first_hits.py launch qwen-default-A \\
       && python3 scripts/gpu/penalty_guards.py qwen-default-A
 
-Writes ``$OUT/penalty-guards.json`` and prints one line per probe.
+``--probes chunked`` sends, to a server that ran a plan (``qwen-default-C``), bursts that hold
+a prompt longer than the chunk beside short and one-token prompts (a request whose prefill is
+split shares its first chunk's batch with the others), then the DeepSeek-V4 traffic step that
+compiled a graph after ready under the plan (a 5-, 1- and 6,000-token burst, sampled with a
+repetition penalty, input logprobs from 0 with top-20), and variations of it: what compiles
+first names the missing guard set.  Lengths past the chunk are read off the server's
+``chunked_prefill_size``.
+
+Writes ``$OUT/penalty-guards[-SET].json`` and prints one line per probe.
 """
 
 from __future__ import annotations
@@ -53,21 +61,47 @@ PROBES = [
     ("burst4-mixed-none", [5, 1, 300, 2000], 8, SAMPLED_PENALIZED, "none"),
 ]
 
+#: as PROBES, a length given as ("C", k) is the server's chunked_prefill_size plus k
+INPUT0_TOP = "input0_top"
+CHUNKED_PROBES = [
+    ("chunk3-rep-output_top", [("C", 219), 220, 1], 2, SAMPLED_PENALIZED, "output_top"),
+    ("chunk3-rep-input0", [("C", 219), 220, 1], 2, SAMPLED_PENALIZED, "input_from_0"),
+    ("chunk3-rep-token_ids", [("C", 219), 220, 1], 2, SAMPLED_PENALIZED, "token_ids"),
+    ("chunk3-greedypen-input0", [("C", 219), 220, 1], 2, PENALIZED, "input_from_0"),
+    ("chunk3-greedypen-output_top", [("C", 219), 220, 1], 2, PENALIZED, "output_top"),
+    ("chunk3-rep-input0_top", [("C", 219), 220, 1], 2, SAMPLED_PENALIZED, INPUT0_TOP),
+    ("dsv4-step19", [5, 1, ("C", 1904)], 32, SAMPLED_PENALIZED, INPUT0_TOP),
+    ("var-3+1+chunk-greedypen-output_top", [3, 1, ("C", 500)], 16, PENALIZED, "output_top"),
+    ("var-1+2000+chunk+9-rep-token_ids", [1, 2000, ("C", 100), 9], 8, SAMPLED_PENALIZED, "token_ids"),
+    ("var-chunk+1-rep-input0", [("C", 219), 1], 4, SAMPLED_PENALIZED, "input_from_0"),
+    ("var-1+2chunks-greedypen-input0", [1, ("C", 4000)], 4, PENALIZED, "input_from_0"),
+    ("var-chunk-alone-rep-input0_top", [("C", 37)], 4, SAMPLED_PENALIZED, INPUT0_TOP),
+]
+PROBE_SETS = {"plain": PROBES, "chunked": CHUNKED_PROBES}
+
 
 def main() -> None:
     from warmup.coverage.traffic import TrafficStep
     from warmup.serve.transport import HttpTransport
 
-    name = sys.argv[1]
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("name")
+    ap.add_argument("--probes", choices=sorted(PROBE_SETS), default="plain")
+    args = ap.parse_args()
+    name = args.name
     if not fh.wait_ready([name], 400):
         raise SystemExit(f"{name} not ready: {fh.tail(fh.load_state()[name], 20)}")
     s = fh.load_state()[name]
     state_dir = Path(s["base"]) / "state"
     tr = HttpTransport(f"http://127.0.0.1:{s['port']}", timeout_s=300, seed="guards")
-    tr.facts_sync()
+    chunk = tr.facts_sync().chunked_prefill_size or 8192
     rows = []
-    for i, (label, prompts, new, sampling, mode) in enumerate(PROBES):
-        feats = dict(fh.LOGPROBS[mode])
+    for i, (label, spec, new, sampling, mode) in enumerate(PROBE_SETS[args.probes]):
+        prompts = [chunk + n[1] if isinstance(n, tuple) else n for n in spec]
+        feats = (dict(return_logprob=True, logprob_start_len=0, top_logprobs_num=20)
+                 if mode == INPUT0_TOP else dict(fh.LOGPROBS[mode]))
         if feats.get("logprob_start_len") == -1:
             feats["logprob_start_len"] = max(0, min(prompts) // 2)
         step = TrafficStep(kind="burst" if len(prompts) > 1 else "single", prompts=prompts,
@@ -75,19 +109,26 @@ def main() -> None:
                            label=label)
         mark = fh.log_mark(state_dir)
         sent = fh.send_step(tr, step.to_step(i))
-        time.sleep(0.3)
-        new_recs = [r for r in fh.compile_records(state_dir, mark) if r["compiler"] == "dynamo"]
+        time.sleep(1.2)  # the compile log's lines land up to a second after the request
+        recs = fh.compile_records(state_dir, mark)
+        new_recs = [r for r in recs if r["compiler"] == "dynamo"]
         row = {"probe": label, "prompts": prompts, "max_new_tokens": new, "logprobs": mode,
                **sent, "graphs": [{"name": r["name"], "seconds": r["seconds"],
-                                   "reason": r.get("reason")} for r in new_recs]}
+                                   "reason": r.get("reason")} for r in new_recs],
+               "misses": [r["name"] for r in recs if r["event"] == "miss"]}
         rows.append(row)
         fh.log(f"{label}: {sent.get('ms')} ms"
                + "".join(f"\n    {g['name']} {g['seconds']} s: {g['reason']}" for g in row["graphs"])
+               + (f"\n    Triton misses: {row['misses']}" if row["misses"] else "")
                + (f" ERROR {sent['error']}" if sent.get("error") else ""))
     every_graph = [{"name": r["name"], "phase": r["phase"], "reason": r.get("reason")}
                    for r in fh.compile_records(state_dir) if r["compiler"] == "dynamo"]
-    fh.emit("penalty-guards.json", {"launch": name, "probes": rows,
-                                    "dynamo_builds": every_graph})
+    misses = [{"name": r["name"], "phase": r["phase"], "t": r["t"]}
+              for r in fh.compile_records(state_dir) if r["event"] == "miss"]
+    suffix = "" if args.probes == "plain" else f"-{args.probes}"
+    fh.emit(f"penalty-guards{suffix}.json", {"launch": name, "chunk": chunk, "probes": rows,
+                                            "dynamo_builds": every_graph,
+                                            "triton_misses": misses})
 
 
 if __name__ == "__main__":
