@@ -44,12 +44,14 @@ def _kind(mode: int) -> str:
     return "a special file"
 
 
-def read(path: str | os.PathLike[str], max_bytes: int) -> bytes:
+def read(path: str | os.PathLike[str], max_bytes: int, *, follow_links: bool = True) -> bytes:
     """The bytes of ``path``: a regular file larger than ``max_bytes`` is refused before it is
     read (:class:`TooLarge` with its size), a FIFO or a device is read to one byte past the limit
     and within :data:`SPECIAL_TIMEOUT_S`.  ``OSError`` (:class:`NotRead` included) when it
-    cannot be read."""
-    fd = _open(path)
+    cannot be read; with ``follow_links=False``, also when ``path`` itself is a symbolic link
+    (refused in the same call that opens it, so a link put in its place after a check is never
+    followed)."""
+    fd = _open(path, follow_links)
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
@@ -83,10 +85,11 @@ def open_regular(path: str | os.PathLike[str], buffering: int = -1) -> BinaryIO:
         raise
 
 
-def _open(path: str | os.PathLike[str]) -> int:
+def _open(path: str | os.PathLike[str], follow_links: bool = True) -> int:
     """A read-only descriptor; ``O_NONBLOCK`` so that opening a FIFO with no writer returns."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # a socket (or a device without its driver)
             raise NotRead(errno.ENXIO, f"not a regular file ({_kind_of(path)})",

@@ -289,7 +289,7 @@ def _check_log(path: Path, formats: Formats) -> None:
 def _read_deps(path: Path) -> _DepsLog:
     _regular(path, "deps log")
     try:
-        data = inputfile.read(path, MAX_DEPS_LOG)
+        data = inputfile.read(path, MAX_DEPS_LOG, follow_links=False)
     except (OSError, inputfile.TooLarge) as exc:
         raise Unsupported(f"{path}: {exc}") from None
     if not data.startswith(_DEPS_MAGIC) or len(data) < 16 \

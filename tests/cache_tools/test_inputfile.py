@@ -118,3 +118,14 @@ def test_compile_log_readers_never_wait_on_a_fifo(fifo, tmp_path, caplog):
     assert err.value.strerror == "not a regular file (a FIFO)"
     assert compile_log.Cursor(state).read({}) == []
     assert "not a regular file (a FIFO)" in caplog.text
+
+
+def test_a_link_is_refused_by_the_open_itself_when_links_are_not_followed(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"secret")
+    link = tmp_path / "log"
+    link.symlink_to(target)
+    assert inputfile.read(link, 100) == b"secret"  # followed by default
+    with pytest.raises(OSError):
+        inputfile.read(link, 100, follow_links=False)
+    assert inputfile.read(target, 100, follow_links=False) == b"secret"
