@@ -209,7 +209,7 @@ def record_op(op_dir: Path, formats: Formats) -> str:
     build_file = Path(op, "build.ninja")
     _regular(build_file, "build file")
     try:
-        text = inputfile.read(build_file, MAX_BUILD_FILE).decode()
+        text = inputfile.read(build_file, MAX_BUILD_FILE, follow_links=False).decode()
     except (OSError, inputfile.TooLarge, UnicodeDecodeError) as exc:  # left alone
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise Unsupported(f"{build_file}: {why}") from None
