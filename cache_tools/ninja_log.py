@@ -30,6 +30,7 @@ archive's ``build.ninja`` is data: parsed here, never run; ninja runs only on ou
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
@@ -211,8 +212,7 @@ def record_op(op_dir: Path, formats: Formats) -> str:
     try:
         text = inputfile.read(build_file, MAX_BUILD_FILE, follow_links=False).decode()
     except (OSError, inputfile.TooLarge, UnicodeDecodeError) as exc:  # left alone
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise Unsupported(f"{build_file}: {why}") from None
+        raise Unsupported(f"{build_file}: {_why(exc)}") from None
     edges, defaults = parse(text)
     name = os.path.basename(op)
     if len(defaults) != 1 or not os.path.isabs(defaults[0]) \
@@ -269,6 +269,15 @@ def _regular(path: Path, what: str) -> None:
         raise Unsupported(f"{path} is not a regular file")
 
 
+def _why(exc: Exception) -> str:
+    """What went wrong reading a record, without repeating its path."""
+    if isinstance(exc, OSError):
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW: a link put there after _regular()
+            return "is a symbolic link"
+        return exc.strerror or str(exc)
+    return str(exc)
+
+
 def _check_log(path: Path, formats: Formats) -> None:
     _regular(path, "build log")
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -291,7 +300,7 @@ def _read_deps(path: Path) -> _DepsLog:
     try:
         data = inputfile.read(path, MAX_DEPS_LOG, follow_links=False)
     except (OSError, inputfile.TooLarge) as exc:
-        raise Unsupported(f"{path}: {exc}") from None
+        raise Unsupported(f"{path}: {_why(exc)}") from None
     if not data.startswith(_DEPS_MAGIC) or len(data) < 16 \
             or struct.unpack_from("<I", data, len(_DEPS_MAGIC))[0] != 4:
         raise Unsupported(f"{path} is not a version-4 ninja deps log")

@@ -596,6 +596,19 @@ def log_mark(state_dir: Path) -> dict[str, int]:
     return Cursor(state_dir).mark()
 
 
+def settle(state_dir: Path, quiet: float = 0.3, cap: float = 1.5) -> None:
+    """Wait until the compile log has stopped growing for ``quiet`` seconds (at most ``cap``):
+    a compile's records (an Inductor graph's files, the Dynamo build) reach the log up to a
+    second after the request that caused it, and would otherwise be put on the next step."""
+    t_end = time.time() + cap
+    last, since = log_mark(state_dir), time.time()
+    while time.time() < t_end and time.time() - since < quiet:
+        time.sleep(0.05)
+        now = log_mark(state_dir)
+        if now != last:
+            last, since = now, time.time()
+
+
 def compile_records(state_dir: Path, since: dict[str, int] | None = None) -> list[dict]:
     """The launch's compile-log records, in time order (those written after ``since``, a
     :func:`log_mark`, when given: the files of several processes grow at once, so an index
@@ -768,6 +781,7 @@ def run_traffic(name: str, steps_n: int, passes: int, seed: int, budget: float) 
                    **send_step(tr, st.to_step(i))}
             set_window(base, "idle")
             row["procs"] = w.stop()
+            settle(base / "state")
             after = listing(cache)
             row["new_files"] = {k: sorted(after[k] - before[k])[:12] for k in after
                                 if after[k] - before[k]}

@@ -27,7 +27,6 @@ Writes ``$OUT/penalty-guards[-SET].json`` and prints one line per probe.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -80,6 +79,11 @@ CHUNKED_PROBES = [
 PROBE_SETS = {"plain": PROBES, "chunked": CHUNKED_PROBES}
 
 
+def _miss(rec: dict) -> dict:
+    """A Triton miss with the specialization it compiled (which key no earlier request had)."""
+    return {k: rec.get(k) for k in ("name", "phase", "t", "attrs", "constexprs", "signature")}
+
+
 def main() -> None:
     from warmup.coverage.traffic import TrafficStep
     from warmup.serve.transport import HttpTransport
@@ -96,10 +100,18 @@ def main() -> None:
     s = fh.load_state()[name]
     state_dir = Path(s["base"]) / "state"
     tr = HttpTransport(f"http://127.0.0.1:{s['port']}", timeout_s=300, seed="guards")
-    chunk = tr.facts_sync().chunked_prefill_size or 8192
+    facts = tr.facts_sync()
+    chunk = facts.chunked_prefill_size
+    if args.probes == "chunked" and not chunk:
+        raise SystemExit(f"{name}: --probes chunked needs chunked prefill (no chunked_prefill_size)")
+    longest = facts.max_req_input_len
     rows = []
     for i, (label, spec, new, sampling, mode) in enumerate(PROBE_SETS[args.probes]):
         prompts = [chunk + n[1] if isinstance(n, tuple) else n for n in spec]
+        if longest is not None and max(prompts) + new > longest:
+            fh.log(f"{label}: skipped, {max(prompts)} + {new} tokens is past the server's "
+                   f"longest prompt ({longest})")
+            continue
         feats = (dict(return_logprob=True, logprob_start_len=0, top_logprobs_num=20)
                  if mode == INPUT0_TOP else dict(fh.LOGPROBS[mode]))
         if feats.get("logprob_start_len") == -1:
@@ -109,22 +121,21 @@ def main() -> None:
                            label=label)
         mark = fh.log_mark(state_dir)
         sent = fh.send_step(tr, step.to_step(i))
-        time.sleep(1.2)  # the compile log's lines land up to a second after the request
+        fh.settle(state_dir)  # the compile log's lines land up to a second after the request
         recs = fh.compile_records(state_dir, mark)
         new_recs = [r for r in recs if r["compiler"] == "dynamo"]
         row = {"probe": label, "prompts": prompts, "max_new_tokens": new, "logprobs": mode,
                **sent, "graphs": [{"name": r["name"], "seconds": r["seconds"],
                                    "reason": r.get("reason")} for r in new_recs],
-               "misses": [r["name"] for r in recs if r["event"] == "miss"]}
+               "misses": [_miss(r) for r in recs if r["event"] == "miss"]}
         rows.append(row)
         fh.log(f"{label}: {sent.get('ms')} ms"
                + "".join(f"\n    {g['name']} {g['seconds']} s: {g['reason']}" for g in row["graphs"])
-               + (f"\n    Triton misses: {row['misses']}" if row["misses"] else "")
+               + (f"\n    Triton misses: {[m['name'] for m in row['misses']]}" if row["misses"] else "")
                + (f" ERROR {sent['error']}" if sent.get("error") else ""))
     every_graph = [{"name": r["name"], "phase": r["phase"], "reason": r.get("reason")}
                    for r in fh.compile_records(state_dir) if r["compiler"] == "dynamo"]
-    misses = [{"name": r["name"], "phase": r["phase"], "t": r["t"]}
-              for r in fh.compile_records(state_dir) if r["event"] == "miss"]
+    misses = [_miss(r) for r in fh.compile_records(state_dir) if r["event"] == "miss"]
     suffix = "" if args.probes == "plain" else f"-{args.probes}"
     fh.emit(f"penalty-guards{suffix}.json", {"launch": name, "chunk": chunk, "probes": rows,
                                             "dynamo_builds": every_graph,

@@ -456,3 +456,24 @@ def test_commands_are_evaluated_as_ninja_evaluates_them(ninja, tmp_path, text):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert [e.command for e in edges] == done.stdout.split("\n")[:-1]
+
+
+@pytest.mark.parametrize("record", [".ninja_deps", "build.ninja"])
+def test_a_link_put_in_place_after_the_check_is_refused_by_the_open(built, tmp_path, monkeypatch,
+                                                                     record):
+    """The regular-file check and the read are two calls; a link that appears between them is
+    refused by the read's own open (O_NOFOLLOW), and its target is never read."""
+    old, _, _ = built
+    run_ninja(NINJAS[0], old, workdir="op")
+    new = relocate(old, tmp_path / "restored")
+    path = new / OP / record
+    outside = tmp_path / "outside"
+    outside.write_bytes(path.read_bytes())
+    path.unlink()
+    path.symlink_to(outside)
+    log_before = (new / OP / ".ninja_log").read_bytes()
+    monkeypatch.setattr(ninja_log, "_regular", lambda path, what: None)
+    with pytest.raises(Unsupported, match=f"{re.escape(record)}: is a symbolic link$"):
+        ninja_log.record_op(new / OP, ninja_log.probe(NINJAS[0]))
+    assert (new / OP / ".ninja_log").read_bytes() == log_before  # nothing written
+
