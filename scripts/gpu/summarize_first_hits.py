@@ -75,6 +75,24 @@ def cause(row: dict) -> str:
     return "; ".join(parts) or "no compile seen"
 
 
+def compiled(row: dict) -> dict[str, int]:
+    """The compiles the compile log put on a step, by compiler: a Triton miss, a JIT build that
+    built (what 'compiles after ready' counts)."""
+    out: collections.Counter = collections.Counter()
+    for e in row.get("compile_events") or ():
+        if e.get("event") == "miss" or (e.get("event") == "jit_build"
+                                        and e.get("outcome") == "built"):
+            out[e.get("compiler") or "?"] += 1
+    return dict(out)
+
+
+def by_compiler(rows: list[dict]) -> dict[str, int]:
+    out: collections.Counter = collections.Counter()
+    for r in rows:
+        out.update(compiled(r))
+    return dict(sorted(out.items()))
+
+
 def recorded(row: dict) -> str:
     events = collections.Counter(f"{e.get('event')}/{e.get('compiler')}@{e.get('phase')}"
                                  for e in row.get("compile_events") or ()
@@ -103,6 +121,7 @@ def main() -> None:
                      "repeat_ms": repeat["ms"], "ratio": round(ratio, 2),
                      "slow": ratio > a.ratio, "cause": cause(first),
                      "recorded": recorded(first), "repeat_cause": cause(repeat),
+                     "compiles": compiled(first), "repeat_compiles": compiled(repeat),
                      "stack": top_frame(run.get("stacks") or [], f"p1:s{first['i']}"),
                      "new_file_counts": first.get("new_file_counts"),
                      "compilers": dict(compilers(first.get("procs") or [])),
@@ -110,14 +129,19 @@ def main() -> None:
     launch = run["launch"]
     print(f"{run['name']}: ready after {launch.get('ready_s')} s; pass 1 / pass 2 = "
           f"{total1 / max(total2, 1):.2f} ({total1:.0f} / {total2:.0f} ms); "
-          f"{sum(r['slow'] for r in rows)} of {len(rows)} steps above {a.ratio}x\n")
+          f"{sum(r['slow'] for r in rows)} of {len(rows)} steps above {a.ratio}x; "
+          f"compiles after ready: pass 1 {by_compiler(p1) or 'none'}, "
+          f"pass 2 {by_compiler(p2) or 'none'}\n")
+    # every slow step, and every step that compiled in either pass (a compile in pass 2 is
+    # after ready too, even when its step is not slow against pass 1)
     print("| step | prompts | first / repeat ms | ratio | cause (probes) | compile log |")
     print("|---|---|---:|---:|---|---|")
     for r in rows:
-        if r["slow"]:
+        if r["slow"] or r["compiles"] or r["repeat_compiles"]:
             prompts = "+".join(map(str, r["prompts"]))
+            late = f"; pass 2: {r['repeat_cause']}" if r["repeat_compiles"] else ""
             print(f"| {r['label']} | {prompts} | {r['first_ms']:.0f} / {r['repeat_ms']:.0f} | "
-                  f"{r['ratio']:.1f} | {r['cause']} | {r['recorded']} |")
+                  f"{r['ratio']:.1f} | {r['cause']}{late} | {r['recorded']} |")
     if a.out:
         restored = launch.get("restored")
         if isinstance(restored, dict):  # the restore's answer lists every entry: keep its size
@@ -127,7 +151,9 @@ def main() -> None:
                 "entries": len((answer.get("plan") or {}).get("entries") or [])
                 if isinstance(answer.get("plan"), dict) else None})
         keep = {"name": run["name"], "seed": run["seed"], "launch": launch,
-                "pass_ratio": round(total1 / max(total2, 1), 3), "steps": rows,
+                "pass_ratio": round(total1 / max(total2, 1), 3),
+                "compiles_after_ready": {"1": by_compiler(p1), "2": by_compiler(p2)},
+                "steps": rows,
                 "log_tail": run.get("log_tail", "")[-3000:]}
         Path(a.out).write_text(json.dumps(keep, indent=1) + "\n")
 
