@@ -21,6 +21,12 @@ repetition penalty, input logprobs from 0 with top-20), and variations of it: wh
 first names the missing guard set.  Lengths past the chunk are read off the server's
 ``chunked_prefill_size``.
 
+``--probes tiny`` sends bursts of tiny prompts (two to five, a few tokens in all): a breakable
+prefill graph runs a batch eager when padding it would more than double it, so on a server
+whose smallest captured size is 16 such a batch meets the eager metadata kernels and logits
+that are not a view of the graphs' shared buffer.  Sent to a launch with the plan, nothing
+should compile.
+
 Writes ``$OUT/penalty-guards[-SET].json`` and prints one line per probe.
 """
 
@@ -76,7 +82,20 @@ CHUNKED_PROBES = [
     ("var-1+2chunks-greedypen-input0", [1, ("C", 4000)], 4, PENALIZED, "input_from_0"),
     ("var-chunk-alone-rep-input0_top", [("C", 37)], 4, SAMPLED_PENALIZED, INPUT0_TOP),
 ]
-PROBE_SETS = {"plain": PROBES, "chunked": CHUNKED_PROBES}
+#: bursts of tiny prompts: on a breakable-graph server a batch below half the smallest captured
+#: size runs eager (SGLang 0.5.17 pads no more than 2x), so two tiny prompts taken as a batch of
+#: their own meet the eager metadata kernels and fresh (not shared-buffer) logits
+TINY_PROBES = [
+    ("tiny2-rep-input0_top", [5, 1], 32, SAMPLED_PENALIZED, INPUT0_TOP),
+    ("tiny2-greedypen-input0_top", [3, 1], 16, PENALIZED, INPUT0_TOP),
+    ("tiny2-rep-none", [4, 3], 4, SAMPLED_PENALIZED, "none"),
+    ("tiny3-greedypen-none", [2, 1, 1], 4, PENALIZED, "none"),
+    ("tiny5-rep-token_ids", [1, 1, 2, 1, 1], 4, SAMPLED_PENALIZED, "token_ids"),
+    ("tiny2-div16-greedypen-output_top", [7, 9], 4, PENALIZED, "output_top"),
+    ("dsv4-16180-step18", [3, 1, 14], 16, PENALIZED, INPUT0_TOP),
+    ("dsv4-step19", [5, 1, ("C", 1904)], 32, SAMPLED_PENALIZED, INPUT0_TOP),
+]
+PROBE_SETS = {"plain": PROBES, "chunked": CHUNKED_PROBES, "tiny": TINY_PROBES}
 
 
 def _miss(rec: dict) -> dict:
@@ -102,8 +121,8 @@ def main() -> None:
     tr = HttpTransport(f"http://127.0.0.1:{s['port']}", timeout_s=300, seed="guards")
     facts = tr.facts_sync()
     chunk = facts.chunked_prefill_size
-    if args.probes == "chunked" and not chunk:
-        raise SystemExit(f"{name}: --probes chunked needs chunked prefill (no chunked_prefill_size)")
+    if args.probes != "plain" and not chunk:
+        raise SystemExit(f"{name}: --probes {args.probes} needs chunked prefill (no chunked_prefill_size)")
     longest = facts.max_req_input_len
     rows = []
     for i, (label, spec, new, sampling, mode) in enumerate(PROBE_SETS[args.probes]):

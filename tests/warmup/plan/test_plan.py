@@ -506,22 +506,25 @@ def test_a_mixed_prompt_of_the_class_length_adds_no_repeated_step():
 
 
 @pytest.mark.parametrize("plan", sorted(PLANS))
-def test_eager_batches_ask_for_bounded_input_logprobs_with_penalties_on_graph_servers(plan):
-    """Both shipped plans send their eager compositions (a prefill-graph server runs a logprob
-    batch eager) with top-20 input logprobs over each prompt's last 256 positions at most,
-    greedy with penalties, 8 decode steps; a server without a prefill graph skips the class."""
+def test_eager_batches_are_below_half_the_smallest_graph_size_with_penalties(plan):
+    """Both shipped plans send bursts a prefill-graph server runs eager (padding them to its
+    smallest captured size would more than double them): every batch-size class from one to
+    five with an "other" and a 16-divisible total, greedy with penalties and top-20 input
+    logprobs; a server without a prefill graph skips the class."""
     facts = _facts_cache.pr44627()
     assert facts.prefill_graph
     steps = [s for s in expand(loader.load(PLANS[plan]), facts).steps
              if s.shape_class == "eager_batches"]
-    assert steps and all(len(s.requests) >= 2 for s in steps)
-    assert any(1 in [r.input_len for r in s.requests] for s in steps)
-    assert any(sum(r.input_len for r in s.requests) > facts.chunked_prefill_size for s in steps)
+    totals = {(len(s.requests), sum(r.input_len for r in s.requests) % 16 == 0) for s in steps}
+    assert {(1, True), (2, False), (2, True), (3, False), (3, True), (5, False), (5, True)} \
+        <= totals
+    smallest = min(facts.prefill_graph_buckets)
+    assert all(2 * sum(r.input_len for r in s.requests) < smallest for s in steps)
     for r in (r for s in steps for r in s.requests):
         assert dict(r.features) == {"return_logprob": True, "top_logprobs_num": 20,
-                                    "logprob_start_len": max(0, r.input_len - 256)}
-        assert (r.sampling_name, r.max_new_tokens) == ("greedy_penalized", 8)
-    eager = dataclasses.replace(facts, prefill_graph_backend="disabled", prefill_graph_buckets=[])
+                                    "logprob_start_len": 0}
+        assert (r.sampling_name, r.max_new_tokens) == ("greedy_penalized", 2)
+    eager = dataclasses.replace(facts, prefill_graph_backend="disabled", prefill_graph_buckets=())
     exp = expand(loader.load(PLANS[plan]), eager)
     assert not [s for s in exp.steps if s.shape_class == "eager_batches"]
     assert [k.reason for k in exp.skipped if k.shape_class == "eager_batches"] \
