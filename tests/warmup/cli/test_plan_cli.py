@@ -23,8 +23,8 @@ def test_check_ok(capsys):
     code, out, _ = run(capsys, "plan", "check", "default", "plans/deepseek_v4_serving_shapes.yaml")
     assert code == 0
     assert out.splitlines() == [
-        "default: ok (default: 8 phases, 26 shape classes)",
-        "plans/deepseek_v4_serving_shapes.yaml: ok (deepseek_v4_serving_shapes: 8 phases, 20 shape classes)"]
+        "default: ok (default: 8 phases, 27 shape classes)",
+        "plans/deepseek_v4_serving_shapes.yaml: ok (deepseek_v4_serving_shapes: 8 phases, 21 shape classes)"]
 
 
 def test_check_bad_plan_is_one_line_and_exit_2(capsys, tmp_path):
@@ -41,8 +41,8 @@ def test_check_bad_plan_is_one_line_and_exit_2(capsys, tmp_path):
 def test_show_table_lists_every_pr_class(capsys, pr_facts_file):
     code, out, _ = run(capsys, "plan", "show", "deepseek_v4_serving_shapes", "--facts", str(pr_facts_file))
     assert code == 0
-    assert out.splitlines()[0] == ("plan deepseek_v4_serving_shapes: 244 steps, 558 requests, "
-                                   "4,345,869 prompt tokens; then flush the cache")
+    assert out.splitlines()[0] == ("plan deepseek_v4_serving_shapes: 250 steps, 578 requests, "
+                                   "4,345,937 prompt tokens; then flush the cache")
     for cls in ("extend_int_classes", "chunked_prompt", "prefix_hits", "concurrent_prefills", "batched_extends",
                 "eager_decode", "past_context_bucket", "mixed_batches", "c128_widths",
                 "sampling_families", "sampler_x_input_logprobs", "sampler_x_token_ids_logprobs"):

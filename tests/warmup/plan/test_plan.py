@@ -507,17 +507,19 @@ def test_a_mixed_prompt_of_the_class_length_adds_no_repeated_step():
 
 @pytest.mark.parametrize("plan", sorted(PLANS))
 def test_eager_batches_are_below_half_the_smallest_graph_size_with_penalties(plan):
-    """Both shipped plans send bursts a prefill-graph server runs eager (padding them to its
-    smallest captured size would more than double them): every batch-size class from one to
-    five with an "other" and a 16-divisible total, greedy with penalties and top-20 input
-    logprobs; a server without a prefill graph skips the class."""
+    """Both shipped plans send batches a prefill-graph server runs eager (padding them to its
+    smallest captured size would more than double them), as separate requests and as one
+    batched request: batch sizes 2, 3 and 5 with an "other" and a 16-divisible total, greedy
+    with penalties and top-20 input logprobs; a server without a prefill graph skips both."""
     facts = _facts_cache.pr44627()
     assert facts.prefill_graph
-    steps = [s for s in expand(loader.load(PLANS[plan]), facts).steps
-             if s.shape_class == "eager_batches"]
-    totals = {(len(s.requests), sum(r.input_len for r in s.requests) % 16 == 0) for s in steps}
-    assert {(1, True), (2, False), (2, True), (3, False), (3, True), (5, False), (5, True)} \
-        <= totals
+    classes = ("eager_bursts", "eager_batches")
+    steps = [s for s in expand(loader.load(PLANS[plan]), facts).steps if s.shape_class in classes]
+    for cls, mode in zip(classes, ("concurrent", "batch")):  # separate requests, and one batch
+        mine = [s for s in steps if s.shape_class == cls]
+        assert mine and {s.mode for s in mine if len(s.requests) > 1} == {mode}
+        totals = {(len(s.requests), sum(r.input_len for r in s.requests) % 16 == 0) for s in mine}
+        assert {(2, False), (2, True), (3, False), (3, True), (5, False), (5, True)} <= totals
     smallest = min(facts.prefill_graph_buckets)
     assert all(2 * sum(r.input_len for r in s.requests) < smallest for s in steps)
     for r in (r for s in steps for r in s.requests):
@@ -526,6 +528,6 @@ def test_eager_batches_are_below_half_the_smallest_graph_size_with_penalties(pla
         assert (r.sampling_name, r.max_new_tokens) == ("greedy_penalized", 2)
     eager = dataclasses.replace(facts, prefill_graph_backend="disabled", prefill_graph_buckets=())
     exp = expand(loader.load(PLANS[plan]), eager)
-    assert not [s for s in exp.steps if s.shape_class == "eager_batches"]
-    assert [k.reason for k in exp.skipped if k.shape_class == "eager_batches"] \
-        == ["the prefill CUDA graph is disabled"]
+    assert not [s for s in exp.steps if s.shape_class in classes]
+    assert [k.reason for k in exp.skipped if k.shape_class in classes] \
+        == ["the prefill CUDA graph is disabled"] * 2
