@@ -112,6 +112,29 @@ def test_a_batch_request_normalized_by_sglang(fake_tokenizer_manager):
     assert [i.sampling_params for i in items] == params
 
 
+def test_the_shipped_eager_batches_are_one_batched_request_with_logprobs(fake_tokenizer_manager):
+    """The plan's tiny eager batches (one GenerateReqInput each, so that the scheduler takes
+    them as one batch) carry every request's penalties and the logprob features, as SGLang
+    normalizes them."""
+    import _facts_cache
+
+    exp = expand(loader.load("plans/deepseek_v4_serving_shapes.yaml"), _facts_cache.pr44627())
+    steps = [s for s in exp.steps if s.shape_class == "eager_batches"]
+    t = InProcessTransport(fake_tokenizer_manager(), vocab_size=VOCAB)
+    for step in steps:
+        ids = [t.tokens.ids(step, i, r) for i, r in enumerate(step.requests)]
+        params = [sampling_params(r, t.tokens) for r in step.requests]
+        obj = t._request(generate_fields(step.requests[0], ids, t.tokens, params=params))
+        obj.normalize_batch_and_arguments()
+        n = len(step.requests)
+        assert step.mode == "batch" and not obj.is_single and obj.batch_size == n
+        assert obj.return_logprob == [True] * n and obj.logprob_start_len == [0] * n
+        assert obj.top_logprobs_num == [20] * n
+        assert all(p["repetition_penalty"] == 1.05 and p["temperature"] == 0.0
+                   for p in obj.sampling_params)
+        assert [len(obj[i].input_ids) for i in range(n)] == [r.input_len for r in step.requests]
+
+
 def test_in_process_send_returns_one_outcome_per_request(fake_tokenizer_manager):
     tm = fake_tokenizer_manager()
     t = InProcessTransport(tm, vocab_size=VOCAB)
