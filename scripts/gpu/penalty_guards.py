@@ -21,11 +21,12 @@ repetition penalty, input logprobs from 0 with top-20), and variations of it: wh
 first names the missing guard set.  Lengths past the chunk are read off the server's
 ``chunked_prefill_size``.
 
-``--probes tiny`` sends bursts of tiny prompts (two to five, a few tokens in all): a breakable
+``--probes tiny`` sends tiny prompts (two to five, a few tokens in all), first as one batched
+request (one batch whatever the timing; labels ``batched-*``), then as bursts: a breakable
 prefill graph runs a batch eager when padding it would more than double it, so on a server
-whose smallest captured size is 16 such a batch meets the eager metadata kernels and logits
-that are not a view of the graphs' shared buffer.  Sent to a launch with the plan, nothing
-should compile.
+whose smallest captured size is 16 such a batch meets the eager metadata kernels with its
+real token count.  Sent to a launch without a warm-up they should compile (the cause
+confirmed); to a launch with the plan, nothing should.
 
 Writes ``$OUT/penalty-guards[-SET].json`` and prints one line per probe.
 """
@@ -82,10 +83,13 @@ CHUNKED_PROBES = [
     ("var-1+2chunks-greedypen-input0", [1, ("C", 4000)], 4, PENALIZED, "input_from_0"),
     ("var-chunk-alone-rep-input0_top", [("C", 37)], 4, SAMPLED_PENALIZED, INPUT0_TOP),
 ]
-#: bursts of tiny prompts: on a breakable-graph server a batch below half the smallest captured
-#: size runs eager (SGLang 0.5.17 pads no more than 2x), so two tiny prompts taken as a batch of
-#: their own meet the eager metadata kernels and fresh (not shared-buffer) logits
+#: tiny prompts: on a breakable-graph server a batch below half the smallest captured size runs
+#: eager (SGLang 0.5.17 pads no more than 2x), so two tiny prompts taken as a batch of their own
+#: meet the eager metadata kernels with their real token count
 TINY_PROBES = [
+    # one batched request first: the scheduler takes it as one batch whatever the timing
+    ("batched-tiny2-greedypen-input0_top", [3, 1], 16, PENALIZED, INPUT0_TOP),
+    ("batched-tiny3-rep-none", [2, 1, 1], 4, SAMPLED_PENALIZED, "none"),
     ("tiny2-rep-input0_top", [5, 1], 32, SAMPLED_PENALIZED, INPUT0_TOP),
     ("tiny2-greedypen-input0_top", [3, 1], 16, PENALIZED, INPUT0_TOP),
     ("tiny2-rep-none", [4, 3], 4, SAMPLED_PENALIZED, "none"),
@@ -135,7 +139,9 @@ def main() -> None:
                  if mode == INPUT0_TOP else dict(fh.LOGPROBS[mode]))
         if feats.get("logprob_start_len") == -1:
             feats["logprob_start_len"] = max(0, min(prompts) // 2)
-        step = TrafficStep(kind="burst" if len(prompts) > 1 else "single", prompts=prompts,
+        kind = "single" if len(prompts) == 1 else "batch" if label.startswith("batched-") \
+            else "burst"
+        step = TrafficStep(kind=kind, prompts=prompts,
                            max_new_tokens=new, sampling=dict(sampling), features=feats,
                            label=label)
         mark = fh.log_mark(state_dir)

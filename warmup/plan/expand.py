@@ -142,6 +142,8 @@ class _Expander:
         if out and any(k in ("logprob_start_len", "top_logprobs_num", "token_ids_logprob")
                        for k, _ in out) and ("return_logprob", True) not in out:
             out.append(("return_logprob", True))
+        if ("return_logprob", True) in out and self.facts.logprobs_refused:
+            raise _SkipShape(self.facts.logprobs_refused)
         return tuple(sorted(out))
 
     # -- limits the server would enforce
@@ -422,8 +424,8 @@ def _gen_batch(x: _Expander, phase: str, shape: Shape) -> None:
 
 def batch_lengths(bs: int, per: int, cls: str) -> list[int]:
     """Prompt lengths of one batch whose total is in token class ``cls`` (aligned: divisible by
-    16; odd: not)."""
-    per = max(per, 2)
+    16; odd: not); each prompt at least one token."""
+    per = max(per, 1)
     lens = [per] * bs
     total = per * bs
     if cls == "aligned":

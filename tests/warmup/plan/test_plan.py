@@ -522,6 +522,13 @@ def test_eager_batches_are_below_half_the_smallest_graph_size_with_penalties(pla
         assert {(2, False), (2, True), (3, False), (3, True), (5, False), (5, True)} <= totals
     smallest = min(facts.prefill_graph_buckets)
     assert all(2 * sum(r.input_len for r in s.requests) < smallest for s in steps)
+    # a server whose smallest bucket is 16 runs only batches under 8 tokens eager: the batched
+    # ones still reach next_power_of_2(bs) = 2, 4 and 8 there, whatever the timing
+    rig = dataclasses.replace(facts, prefill_graph_buckets=(16, 32, 64, 128, 256, 4096))
+    pow2 = {1 << (len(s.requests) - 1).bit_length()
+            for s in expand(loader.load(PLANS[plan]), rig).steps
+            if s.shape_class == "eager_batches" and 2 * sum(r.input_len for r in s.requests) < 16}
+    assert pow2 == {2, 4, 8}
     for r in (r for s in steps for r in s.requests):
         assert dict(r.features) == {"return_logprob": True, "top_logprobs_num": 20,
                                     "logprob_start_len": 0}
@@ -531,3 +538,25 @@ def test_eager_batches_are_below_half_the_smallest_graph_size_with_penalties(pla
     assert not [s for s in exp.steps if s.shape_class in classes]
     assert [k.reason for k in exp.skipped if k.shape_class in classes] \
         == ["the prefill CUDA graph is disabled"] * 2
+
+
+@pytest.mark.parametrize("version, refused", [("0.5.17", True), ("0.5.21.post1", True),
+                                              ("0.5.22", False), ("0.5.23rc1", False),
+                                              (None, False), ("main", False)])
+def test_logprob_classes_are_skipped_where_sglang_aborts_them_under_dflash(version, refused):
+    """SGLang before 0.5.22 aborts every logprob request under DFLASH-family speculative
+    decoding (PR #44627's launch uses DSPARK): there the classes that ask for logprobs are
+    skipped with the reason, never sent to fail the launch; other servers keep them."""
+    facts = dataclasses.replace(_facts_cache.pr44627(), sglang_version=version)
+    assert facts.speculative_algorithm == "DSPARK"
+    exp = expand(loader.load(PLANS["dsv4"]), facts)
+    asked = [r for s in exp.steps for r in s.requests if dict(r.features).get("return_logprob")]
+    reasons = {k.shape_class: k.reason for k in exp.skipped}
+    if refused:
+        assert not asked
+        for cls in ("sampler_x_output_logprobs", "input_logprobs", "eager_batches"):
+            assert reasons[cls] == (f"SGLang {version} aborts requests with logprobs under DSPARK "
+                                    "speculative decoding (accepted from 0.5.22)")
+        assert any(s.shape_class == "sampling_families" for s in exp.steps)
+    else:
+        assert asked and "input_logprobs" not in reasons
