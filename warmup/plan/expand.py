@@ -13,6 +13,7 @@ state's helpers (fits, room, skip) and read best side by side.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any, Iterable, Mapping
 
@@ -142,8 +143,9 @@ class _Expander:
         if out and any(k in ("logprob_start_len", "top_logprobs_num", "token_ids_logprob")
                        for k, _ in out) and ("return_logprob", True) not in out:
             out.append(("return_logprob", True))
-        if ("return_logprob", True) in out and self.facts.logprobs_refused:
-            raise _SkipShape(self.facts.logprobs_refused)
+        refused = _logprobs_refused(self.facts) if ("return_logprob", True) in out else None
+        if refused:
+            raise _SkipShape(refused)
         return tuple(sorted(out))
 
     # -- limits the server would enforce
@@ -546,6 +548,19 @@ _GENERATORS = {
     "sampling": _gen_sampling,
 }
 assert set(_GENERATORS) == set(KINDS)
+
+
+def _logprobs_refused(facts: ServerFacts) -> str | None:
+    """Why this server aborts every request that returns logprobs, or None: SGLang before
+    0.5.22 refuses them under DFLASH-family speculative decoding (DFLASH, DSPARK;
+    ``validate_dflash_request``).  An unknown SGLang version is not held against it."""
+    if (facts.speculative_algorithm or "").upper() not in ("DFLASH", "DSPARK"):
+        return None
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", facts.sglang_version or "")
+    if m is None or tuple(int(g) for g in m.groups()) >= (0, 5, 22):
+        return None
+    return (f"SGLang {facts.sglang_version} aborts requests with logprobs under "
+            f"{facts.speculative_algorithm} speculative decoding (accepted from 0.5.22)")
 
 
 def _int_class(n: int) -> str:

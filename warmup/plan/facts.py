@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import re
 import shlex
 import sys
 from dataclasses import asdict, dataclass, field, fields
@@ -114,19 +113,6 @@ class ServerFacts:
     @property
     def prefill_graph_max_bucket(self) -> int | None:
         return max(self.prefill_graph_buckets) if self.prefill_graph_buckets else None
-
-    @property
-    def logprobs_refused(self) -> str | None:
-        """Why this server aborts every request that returns logprobs, or None: SGLang before
-        0.5.22 refuses them under DFLASH-family speculative decoding (DFLASH, DSPARK;
-        ``validate_dflash_request``).  An unknown SGLang version is not held against it."""
-        if (self.speculative_algorithm or "").upper() not in ("DFLASH", "DSPARK"):
-            return None
-        version = _release(self.sglang_version)
-        if version is None or version >= (0, 5, 22):
-            return None
-        return (f"SGLang {self.sglang_version} aborts requests with logprobs under "
-                f"{self.speculative_algorithm} speculative decoding (accepted from 0.5.22)")
 
     def env(self) -> dict[str, Any]:
         """Name → value for plan expressions (fields and derived facts)."""
@@ -500,10 +486,3 @@ def _has_gpu() -> bool:
 
 def dump(facts: ServerFacts) -> str:
     return json.dumps(facts.to_dict(), indent=2, sort_keys=True)
-
-
-def _release(version: str | None) -> tuple[int, int, int] | None:
-    """The (major, minor, patch) a version string starts with ("0.5.17.post1" -> (0, 5, 17));
-    None when it does not start with three numbers."""
-    m = re.match(r"(\d+)\.(\d+)\.(\d+)", version or "")
-    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
