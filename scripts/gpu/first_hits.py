@@ -635,9 +635,11 @@ def compile_records(state_dir: Path, since: dict[str, int] | None = None) -> lis
 def compiles_by_phase(state_dir: Path) -> dict[str, dict[str, int]]:
     """Compiles of the compile log (a Triton miss, a JIT build that built) by phase, then by
     compiler: what 'compiles before and after ready' counts."""
+    from cache_tools.compile_log import is_miss
+
     out: dict[str, dict[str, int]] = {}
     for r in compile_records(state_dir):
-        if r["event"] == "miss" or (r["event"] == "jit_build" and r.get("outcome") == "built"):
+        if is_miss(r):
             by = out.setdefault(r.get("phase") or "?", {})
             by[r.get("compiler") or "?"] = by.get(r.get("compiler") or "?", 0) + 1
     return out

@@ -19,7 +19,11 @@ import argparse
 import collections
 import json
 import re
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from cache_tools.compile_log import is_miss  # noqa: E402  (the repository's, not installed)
 
 LIBRARIES = {"deep_gemm": "DeepGEMM", "triton": "Triton", "inductor": "Inductor",
              "tilelang": "TileLang", "flashinfer": "FlashInfer", "sglang_jit": "SGLang JIT",
@@ -78,12 +82,8 @@ def cause(row: dict) -> str:
 def compiled(row: dict) -> dict[str, int]:
     """The compiles the compile log put on a step, by compiler: a Triton miss, a JIT build that
     built (what 'compiles after ready' counts)."""
-    out: collections.Counter = collections.Counter()
-    for e in row.get("compile_events") or ():
-        if e.get("event") == "miss" or (e.get("event") == "jit_build"
-                                        and e.get("outcome") == "built"):
-            out[e.get("compiler") or "?"] += 1
-    return dict(out)
+    return dict(collections.Counter(e.get("compiler") or "?"
+                                    for e in row.get("compile_events") or () if is_miss(e)))
 
 
 def by_compiler(rows: list[dict]) -> dict[str, int]:

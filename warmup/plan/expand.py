@@ -42,6 +42,7 @@ class _Expander:
         self.plan = plan
         self.facts = facts
         self.limit = limit
+        self.logprobs_refused = _logprobs_refused(facts)  # why every logprob request would fail
         self.count = 0  # requests in self.steps
         self.env: dict[str, Any] = facts.env()
         self.steps: list[WarmupStep] = []
@@ -143,9 +144,8 @@ class _Expander:
         if out and any(k in ("logprob_start_len", "top_logprobs_num", "token_ids_logprob")
                        for k, _ in out) and ("return_logprob", True) not in out:
             out.append(("return_logprob", True))
-        refused = _logprobs_refused(self.facts) if ("return_logprob", True) in out else None
-        if refused:
-            raise _SkipShape(refused)
+        if self.logprobs_refused and ("return_logprob", True) in out:
+            raise _SkipShape(self.logprobs_refused)
         return tuple(sorted(out))
 
     # -- limits the server would enforce
