@@ -12,7 +12,7 @@ until the harness's ``/health`` poll, every 3 s, saw the server ready, and up to
 SGLang's whole-second stamps: ``ready_s`` less the "ready to roll" line; ``ready_s`` from the
 log's first line, or ``--ready`` for logs written without it) and the time to ready.  The
 stages between milestones are what to compare: the scheduler's start, the weights, the GEMM
-sweep, the decode-graph capture, the warm-up, and what follows it.
+sweep, the prefill- and decode-graph captures, the warm-up, and what follows it.
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ MILESTONES = [
     ("scheduler process up", re.compile(r"Init torch distributed begin")),
     ("weights loaded", re.compile(r"Load weight end")),
     ("GEMM sweep done", re.compile(r"sglang-warmup: GEMM sweep: ")),
-    ("decode graphs: capture begins", re.compile(r"Capture .*CUDA graph begin")),
-    ("decode graphs: captured", re.compile(r"Capture .*CUDA graph end")),
+    # SGLang 0.5.17 logs "Capture target prefill CUDA graph ..." for a breakable prefill graph
+    # before "Capture target decode CUDA graph ..."; older logs name no kind (decode graphs)
+    ("prefill graphs: capture begins", re.compile(r"Capture .*prefill CUDA graph begin")),
+    ("prefill graphs: captured", re.compile(r"Capture .*prefill CUDA graph end")),
+    ("decode graphs: capture begins", re.compile(r"Capture (?!.*prefill).*CUDA graph begin")),
+    ("decode graphs: captured", re.compile(r"Capture (?!.*prefill).*CUDA graph end")),
     ("warm-up begins", re.compile(r"Running warmup")),
     ("warm-up ends (after its flush)", re.compile(r"warm-up \S+: ok")),
     ("SGLang: ready to roll", re.compile(r"fired up and ready to roll")),
