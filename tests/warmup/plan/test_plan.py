@@ -529,6 +529,16 @@ def test_eager_batches_are_below_half_the_smallest_graph_size_with_penalties(pla
             for s in expand(loader.load(PLANS[plan]), rig).steps
             if s.shape_class == "eager_batches" and 2 * sum(r.input_len for r in s.requests) < 16}
     assert pow2 == {2, 4, 8}
+    # past 16 when the eager region is wider: under a 128-token bucket a batch of up to 63
+    # one-token prompts runs eager, so the batched sizes reach next_power_of_2(bs) 32 and 64
+    # where the request cap allows them; the cap still bounds them
+    for cap, top, pow2s in ((256, 63, {2, 4, 8, 16, 32, 64}), (40, 40, {2, 4, 8, 16, 32, 64}),
+                            (16, 16, {2, 4, 8, 16})):
+        wide = dataclasses.replace(facts, max_running_requests=cap)
+        sizes = {len(s.requests) for s in expand(loader.load(PLANS[plan]), wide).steps
+                 if s.shape_class == "eager_batches"}
+        assert (min(sizes), max(sizes)) == (2, top)
+        assert {1 << (n - 1).bit_length() for n in sizes} == pow2s
     for r in (r for s in steps for r in s.requests):
         assert dict(r.features) == {"return_logprob": True, "top_logprobs_num": 20,
                                     "logprob_start_len": 0}
