@@ -539,6 +539,10 @@ def test_eager_batches_are_below_half_the_smallest_graph_size_with_penalties(pla
                  if s.shape_class == "eager_batches"}
         assert (min(sizes), max(sizes)) == (2, top)
         assert {1 << (n - 1).bit_length() for n in sizes} == pow2s
+    # a prefill graph whose sizes the facts do not name: up to 16, never skipped
+    unknown = dataclasses.replace(facts, max_running_requests=256, prefill_graph_buckets=())
+    assert max(len(s.requests) for s in expand(loader.load(PLANS[plan]), unknown).steps
+               if s.shape_class == "eager_batches") == 16
     for r in (r for s in steps for r in s.requests):
         assert dict(r.features) == {"return_logprob": True, "top_logprobs_num": 20,
                                     "logprob_start_len": 0}
