@@ -33,6 +33,7 @@ Writes ``$OUT/penalty-guards[-SET].json`` and prints one line per probe.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -111,8 +112,6 @@ def main() -> None:
     from warmup.coverage.traffic import TrafficStep
     from warmup.serve.transport import HttpTransport
 
-    import argparse
-
     ap = argparse.ArgumentParser()
     ap.add_argument("name")
     ap.add_argument("--probes", choices=sorted(PROBE_SETS), default="plain")
@@ -158,9 +157,10 @@ def main() -> None:
                + "".join(f"\n    {g['name']} {g['seconds']} s: {g['reason']}" for g in row["graphs"])
                + (f"\n    Triton misses: {[m['name'] for m in row['misses']]}" if row["misses"] else "")
                + (f" ERROR {sent['error']}" if sent.get("error") else ""))
+    every = fh.compile_records(state_dir)
     every_graph = [{"name": r["name"], "phase": r["phase"], "reason": r.get("reason")}
-                   for r in fh.compile_records(state_dir) if r["compiler"] == "dynamo"]
-    misses = [_miss(r) for r in fh.compile_records(state_dir) if r["event"] == "miss"]
+                   for r in every if r["compiler"] == "dynamo"]
+    misses = [_miss(r) for r in every if r["event"] == "miss"]
     suffix = "" if args.probes == "plain" else f"-{args.probes}"
     fh.emit(f"penalty-guards{suffix}.json", {"launch": name, "chunk": chunk, "probes": rows,
                                             "dynamo_builds": every_graph,

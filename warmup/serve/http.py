@@ -33,8 +33,6 @@ from warmup.errors import TransportError
 
 logger = logging.getLogger("sglang_warmup.http")
 
-#: Characters shown escaped in text from a server: C0/C1 controls (terminal escapes, bells,
-#: carriage returns), bidirectional overrides and Unicode line separators.
 SNIPPET_CHARS = 200  # of a server's answer quoted in an error line
 #: The most bytes of one answer read from the server: a logprob answer for a long prompt can be
 #: tens of MiB; a larger one is refused, never held whole.

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from cache_tools.errors import printable
 from cache_tools.render import bar, lines, table
 from warmup.coverage.audit import SLOW_RATIO, AuditReport, StepAudit
 from warmup.coverage.classes import Coverage, KeyEvents
-from cache_tools.errors import printable
 from warmup.serve.report import RunReport, allocator_kept, sweep_processes
 from warmup.view.documents import AUDIT, COVERAGE, OTHER, RUN, Document, Outline
 

@@ -14,8 +14,7 @@ import socket
 import threading
 from typing import Protocol
 
-from cache_tools.errors import RemoteError
-from cache_tools.errors import printable
+from cache_tools.errors import RemoteError, printable
 
 
 class Registry(Protocol):

@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cache_tools.archive import tarfmt
-from cache_tools.errors import CacheError, RemoteError
+from cache_tools.errors import CacheError, RemoteError, printable
 from cache_tools.fingerprint import Fingerprint, canonical_json
 from cache_tools.locations import KIND_NAMES
 from cache_tools.archive.manifest import Manifest
-from cache_tools.errors import printable
 from cache_tools.archive.reader import CHUNK, ArchiveReader, Limits
 from cache_tools.archive.writer import ArchiveWriter
 

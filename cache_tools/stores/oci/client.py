@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import IO, Mapping
 from urllib.parse import quote, urlencode, urljoin, urlsplit
 
-from cache_tools.errors import RemoteError
+from cache_tools.errors import RemoteError, printable
 from cache_tools.stores.oci import auth
 from cache_tools.stores.oci.answer import Answer, Sink, Watchdog
-from cache_tools.errors import printable
 from cache_tools.stores.oci.reference import Reference, is_loopback
 
 CONNECT_TIMEOUT_S = 10.0
