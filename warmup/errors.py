@@ -60,6 +60,12 @@ class DriverError(WarmupError):
     report: RunReport | None = None
 
 
+class StepsError(WarmupError):
+    """A steps record (the loud steps a bake learned) cannot be read or does not hold one."""
+
+    exit_code = 2
+
+
 class RegistrationError(WarmupError):
     """A plan could not be registered into SGLang's ``--warmups`` registry."""
 

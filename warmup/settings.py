@@ -159,7 +159,12 @@ GC_PAUSE_MS = EnvVar("WARMUP_GC_PAUSE_MS", 20.0, _float,
 # --- coverage and audit -------------------------------------------------------------------
 SECOND_PASS = EnvVar("WARMUP_SECOND_PASS", False, _bool,
                      "set to 1 to replay the plan a second time after the warm-up and record "
-                     "which classes still compile (coverage.json in the state directory)")
+                     "which classes still compile (coverage.json in the state directory) "
+                     "and which steps paid a first-time cost (steps.json there)")
+STEPS = EnvVar("WARMUP_STEPS", "", _str,
+               "a steps record (prebake's ARCHIVE.steps.json): send only the steps that paid a "
+               "first-time cost when the cache was baked; the whole plan where it does not "
+               "match this launch")
 FREEZE_GC = EnvVar("WARMUP_FREEZE_GC", True, _bool,
                    "freeze the Python garbage collector of SGLang's tokenizer manager, "
                    "schedulers and detokenizer once the warm-up is done (SGLang's /freeze_gc), "
@@ -207,8 +212,8 @@ def plugin_entry_point() -> metadata.EntryPoint | None:
 def activation_env(*, state_dir: str, multiprocess_dir: str, plan: str | None = None,
                    name: str | None = None, lenient: bool = False, second_pass: bool = False,
                    report: str | None = None, skip_families: tuple[str, ...] = (),
-                   freeze_gc: bool = True,
-                   lets: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
+                   freeze_gc: bool = True, lets: tuple[tuple[str, str], ...] = (),
+                   steps: str | None = None) -> dict[str, str]:
     """The variables that turn sglang-warmup on in every SGLang process: the plugin gate, the
     state directory and the Prometheus multiprocess directory they share, and (with a plan)
     what the ``--warmups`` entry runs.  ``serve``, ``prebake`` and ``doctor`` all use this."""
@@ -226,4 +231,6 @@ def activation_env(*, state_dir: str, multiprocess_dir: str, plan: str | None = 
             env[SKIP_FAMILIES.name] = ",".join(skip_families)
         if lets:
             env[LETS.name] = ";".join(f"{k}={v}" for k, v in lets)
+        if steps:
+            env[STEPS.name] = steps
     return env

@@ -128,8 +128,13 @@ def test_runtime_image_restores_the_archive_and_sets_the_cache_variables():
                                                   "dockerfile").splitlines()
                 if line.startswith("ENV ")]
     # the cache variables exactly as `cache env --format dockerfile` prints them, then the
-    # non-root user's home (caches a library resolves from $HOME land where it may write)
-    assert env == expected + ["ENV HOME=/home/sglang"]
+    # non-root user's home (caches a library resolves from $HOME land where it may write), then
+    # the steps record prebake wrote beside the archive, for serve
+    assert env == expected + ["ENV HOME=/home/sglang",
+                              "ENV WARMUP_STEPS=/opt/sglang-warmup/steps.json"]
+    assert ("runtime", "COPY", "${STEPS_RECORD} /opt/sglang-warmup/steps.json") in ins
+    assert arg_defaults("Dockerfile.runtime")["STEPS_RECORD"] == \
+        arg_defaults("Dockerfile.runtime")["CACHE_ARCHIVE"] + ".steps.json"
 
 
 def test_the_wheel_name_follows_the_project_version():
@@ -149,8 +154,8 @@ def test_copied_files_exist_and_are_in_the_build_context(name):
         sources = args.split()[:-1]
         for src in sources:
             if src.startswith("${"):
-                assert src == "${CACHE_ARCHIVE}"
-                src = arg_defaults(name)["CACHE_ARCHIVE"]
+                assert src in ("${CACHE_ARCHIVE}", "${STEPS_RECORD}")
+                src = arg_defaults(name)[src[2:-1]]
             else:
                 assert (REPO / src).exists(), src
             assert any(src == a or src.startswith(a + "/") for a in allowed), \

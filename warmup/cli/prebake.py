@@ -36,6 +36,10 @@ def prebake_command(
                                           help="then push the archive to an OCI registry: "
                                                "oci://HOST[:PORT]/REPO[:TAG] (tagged by its "
                                                "fingerprint too; login checked before the bake)"),
+    learn_steps: bool = typer.Option(True, "--learn-steps/--no-learn-steps",
+                                     help="run the plan twice and write the steps that paid a "
+                                          "first-time cost beside the archive "
+                                          "(ARCHIVE.steps.json, for serve --steps)"),
     fmt: Format = options.FORMAT,
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (directories, "
                                  "environment, command) and stop"),
@@ -50,7 +54,7 @@ def prebake_command(
         oci.check_access(push_to)
     spec = prebake.prepare(plan, out, list(ctx.args), port=port, deadline_s=deadline,
                            stop_timeout_s=stop_timeout, work_dir=work_dir, zstd=zstd, keep=keep,
-                           overwrite=yes)
+                           overwrite=yes, learn_steps=learn_steps)
     if dry_run:
         try:
             if fmt == "json":

@@ -34,6 +34,12 @@ def serve_command(
                                                   "done (SGLang's /freeze_gc; default: "
                                                   "WARMUP_FREEZE_GC, on)"),
     let: Optional[List[str]] = options.LET,
+    steps: Optional[Path] = typer.Option(None, "--steps", help="a steps record (prebake's "
+                                         "ARCHIVE.steps.json): on the cache it was baked with, "
+                                         "send only the steps that paid a first-time cost "
+                                         "(refused here when it cannot be read; the whole plan "
+                                         "where it does not match the launch; WARMUP_STEPS in "
+                                         "the environment is read by the server alone)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the command and environment, "
                                  "write nothing, do not start"),
 ) -> None:
@@ -45,7 +51,7 @@ def serve_command(
                               lenient=lenient, state_dir=str(state_dir) if state_dir else None,
                               name=name, second_pass=second_pass, skip_families=families,
                               freeze_gc=settings.FREEZE_GC.get() if freeze_gc is None else freeze_gc,
-                              lets=lets)
+                              lets=lets, steps=str(steps) if steps else None)
     shown = {k: v for k, v in spec.env.items() if k.startswith("WARMUP_") or k == "PROMETHEUS_MULTIPROC_DIR"}
     output.note("sglang-warmup: " + " ".join(f"{k}={_shown_value(k, v)}"
                                              for k, v in sorted(shown.items())))

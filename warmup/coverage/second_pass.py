@@ -292,6 +292,7 @@ async def run(driver: PassDriver, exp: Expansion, *, second_pass: bool | None = 
     cov = passes.coverage or compute((), (), classes=exp.classes, plan=exp.plan)
     cov = replace(cov, second_pass_failures=failures)
     _write(cov, sdir)
+    _learn_steps(exp, passes, sdir, driver.progress)
     recorder = driver.metrics
     if recorder is not None:
         try:
@@ -305,6 +306,30 @@ async def run(driver: PassDriver, exp: Expansion, *, second_pass: bool | None = 
     for line in (describe(cov) if describe is not None else "").splitlines():
         driver.progress(line)
     return CoverageReport(first.report, cov)
+
+
+def _learn_steps(exp: Expansion, passes: Passes, state_dir: str | os.PathLike[str],
+                 progress: Callable[[str], None]) -> None:
+    """Write ``<state_dir>/steps.json``: the steps of the first pass that paid a first-time
+    cost (:mod:`warmup.coverage.quiet_steps`), when it sent the whole plan and both passes
+    left their reports and the first its compile-log records."""
+    first, second = passes.first, passes.second
+    if second is None or first.report is None or second.report is None \
+            or first.records is None or first.report.quiet_steps:
+        return
+    from warmup.coverage import quiet_steps
+    from warmup.plan.step_record import STATE_FILE, this_device
+
+    record = quiet_steps.learn(exp, first.report, first.records, second.report,
+                               device=this_device())
+    path = Path(state_dir) / STATE_FILE
+    try:
+        record.write(path)
+    except OSError as exc:
+        logger.warning("sglang-warmup: cannot write %s: %s", path, exc)
+        return
+    progress(f"sglang-warmup: {len(record.keep)} of {record.steps} steps paid a first-time "
+             f"cost, {record.quiet} were quiet: {path} (serve --steps sends only the first)")
 
 
 def _write(cov: Coverage, state_dir: str | os.PathLike[str]) -> None:

@@ -32,6 +32,7 @@ from cache_tools.locations import Location
 from cache_tools.progress import Progress
 from cache_tools.scan import size_str
 from warmup.errors import SidecarError, WarmupError
+from warmup.plan import step_record
 from cache_tools.render import table
 from warmup.serve import launch
 from warmup.serve.http import HttpClient, Probe, wait_for_health
@@ -91,6 +92,9 @@ class PrebakeResult:
     warmup: Mapping[str, Any]
     warnings: tuple[str, ...] = ()
     work_dir: Path | None = None
+    #: the steps record beside the archive (None: not learned)
+    steps: Path | None = None
+    steps_line: str = ""
 
     @property
     def entries(self) -> int:
@@ -108,7 +112,8 @@ class PrebakeResult:
                 "warmup": {k: self.warmup.get(k) for k in ("plan", "ok", "requests",
                                                            "duration_s", "flush")},
                 "warnings": list(self.warnings),
-                "work_dir": str(self.work_dir) if self.work_dir else None}
+                "work_dir": str(self.work_dir) if self.work_dir else None,
+                "steps": str(self.steps) if self.steps else None}
 
     def render(self) -> str:
         rows = [[k.kind, k.entries, k.files, size_str(k.bytes)] for k in self.kinds]
@@ -120,9 +125,14 @@ class PrebakeResult:
                  f"server: ready in {self.ready_s:.1f} s, stopped with {self.stopped_with}; "
                  f"warm-up {w.get('plan')}: {w.get('requests')} requests in "
                  f"{float(w.get('duration_s') or 0):.1f} s; prebake took {self.seconds:.1f} s"]
+        if self.steps_line:
+            lines.append(self.steps_line)
         if self.work_dir:
             lines.append(f"kept: {self.work_dir} (server.log, state/, cache/)")
         lines.append(f"restore with: sglang-warmup cache restore {shlex.quote(str(self.archive))}")
+        if self.steps:
+            lines.append(f"then launch with the same plan and SGLang flags and: --steps "
+                         f"{shlex.quote(str(self.steps))}")
         return "\n".join(lines)
 
 
@@ -150,6 +160,7 @@ class PrebakePlan:
     zstd: bool
     keep: bool
     warnings: tuple[str, ...] = ()
+    learn_steps: bool = True
 
     @property
     def log_path(self) -> Path:
@@ -159,13 +170,19 @@ class PrebakePlan:
     def report_path(self) -> Path:
         return self.work_dir / "report.json"
 
+    @property
+    def steps_path(self) -> Path:
+        """Where the steps record goes: beside the archive, ``ARCHIVE.steps.json``."""
+        return self.out.with_name(self.out.name + ".steps.json")
+
     def to_dict(self) -> dict[str, Any]:
         return {"plan": self.plan_file, "out": str(self.out), "work_dir": str(self.work_dir),
                 "cache_root": str(self.cache_root),
                 "caches": {loc.kind.name: str(loc.path) for loc in self.locations},
                 "env": dict(self.exports), "argv": list(self.launch.argv), "url": self.url,
                 "deadline_s": self.deadline_s, "stop_timeout_s": self.stop_timeout_s,
-                "zstd": self.zstd, "warnings": list(self.warnings)}
+                "zstd": self.zstd, "warnings": list(self.warnings),
+                "steps": str(self.steps_path) if self.learn_steps else None}
 
     def describe(self) -> str:
         """The dry-run text: what would be created, set and run."""
@@ -181,6 +198,9 @@ class PrebakePlan:
         lines.append("command: " + shlex.join(self.launch.argv))
         lines.append(f"ready: {self.url}/health_generate within {self.deadline_s:g} s; stop: "
                      f"SIGTERM to the process group, SIGKILL after {self.stop_timeout_s:g} s")
+        if self.learn_steps:
+            lines.append(f"the plan runs twice; the steps that paid a first-time cost go to "
+                         f"{self.steps_path}")
         return "\n".join(lines)
 
     def discard(self) -> None:
@@ -234,13 +254,30 @@ class PrebakePlan:
                               hint="is SGLang honouring the cache variables (`sglang-warmup "
                                    "prebake --dry-run` lists them)? a remote Triton cache "
                                    "(TRITON_CACHE_MANAGER) bypasses the directories")
+        steps, steps_line = self._keep_steps(warnings)
         kept: Path | None = self.work_dir
         if self.temporary and not self.keep:
             shutil.rmtree(self.work_dir, ignore_errors=True)
             kept = None
         return PrebakeResult(self.out, result.archive_bytes, kinds, ready_s,
                              time.monotonic() - started, stopped_with, report, tuple(warnings),
-                             kept)
+                             kept, steps, steps_line)
+
+    def _keep_steps(self, warnings: list[str]) -> tuple[Path | None, str]:
+        """The steps record the server learned, copied beside the archive (a missing or
+        unreadable one is a warning: the archive is good without it)."""
+        if not self.learn_steps:
+            return None, ""
+        learned = Path(self.launch.state_dir) / step_record.STATE_FILE
+        try:
+            record = step_record.read(learned)
+            record.write(self.steps_path)
+        except (WarmupError, OSError) as exc:
+            warnings.append(f"no steps record: {exc}; a launch from this archive sends the "
+                            f"whole plan")
+            return None, ""
+        return self.steps_path, (f"steps: {len(record.keep)} of {record.steps} paid a "
+                                 f"first-time cost, {record.quiet} quiet: {self.steps_path}")
 
     def _wait_ready(self, proc: subprocess.Popen, say: Callable[[str], None],
                     progress: Progress) -> float:
@@ -303,9 +340,11 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
             sglang_args: Sequence[str], *, port: int | None = None, deadline_s: float = 1800.0,
             stop_timeout_s: float = 60.0, work_dir: str | os.PathLike[str] | None = None,
             zstd: bool = False, keep: bool = False, overwrite: bool = False,
-            environ: Mapping[str, str] | None = None) -> PrebakePlan:
+            environ: Mapping[str, str] | None = None, learn_steps: bool = True) -> PrebakePlan:
     """Validate and decide a prebake; creates only the work directory (and ``serve``'s state
-    directory in it).  Raises WarmupError / PlanError / CacheError on bad input."""
+    directory in it).  Raises WarmupError / PlanError / CacheError on bad input.
+    ``learn_steps``: the server runs the plan twice (the second-pass check) and the steps that
+    paid a first-time cost are written beside the archive (``ARCHIVE.steps.json``)."""
     out_path = Path(out).resolve()
     if out_path.is_dir():
         raise SidecarError(f"--out {out} is a directory", hint="give the archive's file name, "
@@ -363,7 +402,8 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
                 warnings.append(f"{var}={env[var]} is set: Triton may keep kernels outside "
                                 f"{cache_root} and they would not be baked")
         spec = launch.plan_launch(str(plan), args, report=str(wd / "report.json"),
-                                  state_dir=str(wd / "state"), environ=env)
+                                  state_dir=str(wd / "state"), environ=env,
+                                  second_pass=learn_steps)
     except BaseException:  # cleanup on any way out (Ctrl-C too), then raised as it was
         if temporary:
             shutil.rmtree(wd, ignore_errors=True)
@@ -373,7 +413,8 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
         temporary=temporary, cache_root=cache_root,
         locations=locations.resolve(root=cache_root), exports=exported.pairs, launch=spec,
         url=url, api_key=_arg_value(args, "--api-key"), deadline_s=deadline_s,
-        stop_timeout_s=stop_timeout_s, zstd=zstd, keep=keep, warnings=tuple(warnings))
+        stop_timeout_s=stop_timeout_s, zstd=zstd, keep=keep, warnings=tuple(warnings),
+        learn_steps=learn_steps)
 
 
 def _url_host(host: str) -> str:

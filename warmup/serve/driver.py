@@ -66,6 +66,9 @@ class Driver:
     slower the first request of a kind is than the same request again.  The second-pass check
     uses it after the warm-up; a repeat's failure is counted like the step's own.
 
+    ``skip_steps``: the indices of steps not to send (a steps record's quiet steps,
+    :mod:`warmup.plan.step_record`); ``steps_note``: where they come from, for the report.
+
     ``serving_at_end``: the phase turns ``serving`` (and the ready time is recorded) when the run
     returns.  Inside the server it is False: SGLang still sends its own warm-up request after the
     ``--warmups`` entries, so the phase stays ``warmup`` (class :data:`AFTER_PLAN`) until the
@@ -74,8 +77,11 @@ class Driver:
     def __init__(self, transport: Transport, *, lenient: bool = False,
                  flush_timeout_s: float = 60.0, state_dir: str | None = None,
                  metrics: Metrics | None = None, progress: Callable[[str], None] | None = None,
-                 repeat: bool = False, serving_at_end: bool = True) -> None:
+                 repeat: bool = False, serving_at_end: bool = True,
+                 skip_steps: frozenset[int] = frozenset(), steps_note: str = "") -> None:
         self.transport = transport
+        self.skip_steps = skip_steps
+        self.steps_note = steps_note
         self.repeat = repeat
         self.serving_at_end = serving_at_end
         self.lenient = lenient
@@ -101,6 +107,9 @@ class Driver:
                          skipped=tuple({"phase": s.phase, "class": s.shape_class, "item": s.item,
                                         "reason": s.reason} for s in exp.skipped),
                          warnings=tuple(exp.warnings))
+        todo = [s for s in exp.steps if s.index not in self.skip_steps]
+        if len(todo) < len(exp.steps):
+            base = replace(base, quiet_steps=len(exp.steps) - len(todo), steps_record=self.steps_note)
         if exp.facts.disaggregation:
             reason = (f"PD disaggregation ({exp.facts.disaggregation_mode}): "
                       "warm-up requests would need a bootstrap peer")
@@ -111,16 +120,18 @@ class Driver:
         classes: "OrderedDict[str, _Tally]" = OrderedDict()
         failures: list[str] = []
         flush: str | None = None
+        step_ms: dict[int, float] = {}
 
         def final() -> RunReport:
             return self._count_compiles(replace(
                 base, ok=not failures, duration_s=time.perf_counter() - t0, flush=flush,
-                classes=tuple(c.freeze() for c in classes.values()), failures=tuple(failures)))
+                classes=tuple(c.freeze() for c in classes.values()), failures=tuple(failures),
+                step_ms=tuple(step_ms.items())))
 
-        phases = list(OrderedDict.fromkeys(s.phase for s in exp.steps))
+        phases = list(OrderedDict.fromkeys(s.phase for s in todo))
         try:
             for pi, ph in enumerate(phases, 1):
-                steps = [s for s in exp.steps if s.phase == ph]
+                steps = [s for s in todo if s.phase == ph]
                 n_req = sum(s.num_requests for s in steps)
                 self.progress(f"sglang-warmup [{pi}/{len(phases)}] phase {ph}: {len(steps)} steps, "
                               f"{n_req} requests")
@@ -129,7 +140,9 @@ class Driver:
                     c = classes.get(step.shape_class)
                     if c is None:
                         c = classes[step.shape_class] = _Tally(step.shape_class, step.phase, step.kind)
-                    await self._step(step, c, failures)
+                    ms = await self._step(step, c, failures)
+                    if ms is not None:
+                        step_ms[step.index] = ms
                 self.progress(f"sglang-warmup [{pi}/{len(phases)}] phase {ph}: done in "
                               f"{time.perf_counter() - p0:.1f} s")
         except DriverError as exc:
@@ -170,7 +183,8 @@ class Driver:
             except Exception as exc:  # a metrics update never fails the warm-up: logged
                 logger.debug("sglang-warmup: ready time not recorded: %r", exc)
 
-    async def _step(self, step: WarmupStep, c: _Tally, failures: list[str]) -> None:
+    async def _step(self, step: WarmupStep, c: _Tally, failures: list[str]) -> float | None:
+        """Send a step (and its repeat); the first send's latency in ms, None when it failed."""
         self._set_phase("warmup", step.shape_class, step.index)
         ms, failed = await self._send(step, c, failures, "")
         c.steps += 1
@@ -178,12 +192,15 @@ class Driver:
         c.failures += failed
         c.total_ms += ms
         c.max_step_ms = max(c.max_step_ms, ms)
-        if self.repeat and not failed:
-            again, failed = await self._send(step, c, failures, " (repeat)", salt="/repeat")
-            c.failures += failed
+        if failed:
+            return None
+        if self.repeat:
+            again, again_failed = await self._send(step, c, failures, " (repeat)", salt="/repeat")
+            c.failures += again_failed
             c.repeat_ms += again
             if again > 0:
                 c.worst_step_ratio = max(c.worst_step_ratio, ms / again)
+        return ms
 
     async def _send(self, step: WarmupStep, c: _Tally, failures: list[str], what: str, *,
                     salt: str = "") -> tuple[float, int]:

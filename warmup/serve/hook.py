@@ -266,9 +266,12 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
             metrics = metrics_mod.default()
         except Exception as exc:  # in SGLang's process metrics are optional: warned, warm-up on
             logger.warning("sglang-warmup: metrics unavailable: %s", exc)
+    quiet, note, warning = quiet_steps(exp)
+    if warning:
+        exp = replace(exp, warnings=exp.warnings + (warning,))
     driver = Driver(transport, lenient=lenient, flush_timeout_s=settings.FLUSH_TIMEOUT_S.get(),
                     state_dir=settings.STATE_DIR.get() or None, metrics=metrics,
-                    serving_at_end=False)
+                    serving_at_end=False, skip_steps=quiet, steps_note=note)
     result: Any = None
     try:
         result = await (runner(driver, exp) if runner is not None else driver.run(exp))
@@ -285,6 +288,34 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
         await _freeze_gc(transport)
     serving_when_up(tokenizer_manager, driver.mark_serving)
     logger.info("sglang-warmup: %s finished in %.1f s", entry, time.perf_counter() - t0)
+
+
+def quiet_steps(exp: Expansion) -> tuple[frozenset[int], str, str]:
+    """The steps of ``exp`` that WARMUP_STEPS's record found quiet when the cache was baked, a
+    line that names the record, and a warning for the report; none (the whole plan) without a
+    record, or with one that cannot be read or was learned on another expansion or server (a
+    warning: a launch never fails for it)."""
+    from warmup.plan import step_record
+
+    path = settings.STEPS.get()
+    if not path:
+        return frozenset(), "", ""
+    try:
+        record = step_record.read(path)
+    except WarmupError as exc:
+        warning = f"{exc.message}: every step sent"
+    else:
+        why = record.mismatch(exp, step_record.this_device())
+        if why is None:
+            skip = record.skip(exp)
+            logger.info("sglang-warmup: sending %d of %d steps: the %d others were quiet when "
+                        "the cache was baked (%s)", len(exp.steps) - len(skip), len(exp.steps),
+                        len(skip), path)
+            return skip, (f"{path}: {len(skip)} of {len(exp.steps)} steps quiet when the cache "
+                          f"was baked"), ""
+        warning = f"steps record {path} does not apply: {why}; every step sent"
+    logger.warning("sglang-warmup: %s", warning)
+    return frozenset(), "", warning
 
 
 def launch_warnings() -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from cache_tools import compile_log
 from warmup import settings
 from warmup.errors import WarmupError
 from warmup.observe import phase
-from warmup.plan import loader
+from warmup.plan import loader, step_record
 from warmup.plan.lets import with_lets
 from warmup.serve.hook import ensure_listed
 
@@ -44,12 +44,16 @@ def plan_launch(plan_path: str, sglang_args: list[str], *, report: str | None = 
                 lenient: bool = False, state_dir: str | None = None, name: str | None = None,
                 second_pass: bool = False, skip_families: tuple[str, ...] = (),
                 freeze_gc: bool = True, environ: dict[str, str] | None = None,
-                python: str = sys.executable, lets: tuple[tuple[str, str], ...] = ()) -> Launch:
+                python: str = sys.executable, lets: tuple[tuple[str, str], ...] = (),
+                steps: str | None = None) -> Launch:
     """Validate the plan and the install and compute the command and environment.  Writes
     nothing (``serve --dry-run`` prints exactly this).  ``lets``: overrides of the plan's
-    ``let`` values (``--let NAME=EXPR``), checked here."""
+    ``let`` values (``--let NAME=EXPR``), checked here; ``steps``: a steps record (read and
+    checked here; whether it matches the launch is known once the server runs)."""
     plan = loader.load(plan_path)  # a bad plan fails here, before any GPU is touched
     with_lets(plan, lets, source="--let")
+    if steps:
+        step_record.read(steps)
     entry = name or plan.name
     if not sglang_args:
         raise WarmupError("no SGLang launch arguments after `--`",
@@ -73,7 +77,8 @@ def plan_launch(plan_path: str, sglang_args: list[str], *, report: str | None = 
         state_dir=str(sdir), multiprocess_dir=theirs or str(sdir / "prometheus"),
         plan=str(Path(plan.file).resolve()), name=entry, lenient=lenient,
         second_pass=second_pass, report=str(Path(report).resolve()) if report else None,
-        skip_families=skip_families, freeze_gc=freeze_gc, lets=lets))
+        skip_families=skip_families, freeze_gc=freeze_gc, lets=lets,
+        steps=str(Path(steps).resolve()) if steps else None))
     args = list(sglang_args)
     ensure_listed(entry, args)
     return Launch(argv=[python, "-m", "sglang.launch_server", *args], env=env, name=entry,

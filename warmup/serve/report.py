@@ -105,7 +105,9 @@ class RunReport:
     record's fields and ``pid``); ``allocator_kept``: each scheduler whose caching allocator
     kept its blocks across this run's flush (``pid``, ``kept_bytes``); ``warnings``: what the
     expansion and the launch's checks found that no plan class warms (a JIT precompile turned
-    off, a family named but absent).
+    off, a family named but absent); ``step_ms``: each sent step's first send, ``(index, ms)``
+    (failed steps left out); ``quiet_steps``: steps not sent because a steps record
+    (``steps_record``: which, and what it learned) found them quiet when the cache was baked.
     """
 
     plan: str
@@ -126,6 +128,9 @@ class RunReport:
     gemm_sweeps: tuple[Mapping[str, Any], ...] = ()
     allocator_kept: tuple[Mapping[str, Any], ...] = ()
     warnings: tuple[str, ...] = ()
+    step_ms: tuple[tuple[int, float], ...] = ()
+    quiet_steps: int = 0
+    steps_record: str = ""
 
     @property
     def requests(self) -> int:
@@ -184,6 +189,7 @@ class RunReport:
         """JSON: the format and its version, every field (tuples as lists), plus ``requests``
         and per class ``ms_per_request`` and ``first_hit_ratio``."""
         d = {"format": FORMAT, "version": VERSION, **_plain(asdict(self))}
+        d["step_ms"] = [[i, round(ms, 2)] for i, ms in self.step_ms]
         d["requests"] = self.requests
         for c, cd in zip(self.classes, d["classes"]):
             cd["ms_per_request"] = round(c.ms_per_request, 2)
@@ -219,7 +225,9 @@ class RunReport:
                    compiles_total=_count(d.get("compiles_total")), compiles_by_phase=by_phase,
                    gemm_sweeps=tuple(_maps(d.get("gemm_sweeps"))),
                    allocator_kept=tuple(_maps(d.get("allocator_kept"))),
-                   warnings=_texts(d.get("warnings")))
+                   warnings=_texts(d.get("warnings")), step_ms=_step_ms(d.get("step_ms")),
+                   quiet_steps=_count(d.get("quiet_steps")),
+                   steps_record=_text(d.get("steps_record")))
 
 
 def _text(value: Any) -> str:
@@ -232,6 +240,15 @@ def _texts(value: Any) -> tuple[str, ...]:
 
 def _count(value: Any) -> int:
     return int(as_number(value))
+
+
+def _step_ms(value: Any) -> tuple[tuple[int, float], ...]:
+    """The ``[index, ms]`` pairs of a saved report (anything else: left out)."""
+    if not isinstance(value, list):
+        return ()
+    return tuple((int(p[0]), as_number(p[1])) for p in value
+                 if isinstance(p, list) and len(p) == 2 and isinstance(p[0], int)
+                 and not isinstance(p[0], bool) and 0 <= p[0] < 1 << 31)
 
 
 def _maps(value: Any) -> list[Mapping[str, Any]]:

@@ -269,7 +269,10 @@ def run_report(cr: CoverageReport, path: str, level: int = 2) -> tuple[str, str,
                                 level=level))
     if cov is not None:
         body.append(coverage(cov, level, with_latency=False))
-    meta = f"{run.requests} requests via {run.transport} · flush: {run.flush or '–'} · {path}"
+    quiet = (f" · {run.quiet_steps} steps not sent, quiet when the cache was baked"
+             if run.quiet_steps else "")
+    meta = (f"{run.requests} requests via {run.transport} · flush: {run.flush or '–'}{quiet} · "
+            f"{path}")
     return f"Warm-up of plan {run.plan}", meta, "".join(body)
 
 

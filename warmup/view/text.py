@@ -63,6 +63,9 @@ def run_report(report: RunReport, cov: Coverage | None = None, *,
     if kept:
         out.append(kept)
     out += skipped_lines(report)
+    if report.quiet_steps:
+        out.append(f"not sent: {report.quiet_steps:,} steps quiet when the cache was baked "
+                   f"({report.steps_record})")
     out += [f"warning: {w}" for w in report.warnings]
     out += [f"failure: {f}" for f in report.failures]
     if cov is not None:

@@ -22,6 +22,7 @@ from harness import FAKE_SGLANG, PLAN, REPO, free_port, gone  # noqa: E402
 from cache_tools import archive  # noqa: E402
 from warmup.prebake import bake as prebake  # noqa: E402
 from warmup.errors import SidecarError  # noqa: E402
+from warmup.plan import step_record  # noqa: E402
 
 PY = sys.executable
 KINDS = ["triton", "inductor", "sglang_jit", "tvm_ffi", "flashinfer", "deep_gemm", "tilelang",
@@ -95,6 +96,13 @@ def test_prebake_bakes_an_archive_that_restores_into_disk_cache_hits(env, tmp_pa
     assert result["warmup"]["plan"] == "sidecar_test" and result["warmup"]["ok"] is True
     assert result["warmup"]["requests"] == 7
     assert result["warnings"] == [] and result["work_dir"] == str(work)
+    # the plan ran twice; the steps that compiled a kernel are the record's loud ones
+    assert result["steps"] == str(out) + ".steps.json"
+    record = step_record.read(result["steps"])
+    assert record.plan == "sidecar_test" and len(record.evidence) == record.steps
+    compiled = {e.index for e in record.evidence if e.events}
+    assert len(compiled) == 3 and compiled <= set(record.keep)
+    assert 0 < record.quiet < record.steps
     # the fake server's environment came from serve and from `cache env --root`
     assert not (tmp_path / "elsewhere").exists()
     # the server and the child in its process group are gone
@@ -153,7 +161,10 @@ def test_the_table_names_every_kind_and_the_temporary_work_dir_is_removed(env, t
     assert [line.split()[0] for line in lines[2:2 + len(KINDS)]] == KINDS
     assert re.fullmatch(r"triton\s+3\s+\d+\s+[\d.]+ KiB", lines[2])
     assert re.fullmatch(r"total\s+3\s+\d+\s+[\d.]+ KiB", lines[2 + len(KINDS)])
-    assert lines[-1] == f"restore with: sglang-warmup cache restore {out}"
+    assert lines[-2] == f"restore with: sglang-warmup cache restore {out}"
+    assert lines[-1] == f"then launch with the same plan and SGLang flags and: --steps {out}.steps.json"
+    assert re.fullmatch(rf"steps: [34] of 5 paid a first-time cost, [12] quiet: {out}.steps.json",
+                        lines[-3])
     work = re.search(r"log: (\S+)/server\.log", r.stderr).group(1)
     assert not Path(work).exists()
 

@@ -5,8 +5,9 @@ It holds ``serve``'s contract the way SGLang does: it refuses to start unless th
 ``serve`` builds is there (WARMUP_ENABLE=1, WARMUP_PLAN, WARMUP_NAME listed in ``--warmups``);
 it starts a child process in its process group (as SGLang starts its schedulers); it runs the
 plan before it listens (the real loader, expansion and Driver, with sglang-warmup's real
-compile-event hooks) where every request compiles a real Triton kernel for sm_90 into
-TRITON_CACHE_DIR, writes the run report to WARMUP_REPORT, then serves the stand-in HTTP API
+compile-event hooks, and the second-pass check with WARMUP_SECOND_PASS=1) where every request
+compiles a real Triton kernel for sm_90 into TRITON_CACHE_DIR, writes the run report to
+WARMUP_REPORT, then serves the stand-in HTTP API
 on ``--host``/``--port``.
 
 FAKE_SGLANG_MODE selects a fault: ``exit`` (exit 3 before listening), ``never-ready`` (listen
@@ -90,6 +91,7 @@ def main() -> None:
 
     from warmup.observe import events
 
+    from warmup.coverage import second_pass
     from warmup.plan import facts, loader
     from warmup.serve.driver import Driver
     from warmup.plan.expand import expand
@@ -98,11 +100,11 @@ def main() -> None:
     plan = loader.load(env["WARMUP_PLAN"])
     exp = expand(plan, facts.from_server_info(standin.SERVER_INFO))
     t0 = time.perf_counter()
-    report = asyncio.run(Driver(CompilingTransport(), state_dir=str(state)).run(exp))
-    print(f"fake sglang: warm-up {plan.name}: {report.requests} requests in "
+    result = asyncio.run(second_pass.run(Driver(CompilingTransport(), state_dir=str(state)), exp))
+    print(f"fake sglang: warm-up {plan.name}: {result.run.requests} requests in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     if mode != "no-report":
-        report.write(env["WARMUP_REPORT"])
+        result.run.write(env["WARMUP_REPORT"])
     opts = standin.build_parser().parse_args(["--host", args.host, "--port", str(args.port)]
                                              + (["--never-healthy"] if mode == "never-ready" else []))
     standin.serve(opts, announce=False)

@@ -1,0 +1,172 @@
+"""The steps record end to end on the fake tokenizer manager: the second-pass check learns which
+steps paid a first-time cost (compile-log records stamped with the step, or a first send slower
+than its replay), a launch with the record sends only those, and a record of another
+expansion or server is not applied."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+
+import pytest
+
+from cache_tools import compile_log
+from warmup.coverage import quiet_steps, second_pass
+from warmup.observe import phase
+from warmup.plan import facts as facts_mod
+from warmup.plan import loader, step_record
+from warmup.plan.expand import expand
+from warmup.serve import hook
+from warmup.serve.driver import Driver
+from warmup.serve.report import RunReport
+from warmup.serve.transport import InProcessTransport
+from warmup.view.text import run_report as render
+
+pytestmark = pytest.mark.usefixtures("warmup_isolated")
+
+
+def tiny_expansion(tm, plan_path, **fact_changes):
+    """The tiny plan against the facts the registered warm-up reads from ``tm``."""
+    facts = asyncio.run(facts_mod.from_tokenizer_manager(tm))
+    return expand(loader.load(plan_path), dataclasses.replace(facts, **fact_changes))
+
+
+def compiling(tm, state: str) -> None:
+    """Make the fake server write a compile-log miss, stamped with the step in flight, the
+    first time it meets a prompt length (the way a kernel specializes on a new size)."""
+    writer = compile_log.Writer(compile_log.directory(state))
+    seen: set[int] = set()
+
+    def admit(item) -> None:
+        n = len(item.input_ids)
+        if n in seen:
+            return
+        seen.add(n)
+        now = phase.current(state_dir=state)
+        rec = compile_log.record(compile_log.MISS, phase=now.phase, shape_class=now.shape_class,
+                                 request=now.request, compiler="triton")
+        writer.write(dict(rec, kernel=f"k{n}"))
+
+    tm.on_admit = admit
+
+
+def learned(tm, exp, state: str) -> step_record.StepRecord:
+    driver = Driver(InProcessTransport(tm, vocab_size=exp.facts.vocab_size), state_dir=state,
+                    serving_at_end=False, progress=lambda line: None)
+    asyncio.run(second_pass.run(driver, exp, second_pass=True, state_dir=state))
+    return step_record.read(f"{state}/{step_record.STATE_FILE}")
+
+
+def test_the_second_pass_learns_the_loud_steps_and_a_launch_sends_only_those(
+        fake_tokenizer_manager, tiny_plan_path, warmup_isolated, monkeypatch):
+    state = str(warmup_isolated)
+    tm = fake_tokenizer_manager(state_dir=state)
+    compiling(tm, state)
+    exp = tiny_expansion(tm, tiny_plan_path)
+    record = learned(tm, exp, state)
+
+    # a step is loud where the first pass met a new prompt length; the sampling steps send
+    # the same 21-token prompt six times: the first compiled, the other five are quiet
+    lengths: set[int] = set()
+    loud = set()
+    for s in exp.steps:
+        sizes = {r.input_len for r in (*s.background, *s.requests)}
+        if sizes - lengths:
+            loud.add(s.index)
+        lengths |= sizes
+    assert set(record.keep) == loud and 13 not in loud and record.quiet > 0
+    assert (record.steps, record.quiet) == (len(exp.steps), len(exp.steps) - len(loud))
+    assert record.expansion_digest == exp.digest() and record.mismatch(exp) is None
+    assert [e.index for e in record.evidence] == [s.index for s in exp.steps]
+    assert all((e.events > 0) == (e.index in loud) for e in record.evidence)
+
+    # the next launch on that cache: only the loud steps reach the server
+    monkeypatch.setenv("WARMUP_STEPS", f"{state}/{step_record.STATE_FILE}")
+    skip, note, warning = hook.quiet_steps(exp)
+    assert skip == frozenset(s.index for s in exp.steps) - loud and warning == ""
+    tm2 = fake_tokenizer_manager(state_dir=state)
+    driver = Driver(InProcessTransport(tm2, vocab_size=exp.facts.vocab_size), state_dir=state,
+                    skip_steps=skip, steps_note=note)
+    report = asyncio.run(driver.run(exp))
+    assert {i.phase.request for i in tm2.items} == loud
+    assert report.quiet_steps == len(skip) and [i for i, _ in report.step_ms] == sorted(loud)
+    assert f"not sent: {len(skip)} steps quiet when the cache was baked ({note})" in render(report)
+    back = RunReport.from_json(json.loads(json.dumps(report.to_dict())))
+    assert (back.quiet_steps, back.steps_record, [i for i, _ in back.step_ms]) == \
+        (report.quiet_steps, note, sorted(loud))
+
+
+def test_a_run_that_left_steps_out_learns_nothing(fake_tokenizer_manager, tiny_plan_path,
+                                                   warmup_isolated):
+    """Learned from a trimmed first pass, a record would call the steps it never sent quiet."""
+    state = str(warmup_isolated)
+    tm = fake_tokenizer_manager(state_dir=state)
+    exp = tiny_expansion(tm, tiny_plan_path)
+    driver = Driver(InProcessTransport(tm, vocab_size=exp.facts.vocab_size), state_dir=state,
+                    skip_steps=frozenset({12, 13}), progress=lambda line: None)
+    asyncio.run(second_pass.run(driver, exp, second_pass=True, state_dir=state))
+    assert not (warmup_isolated / step_record.STATE_FILE).exists()
+
+
+def _report(exp, ms: dict[int, float]) -> RunReport:
+    return RunReport(plan=exp.plan, plan_sha256="", expansion_digest=exp.digest(),
+                     transport="t", started_at=0.0, step_ms=tuple(ms.items()))
+
+
+def test_timing_failures_and_prefixes_make_a_step_loud(fake_tokenizer_manager, tiny_plan_path):
+    exp = tiny_expansion(fake_tokenizer_manager(), tiny_plan_path)
+    steady = {s.index: 50.0 for s in exp.steps}
+    first = dict(steady)
+    first[1] = 61.0            # 1.22x and 11 ms more: loud
+    first[2] = 59.0            # 1.18x: quiet
+    first[3] = 54.9            # under 5 ms more: quiet
+    del first[12]              # failed in the first pass: loud
+    replay = dict(steady)
+    del replay[14]             # failed in the replay: loud
+    first[6] = 200.0           # a prefix extend: loud, and its base (step 4) with it
+    record = quiet_steps.learn(exp, _report(exp, first), [], _report(exp, replay))
+    assert record.keep == (1, 4, 6, 12, 14)
+    # a record of other steps (a record stamped with a step of another class) counts nothing
+    other = compile_log.record(compile_log.MISS, phase="warmup", shape_class="sampling",
+                               request=0, compiler="triton")
+    sweep = compile_log.record(compile_log.GEMM_SWEEP, phase="warmup", shape_class="extends",
+                               request=0, compiler="cublas")
+    record = quiet_steps.learn(exp, _report(exp, steady), [other, sweep], _report(exp, steady))
+    assert record.keep == ()
+
+
+def test_a_record_of_another_expansion_or_server_is_not_applied(
+        fake_tokenizer_manager, tiny_plan_path, tmp_path, monkeypatch, caplog):
+    tm = fake_tokenizer_manager()
+    exp = tiny_expansion(tm, tiny_plan_path)
+    record = quiet_steps.learn(exp, _report(exp, {}), [], _report(exp, {}))
+    path = tmp_path / "a.tar.steps.json"
+    dataclasses.replace(record, keep=(0,)).write(path)
+    monkeypatch.setenv("WARMUP_STEPS", str(path))
+    assert len(hook.quiet_steps(exp)[0]) == len(exp.steps) - 1
+
+    # another chunk size: other steps
+    other = tiny_expansion(tm, tiny_plan_path, chunked_prefill_size=512)
+    with caplog.at_level(logging.WARNING, logger="sglang_warmup.hook"):
+        skip, note, warning = hook.quiet_steps(other)
+    assert (skip, note) == (frozenset(), "")
+    assert warning.startswith(f"steps record {path} does not apply: it was learned on another "
+                              f"expansion (plan tiny_plan, {len(exp.steps)} steps, digest ")
+    assert warning.endswith("; every step sent") and warning in caplog.text
+    # the same steps on another SGLang
+    later = dataclasses.replace(exp, facts=dataclasses.replace(exp.facts, sglang_version="9.9"))
+    assert "whose sglang_version was" in hook.quiet_steps(later)[2]
+    # the KV pool and the request cap it implies move from start to start: not compared
+    moved = dataclasses.replace(exp, facts=dataclasses.replace(
+        exp.facts, max_total_tokens=exp.facts.max_total_tokens - 256))
+    assert hook.quiet_steps(moved)[2] == ""
+    # another GPU
+    assert dataclasses.replace(record, device="NVIDIA H100").mismatch(exp, "NVIDIA H200") == \
+        "it was learned on a NVIDIA H100, this server runs on a NVIDIA H200"
+    assert dataclasses.replace(record, device="NVIDIA H100").mismatch(exp, "") is None
+    # a damaged file: a warning, every step
+    path.write_text("{")
+    skip, note, warning = hook.quiet_steps(exp)
+    assert skip == frozenset() and warning.startswith(f"{path}: steps record is not JSON")

@@ -1,0 +1,175 @@
+"""warmup.plan.step_record: a steps record is data.  Every damaged or hostile file is refused in
+one line naming the file and the field, bounded before it is read; ``serve --steps`` refuses a
+bad one before anything starts and passes a good one to the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from warmup.cli import main
+from warmup.errors import StepsError
+from warmup.plan import step_record
+from warmup.serve import launch
+
+GOOD = {"format": "sglang-warmup-steps", "version": 1, "plan": "p", "plan_sha256": "ab",
+        "expansion_digest": "0123456789abcdef", "steps": 4, "keep": [2, 0], "ratio": 1.2,
+        "min_ms": 5.0, "facts": {"chunked_prefill_size": 8192, "decode_graph_bs": [1, 2],
+                                 "default_sampling_params": {"temperature": 1.0}},
+        "device": "NVIDIA H200", "learned_at": 1796300000.5,
+        "evidence": [[0, 80.1, 50.0, 2], [1, 50.0, 49.0, 0], [2, None, 40.0, 0],
+                     [3, 30.0, None, 0]]}
+
+
+def test_a_record_reads_back_as_written(tmp_path):
+    record = step_record.from_json(GOOD)
+    assert record.keep == (0, 2) and record.quiet == 2 and record.device == "NVIDIA H200"
+    path = tmp_path / "r.json"
+    record.write(path)
+    assert step_record.read(path) == record
+    assert json.loads(path.read_text())["keep"] == [0, 2]
+
+
+def _with(**changes):
+    return {**GOOD, **changes}
+
+
+def _without(name):
+    return {k: v for k, v in GOOD.items() if k != name}
+
+
+# (document, the refusal's message after "FILE: ")
+CORPUS = [
+    ([], "a steps record is a JSON object"),
+    (_with(format="sglang-warmup-run"), "format: expected 'sglang-warmup-steps', not "
+                                        "'sglang-warmup-run'"),
+    (_with(version=2), "version: expected 1, not 2"),
+    (_without("steps"), "steps: expected an integer from 0 to 100,000, not None"),
+    (_with(steps=10**9), "steps: expected an integer from 0 to 100,000, not 1000000000"),
+    (_with(steps=True), "steps: expected an integer from 0 to 100,000, not True"),
+    (_with(keep="0,2"), "keep: expected a list of at most 4 step indices"),
+    (_with(keep=[0, 1, 2, 3, 3]), "keep: expected a list of at most 4 step indices"),
+    (_with(keep=[0, 4]), "keep[1]: expected a step index from 0 to 3, not 4"),
+    (_with(keep=[-1]), "keep[0]: expected a step index from 0 to 3, not -1"),
+    (_with(keep=[1.0]), "keep[0]: expected a step index from 0 to 3, not 1.0"),
+    (_with(keep=[1, 1]), "keep: a step index is listed twice"),
+    (_with(ratio=float("nan")), "ratio: expected a number from 1 to 1000, not nan"),
+    (_with(ratio="1.2"), "ratio: expected a number from 1 to 1000, not '1.2'"),
+    (_with(min_ms=-1), "min_ms: expected a number from 0 to 1e+06, not -1"),
+    (_with(plan=None), "plan: expected a text, not None"),
+    (_with(plan="x" * 5000), "plan: expected a text, not 'xxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxx'"),
+    (_with(expansion_digest=7), "expansion_digest: expected a text, not 7"),
+    (_with(facts=[]), "facts: expected an object of at most 256 server facts"),
+    (_with(facts={"tp_size": {"a": [1]}}), "facts.'tp_size': expected a value, a list or an "
+                                           "object of values"),
+    (_with(device=["H200"]), "device: expected a text, not ['H200']"),
+    (_with(learned_at=float("inf")), "learned_at: expected a number from 0 to 1e+11, not inf"),
+    (_with(evidence={}), "evidence: expected a list of at most 4 steps"),
+    (_with(evidence=[[0, 1.0, 1.0]]), "evidence[0]: expected [index, first_ms, replay_ms, "
+                                      "events], not [0, 1.0, 1.0]"),
+    (_with(evidence=[[9, 1.0, 1.0, 0]]), "evidence[0]: expected [index, first_ms, replay_ms, "
+                                         "events], not [9, 1.0, 1.0, 0]"),
+    (_with(evidence=[[0, -5, 1.0, 0]]), "evidence[0]: expected [index, first_ms, replay_ms, "
+                                        "events], not [0, -5, 1.0, 0]"),
+    (_with(evidence=[[0, 1.0, 1.0, -1]]), "evidence[0]: expected [index, first_ms, replay_ms, "
+                                          "events], not [0, 1.0, 1.0, -1]"),
+]
+
+
+@pytest.mark.parametrize("doc,message", CORPUS)
+def test_every_damaged_field_is_named(tmp_path, doc, message):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(StepsError) as err:
+        step_record.read(path)
+    assert err.value.message == f"{path}: {message}"
+    assert "\n" not in err.value.message and err.value.hint
+
+
+def test_files_that_hold_no_record_are_refused_in_one_line(tmp_path):
+    cases = {"not-json": (b"{", "steps record is not JSON: "),
+             "latin1": (b'{"plan": "\xe9"}', "steps record is not UTF-8 (byte 10)"),
+             "deep": (b"[" * 100_000 + b"]" * 100_000, "steps record is not JSON: ")}
+    for name, (data, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(StepsError) as err:
+            step_record.read(path)
+        assert err.value.message.startswith(f"{path}: {message}"), name
+        assert "\n" not in err.value.message
+    with pytest.raises(StepsError) as err:
+        step_record.read(tmp_path / "missing.json")
+    assert err.value.message == (f"{tmp_path}/missing.json: cannot read the steps record: "
+                                 "No such file or directory")
+    with pytest.raises(StepsError) as err:
+        step_record.read(tmp_path)
+    assert err.value.message.startswith(f"{tmp_path}: cannot read the steps record: ")
+
+
+def test_a_huge_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    path = tmp_path / "big.json"
+    with open(path, "wb") as f:
+        f.truncate(step_record.MAX_FILE_BYTES + 1)  # sparse: nothing to read if it tried
+    reads = []
+    real = os.read
+    monkeypatch.setattr(os, "read", lambda fd, n: reads.append(n) or real(fd, n))
+    with pytest.raises(StepsError) as err:
+        step_record.read(path)
+    assert err.value.message == f"{path}: steps record is 8,388,609 bytes (limit 8,388,608)"
+    assert reads == []
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(sorted(GOOD)), JSON, max_size=len(GOOD)), st.data())
+def test_any_document_is_a_record_or_one_refusal(changes, data):
+    """Any mix of valid and arbitrary fields: a StepRecord whose keep indices are steps, or a
+    StepsError of one line; never another exception."""
+    doc = {**GOOD, **changes}
+    if data.draw(st.booleans()):
+        doc.pop(data.draw(st.sampled_from(sorted(GOOD))), None)
+    try:
+        record = step_record.from_json(doc)
+    except StepsError as exc:
+        assert "\n" not in exc.message
+        return
+    assert all(0 <= k < record.steps for k in record.keep)
+    assert len(set(record.keep)) == len(record.keep) <= record.steps
+
+
+# --- serve --steps ------------------------------------------------------------------------------
+def test_serve_refuses_a_bad_record_before_anything_starts(tiny_plan_path, tmp_path, monkeypatch,
+                                                           capsys):
+    monkeypatch.setattr(launch, "exec_launch", lambda spec: pytest.fail("SGLang started"))
+    bad = tmp_path / "a.tar.steps.json"
+    bad.write_text(json.dumps(_with(keep=[7])))
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--plan", str(tiny_plan_path), "--state-dir", str(tmp_path / "st"),
+              "--steps", str(bad), "--", "--model-path", "/models/m"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"error: {bad}: keep[0]: expected a step index from 0 to 3, not 7"
+    assert err[1].startswith("hint: learn it again: `sglang-warmup prebake` writes")
+    assert not (tmp_path / "st").exists()
+
+
+def test_serve_hands_a_good_record_to_the_server(tiny_plan_path, tmp_path, monkeypatch, capsys):
+    started = []
+    monkeypatch.setattr(launch, "exec_launch", started.append)
+    good = tmp_path / "a.tar.steps.json"
+    good.write_text(json.dumps(GOOD))
+    monkeypatch.chdir(tmp_path)
+    main(["serve", "--plan", str(tiny_plan_path), "--state-dir", str(tmp_path / "st"),
+          "--steps", "a.tar.steps.json", "--", "--model-path", "/models/m"])
+    (spec,) = started
+    assert spec.env["WARMUP_STEPS"] == str(good.resolve())
+    assert spec.argv[:3] == [sys.executable, "-m", "sglang.launch_server"]

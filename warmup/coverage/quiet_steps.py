@@ -1,0 +1,57 @@
+"""Learn a steps record (:mod:`warmup.plan.step_record`) from the two passes of the second-pass
+check: which steps of the first pass paid a first-time cost.
+
+A step is *loud* when the first pass stamped a compile-log record with it (a compile, a disk
+hit, a library build, a ``torch.compile`` trace, a first use: whatever the SGLang processes
+recorded while it was in flight), when it failed or was not replayed, or when its first send
+took both ``ratio`` times and ``min_ms`` more than its send in the second pass (a first-time
+cost no library records: cuBLAS loading a kernel, the caching allocator growing, a lazy
+buffer).  Every other step is quiet.  The steps a loud step's prefix hits depend on are kept
+with it.  Learned only from a first pass that sent every step of the expansion.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+from cache_tools.compile_log import ALLOCATOR, GEMM_SWEEP
+from warmup.plan.step_record import StepEvidence, StepRecord, prefix_closure
+
+if TYPE_CHECKING:
+    from warmup.plan.model import Expansion
+    from warmup.serve.report import RunReport
+
+#: A step is loud when its first send took RATIO times its replay and MIN_MS more: stricter
+#: than the 1.5x a first request may take against its repeat, so a cost the timing misses
+#: stays well under it.
+RATIO = 1.2
+MIN_MS = 5.0
+
+
+def learn(exp: Expansion, first: RunReport, records: Iterable[Mapping], replay: RunReport, *,
+          ratio: float = RATIO, min_ms: float = MIN_MS, device: str = "") -> StepRecord:
+    """The record of ``exp`` from its first pass (``first``: the report, ``records``: the
+    compile-log records written while it ran) and the second (``replay``)."""
+    events: dict[int, int] = {}
+    names = {s.index: s.shape_class for s in exp.steps}
+    for r in records:
+        index = r.get("request")
+        if r.get("phase") != "warmup" or r.get("event") in (GEMM_SWEEP, ALLOCATOR) \
+                or not isinstance(index, int) or names.get(index) != r.get("shape_class"):
+            continue
+        events[index] = events.get(index, 0) + 1
+    first_ms, replay_ms = dict(first.step_ms), dict(replay.step_ms)
+    keep: set[int] = set()
+    evidence = []
+    for s in exp.steps:
+        t1, t2, n = first_ms.get(s.index), replay_ms.get(s.index), events.get(s.index, 0)
+        evidence.append(StepEvidence(s.index, t1, t2, n))
+        if n or t1 is None or t2 is None or (t1 > ratio * t2 and t1 - t2 >= min_ms):
+            keep.add(s.index)
+    return StepRecord(plan=exp.plan, plan_sha256=exp.plan_sha256,
+                      expansion_digest=exp.digest(), steps=len(exp.steps),
+                      keep=tuple(sorted(prefix_closure(exp, keep))), ratio=ratio, min_ms=min_ms,
+                      facts=exp.facts.to_dict(), device=device, learned_at=round(time.time(), 3),
+                      evidence=tuple(evidence))
+

@@ -1,0 +1,266 @@
+"""The steps record: which steps of an expansion paid a first-time cost when a cold server ran
+them, learned by a bake (:mod:`warmup.coverage.quiet_steps`) and read by a launch from the
+baked cache, which then sends only those (``serve --steps FILE``).
+
+A step that compiled, loaded, traced or built nothing and ran as fast as its replay in the cold
+server added nothing that the steps before it had not: a launch from that server's caches,
+sending the same steps in the same order, gets the same first-time costs (a kernel compiled
+cold is loaded from disk at the same step, a ``torch.compile`` graph is traced at the same step)
+from the loud steps alone.  The record holds the loud steps (closed over the prefix steps they
+hit) and each step's evidence; it applies only to the expansion it was learned on (its digest)
+on the same server (its facts), and to nothing else.
+
+The file is data (JSON, read bounded, every field checked); a damaged or foreign record is
+refused in one line naming the file and the field, and the launch then sends the whole plan.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from cache_tools import atomic, inputfile
+from warmup.errors import StepsError, shown
+
+if TYPE_CHECKING:
+    from warmup.plan.model import Expansion
+
+FORMAT = "sglang-warmup-steps"
+#: The record's name in a server's state directory (the second-pass check writes it there).
+STATE_FILE = "steps.json"
+VERSION = 1
+#: A record of the shipped plans is some 30 KiB; a plan may have at most this many steps.
+MAX_FILE_BYTES = 8 * 1024 * 1024
+MAX_STEPS = 100_000
+#: Facts never compared: where the facts came from, and the capacities SGLang sizes from the
+#: GPU's free memory at each start (the KV pool, the request cap it implies), which move a little
+#: from launch to launch; where they change the steps, the digest differs.
+_NOT_COMPARED = frozenset({"source", "assumed", "max_total_tokens", "max_running_requests"})
+_HINT = "learn it again: `sglang-warmup prebake` writes ARCHIVE.steps.json beside the archive"
+
+
+@dataclass(frozen=True)
+class StepEvidence:
+    """One step as the bake saw it: its first send and its replay (ms; None when it failed or
+    was not replayed) and the compile-log records stamped with it (compiles, disk hits, builds,
+    traces, first uses)."""
+
+    index: int
+    first_ms: float | None
+    replay_ms: float | None
+    events: int
+
+    def to_json(self) -> list[Any]:
+        return [self.index, _ms(self.first_ms), _ms(self.replay_ms), self.events]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """The loud steps of one expansion on one server (``keep``, sorted step indices) and the
+    rule they were picked by (``ratio``, ``min_ms``: a step is loud when its first send took
+    both ``ratio`` times and ``min_ms`` more than its replay)."""
+
+    plan: str
+    plan_sha256: str
+    expansion_digest: str
+    steps: int
+    keep: tuple[int, ...]
+    ratio: float
+    min_ms: float
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    device: str = ""
+    learned_at: float = 0.0
+    evidence: tuple[StepEvidence, ...] = ()
+
+    @property
+    def quiet(self) -> int:
+        return self.steps - len(self.keep)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "plan": self.plan,
+                "plan_sha256": self.plan_sha256, "expansion_digest": self.expansion_digest,
+                "steps": self.steps, "keep": list(self.keep), "ratio": self.ratio,
+                "min_ms": self.min_ms, "facts": dict(self.facts), "device": self.device,
+                "learned_at": self.learned_at,
+                "evidence": [e.to_json() for e in self.evidence]}
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        atomic.write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
+
+    def mismatch(self, exp: Expansion, device: str = "") -> str | None:
+        """Why this record does not apply to ``exp`` on this server (None: it applies)."""
+        if self.expansion_digest != exp.digest() or self.steps != len(exp.steps):
+            return (f"it was learned on another expansion (plan {self.plan}, "
+                    f"{self.steps} steps, digest {self.expansion_digest}; this launch: plan "
+                    f"{exp.plan}, {len(exp.steps)} steps, digest {exp.digest()})")
+        here = exp.facts.to_dict()
+        for name in sorted(set(self.facts) | set(here)):
+            if name in _NOT_COMPARED:
+                continue
+            if self.facts.get(name) != here.get(name):
+                return (f"it was learned on a server whose {name} was "
+                        f"{shown(self.facts.get(name))}, here {shown(here.get(name))}")
+        if self.device and device and self.device != device:
+            return f"it was learned on a {self.device}, this server runs on a {device}"
+        return None
+
+    def skip(self, exp: Expansion) -> frozenset[int]:
+        """The indices of ``exp``'s steps that this record leaves out (call :meth:`mismatch`
+        first)."""
+        keep = set(self.keep)
+        return frozenset(s.index for s in exp.steps if s.index not in keep)
+
+
+def this_device() -> str:
+    """The GPU this process already runs on, as torch names it; empty where torch is not loaded
+    (the warm-up never imports it) or has not initialized CUDA in this process (asking would
+    initialize it: SGLang's main process leaves that to its schedulers)."""
+    torch = sys.modules.get("torch")
+    try:
+        return str(torch.cuda.get_device_name()) if torch is not None \
+            and torch.cuda.is_initialized() else ""
+    except Exception:  # a driver error: the record names no device
+        return ""
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def prefix_closure(exp: Expansion, keep: set[int]) -> set[int]:
+    """``keep`` with every step whose request first put a prefix on the server that a kept
+    step's request hits (its prefix base): left out, the kept step would miss its prefix."""
+    creator: dict[str, int] = {}
+    for s in exp.steps:
+        for r in (*s.requests, *s.background):
+            if r.prefix_key:
+                creator.setdefault(r.prefix_key, s.index)
+    out = set(keep)
+    for s in exp.steps:
+        if s.index in keep:
+            out.update(creator[r.prefix_key] for r in (*s.requests, *s.background)
+                       if r.prefix_key and creator[r.prefix_key] != s.index)
+    return out
+
+
+# --- reading ------------------------------------------------------------------------------------
+def read(path: str | os.PathLike[str]) -> StepRecord:
+    """The record in ``path``; StepsError names the file and the field that is wrong."""
+    p = Path(path)
+    try:
+        raw = inputfile.read(p, MAX_FILE_BYTES)
+    except inputfile.TooLarge as exc:
+        raise StepsError(f"{p}: steps record is {exc}", hint=_HINT) from None
+    except OSError as exc:
+        raise StepsError(f"{p}: cannot read the steps record: {exc.strerror or exc}",
+                         hint="pass the ARCHIVE.steps.json that prebake wrote") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise StepsError(f"{p}: steps record is not UTF-8 (byte {exc.start})", hint=_HINT) from None
+    except (ValueError, RecursionError) as exc:
+        raise StepsError(f"{p}: steps record is not JSON: {shown(str(exc))}", hint=_HINT) from None
+    try:
+        return from_json(data)
+    except StepsError as exc:
+        raise StepsError(f"{p}: {exc.message}", hint=exc.hint) from None
+
+
+def from_json(d: Any) -> StepRecord:
+    """A record from its JSON document; StepsError names the first field that is wrong."""
+    if not isinstance(d, dict):
+        raise StepsError("a steps record is a JSON object", hint=_HINT)
+    if d.get("format") != FORMAT:
+        raise StepsError(f"format: expected {FORMAT!r}, not {shown(d.get('format'))}", hint=_HINT)
+    if d.get("version") != VERSION:
+        raise StepsError(f"version: expected {VERSION}, not {shown(d.get('version'))}",
+                         hint=_HINT)
+    steps = _int(d, "steps", 0, MAX_STEPS)
+    keep = d.get("keep")
+    if not isinstance(keep, list) or len(keep) > steps:
+        raise StepsError(f"keep: expected a list of at most {steps} step indices", hint=_HINT)
+    for i, k in enumerate(keep):
+        if not _is_int(k) or not 0 <= k < steps:
+            raise StepsError(f"keep[{i}]: expected a step index from 0 to {steps - 1}, "
+                             f"not {shown(k)}", hint=_HINT)
+    if len(set(keep)) != len(keep):
+        raise StepsError("keep: a step index is listed twice", hint=_HINT)
+    facts = d.get("facts", {})
+    if not isinstance(facts, dict) or len(facts) > 256:
+        raise StepsError("facts: expected an object of at most 256 server facts", hint=_HINT)
+    return StepRecord(plan=_text(d, "plan"), plan_sha256=_text(d, "plan_sha256"),
+                      expansion_digest=_text(d, "expansion_digest"), steps=steps,
+                      keep=tuple(sorted(keep)), ratio=_number(d, "ratio", 1.0, 1000.0),
+                      min_ms=_number(d, "min_ms", 0.0, 1e6),
+                      facts={str(k): _fact(k, v) for k, v in facts.items()},
+                      device=_text(d, "device", required=False),
+                      learned_at=_number(d, "learned_at", 0.0, 1e11, required=False),
+                      evidence=_evidence(d.get("evidence", []), steps))
+
+
+def _evidence(value: Any, steps: int) -> tuple[StepEvidence, ...]:
+    if not isinstance(value, list) or len(value) > steps:
+        raise StepsError(f"evidence: expected a list of at most {steps} steps", hint=_HINT)
+    out = []
+    for i, e in enumerate(value):
+        if not (isinstance(e, list) and len(e) == 4 and _is_int(e[0]) and 0 <= e[0] < steps
+                and all(x is None or _finite(x, 0.0, 1e9) for x in e[1:3])
+                and _is_int(e[3]) and 0 <= e[3] <= 1 << 31):
+            raise StepsError(f"evidence[{i}]: expected [index, first_ms, replay_ms, events], "
+                             f"not {shown(e)}", hint=_HINT)
+        out.append(StepEvidence(e[0], e[1], e[2], e[3]))
+    return tuple(out)
+
+
+def _fact(name: Any, value: Any) -> Any:
+    """A fact as JSON holds it: a scalar, or a short list or object of scalars."""
+    scalars = (str, int, float, bool, type(None))
+    ok = isinstance(value, scalars) or (
+        isinstance(value, list) and len(value) <= 1024 and all(isinstance(x, scalars) for x in value)
+    ) or (isinstance(value, dict) and len(value) <= 1024
+          and all(isinstance(x, scalars) for x in value.values()))
+    if not ok:
+        raise StepsError(f"facts.{shown(name)}: expected a value, a list or an object of values",
+                         hint=_HINT)
+    return value
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _finite(v: Any, lo: float, hi: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
+        and lo <= v <= hi
+
+
+def _int(d: dict, name: str, lo: int, hi: int) -> int:
+    v = d.get(name)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise StepsError(f"{name}: expected an integer from {lo} to {hi:,}, not {shown(v)}",
+                         hint=_HINT)
+    return v
+
+
+def _number(d: dict, name: str, lo: float, hi: float, *, required: bool = True) -> float:
+    v = d.get(name)
+    if v is None and not required:
+        return lo
+    if not isinstance(v, (int, float)) or not _finite(v, lo, hi):
+        raise StepsError(f"{name}: expected a number from {lo:g} to {hi:g}, not {shown(v)}",
+                         hint=_HINT)
+    return float(v)
+
+
+def _text(d: dict, name: str, *, required: bool = True) -> str:
+    v = d.get(name)
+    if v is None and not required:
+        return ""
+    if not isinstance(v, str) or len(v) > 4096:
+        raise StepsError(f"{name}: expected a text, not {shown(v)}", hint=_HINT)
+    return v
