@@ -321,7 +321,10 @@ def restore(archive: Path, dest: Path) -> dict:
 
 
 def launch(names: list[str], frac: dict[str, float], plan: str | None, seed_cache: str | None,
-           precompile: bool = False, restore_from: str | None = None) -> None:
+           precompile: bool = False, restore_from: str | None = None,
+           steps_record: str | None = None) -> None:
+    """Start the launches ``names``; a C launch with ``steps_record`` sends only the steps that
+    record found loud (``serve --steps``)."""
     state = load_state()
     env0 = base_env()
     for name in names:
@@ -355,7 +358,8 @@ def launch(names: list[str], frac: dict[str, float], plan: str | None, seed_cach
         if warm == "C":
             argv = [sys.executable, "-m", "warmup", "serve", "--plan", plan or PLANS[model],
                     "--lenient", "--state-dir", str(base / "state"),
-                    "--report", str(base / "report.json"), "--", *args]
+                    "--report", str(base / "report.json"),
+                    *(["--steps", steps_record] if steps_record else []), "--", *args]
         else:
             argv = [sys.executable, "-m", "sglang.launch_server", *args]
         logf = open(base / "server.log", "w")
@@ -423,6 +427,11 @@ def wait_prebake(name: str, budget: float) -> bool:
            "stderr_tail": (WORK / f"{name}.prebake.log").read_text(errors="replace")[-4000:]}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{name}-prebake.json").write_text(json.dumps(res, indent=1, default=str))
+    # the steps record beside the archive and the bake's run report (both passes' step times)
+    for src, dst in ((WORK / f"{name}.tar.steps.json", f"{name}.tar.steps.json"),
+                     (Path(s["base"]) / "report.json", f"{name}-prebake-report.json")):
+        if src.exists():
+            shutil.copy(src, OUT / dst)
     log(f"prebake of {name} ended after {res['seconds']} s: archive "
         f"{res['archive_bytes']} bytes, compiles {res['compiles']}")
     return archive.exists()
@@ -887,13 +896,16 @@ def main() -> None:
     ap.add_argument("--from", dest="src", default=str(ROOT / ".carry" / "caches"))
     ap.add_argument("--restore", default=None,
                     help="launch from this archive, restored under WORK/restored/NAME first")
+    ap.add_argument("--steps-record", default=None,
+                    help="C launches send only the loud steps of this record (serve --steps; "
+                         "prebake writes WORK/NAME.tar.steps.json)")
     a = ap.parse_args()
     names = [n for n in a.names.split(",") if n]
     if a.phase == "setup":
         setup(a.models.split(","))
     elif a.phase == "launch":
         frac = {k: float(v) for k, v in (x.split("=") for x in a.frac.split(","))}
-        launch(names, frac, a.plan, a.seed_cache, a.precompile, a.restore)
+        launch(names, frac, a.plan, a.seed_cache, a.precompile, a.restore, a.steps_record)
     elif a.phase == "prebake":
         frac = {k: float(v) for k, v in (x.split("=") for x in a.frac.split(","))}
         for name in names:
