@@ -170,3 +170,28 @@ def test_a_record_of_another_expansion_or_server_is_not_applied(
     path.write_text("{")
     skip, note, warning = hook.quiet_steps(exp)
     assert skip == frozenset() and warning.startswith(f"{path}: steps record is not JSON")
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_a_second_pass_over_a_trimmed_warm_up_checks_the_record(
+        fake_tokenizer_manager, tiny_plan_path, warmup_isolated, wrong):
+    """``serve --steps --second-pass``: the first replay sends the loud steps, the second the
+    whole plan; a step the record wrongly called quiet compiles in the second and leaves its
+    class open, a right record leaves the plan closed."""
+    state = str(warmup_isolated)
+    tm = fake_tokenizer_manager(state_dir=state)
+    compiling(tm, state)
+    exp = tiny_expansion(tm, tiny_plan_path)
+    record = learned(tm, exp, state)
+    keep = set(record.keep) - ({0} if wrong else set())
+    skip = frozenset(s.index for s in exp.steps if s.index not in keep)
+
+    fresh = fake_tokenizer_manager(state_dir=state)     # a new server on the same caches
+    compiling(fresh, state)
+    driver = Driver(InProcessTransport(fresh, vocab_size=exp.facts.vocab_size), state_dir=state,
+                    serving_at_end=False, progress=lambda line: None, skip_steps=skip)
+    result = asyncio.run(second_pass.run(driver, exp, second_pass=True, state_dir=state))
+    assert result.run.quiet_steps == len(skip)
+    assert result.coverage is not None
+    open_classes = {c.shape_class for c in result.coverage.classes if not c.closed}
+    assert open_classes == ({exp.steps[0].shape_class} if wrong else set())
