@@ -53,5 +53,5 @@ def learn(exp: Expansion, first: RunReport, records: Iterable[Mapping], replay: 
                       expansion_digest=exp.digest(), steps=len(exp.steps),
                       keep=tuple(sorted(prefix_closure(exp, keep))), ratio=ratio, min_ms=min_ms,
                       facts=exp.facts.to_dict(), device=device, learned_at=round(time.time(), 3),
-                      evidence=tuple(evidence))
+                      evidence=tuple(evidence), server_args=dict(exp.server_args))
 

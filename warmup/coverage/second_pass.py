@@ -320,13 +320,16 @@ def _learn_steps(exp: Expansion, passes: Passes, state_dir: str | os.PathLike[st
     from warmup.coverage import quiet_steps
     from warmup.plan.step_record import STATE_FILE, this_device
 
-    record = quiet_steps.learn(exp, first.report, first.records, second.report,
-                               device=this_device())
     path = Path(state_dir) / STATE_FILE
     try:
+        record = quiet_steps.learn(exp, first.report, first.records, second.report,
+                                   device=this_device())
         record.write(path)
     except OSError as exc:
         logger.warning("sglang-warmup: cannot write %s: %s", path, exc)
+        return
+    except Exception:  # the record is an extra: a bug of ours learning it never fails a warm-up
+        logger.exception("sglang-warmup: learning the steps record failed; none written")
         return
     progress(f"sglang-warmup: {len(record.keep)} of {record.steps} steps paid a first-time "
              f"cost, {record.quiet} were quiet: {path} (serve --steps sends only the first)")

@@ -253,6 +253,9 @@ class Expansion:
     plan_sha256: str = ""
     #: settings the plan found worth a warning (the warm-up still runs)
     warnings: tuple[str, ...] = ()
+    #: the launch's server arguments, each as a short hash (``step_record.server_args_of``):
+    #: what a steps record compares beyond the facts; empty outside a server; not in the digest
+    server_args: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def num_requests(self) -> int:

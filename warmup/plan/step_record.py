@@ -16,15 +16,16 @@ refused in one line naming the file and the field, and the launch then sends the
 
 from __future__ import annotations
 
+import hashlib
 import json
-import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from cache_tools import atomic, inputfile
+from cache_tools import atomic, jsonfile
 from warmup.errors import StepsError, shown
 
 if TYPE_CHECKING:
@@ -41,6 +42,15 @@ MAX_STEPS = 100_000
 #: GPU's free memory at each start (the KV pool, the request cap it implies), which move a little
 #: from launch to launch; where they change the steps, the digest differs.
 _NOT_COMPARED = frozenset({"source", "assumed", "max_total_tokens", "max_running_requests"})
+#: Server arguments never compared: where the server listens and logs, what it measures, its
+#: secrets and timeouts, its seed (SGLang draws one when none is given): none of them changes a
+#: kernel, and a bake usually runs with other ones than the image it is baked for.
+_OPERATIONAL = re.compile(
+    r"^(host|random_seed|served_model_name|warmups|skip_server_warmup|file_storage_path"
+    r"|download_dir|dist_init_addr|stream_interval|fastapi_root_path|stat_loggers"
+    r"|hf_chat_template_name|chat_template|completion_template|enable_cache_report)$"
+    r"|(^|_)ports?$|timeout|_secs$|key|password|secret|^log_|ssl|metric|bucket|otlp|trace"
+    r"|uvicorn|dump|_log_interval|watchdog")
 _HINT = "learn it again: `sglang-warmup prebake` writes ARCHIVE.steps.json beside the archive"
 
 
@@ -76,6 +86,8 @@ class StepRecord:
     device: str = ""
     learned_at: float = 0.0
     evidence: tuple[StepEvidence, ...] = ()
+    #: the bake's server arguments as :func:`server_args_of` hashes them (empty: not compared)
+    server_args: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def quiet(self) -> int:
@@ -86,7 +98,7 @@ class StepRecord:
                 "plan_sha256": self.plan_sha256, "expansion_digest": self.expansion_digest,
                 "steps": self.steps, "keep": list(self.keep), "ratio": self.ratio,
                 "min_ms": self.min_ms, "facts": dict(self.facts), "device": self.device,
-                "learned_at": self.learned_at,
+                "learned_at": self.learned_at, "server_args": dict(self.server_args),
                 "evidence": [e.to_json() for e in self.evidence]}
 
     def write(self, path: str | os.PathLike[str]) -> None:
@@ -98,6 +110,11 @@ class StepRecord:
             return (f"it was learned on another expansion (plan {self.plan}, "
                     f"{self.steps} steps, digest {self.expansion_digest}; this launch: plan "
                     f"{exp.plan}, {len(exp.steps)} steps, digest {exp.digest()})")
+        if self.plan_sha256 and exp.plan_sha256 and self.plan_sha256 != exp.plan_sha256:
+            # the digest names each request's sampling by name: an edited plan can keep the
+            # names and change the parameters (a penalty, a logprob mode) behind them
+            return (f"it was learned on another version of plan {self.plan} (sha256 "
+                    f"{self.plan_sha256[:16]}, this launch's {exp.plan_sha256[:16]})")
         here = exp.facts.to_dict()
         for name in sorted(set(self.facts) | set(here)):
             if name in _NOT_COMPARED:
@@ -105,6 +122,13 @@ class StepRecord:
             if self.facts.get(name) != here.get(name):
                 return (f"it was learned on a server whose {name} was "
                         f"{shown(self.facts.get(name))}, here {shown(here.get(name))}")
+        if self.server_args and exp.server_args:
+            differ = sorted(n for n in set(self.server_args) | set(exp.server_args)
+                            if self.server_args.get(n) != exp.server_args.get(n))
+            if differ:
+                more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+                return (f"it was learned on a server launched with other {', '.join(differ[:3])}"
+                        f"{more}")
         if self.device and device and self.device != device:
             return f"it was learned on a {self.device}, this server runs on a {device}"
         return None
@@ -126,6 +150,21 @@ def this_device() -> str:
             and torch.cuda.is_initialized() else ""
     except Exception:  # a driver error: the record names no device
         return ""
+
+
+def server_args_of(server_args: Any) -> dict[str, str]:
+    """SGLang's resolved server arguments, each as a short hash of its value (a record keeps
+    no value, so no path or secret leaks into it), less the operational ones; empty where they
+    cannot be read."""
+    try:
+        values = server_args.resolved_dict() if hasattr(server_args, "resolved_dict") \
+            else dict(vars(server_args))
+        return {str(name): hashlib.sha256(json.dumps(
+                    value, sort_keys=True, default=lambda o: type(o).__name__).encode()
+                ).hexdigest()[:12]
+                for name, value in values.items() if not _OPERATIONAL.search(str(name))}
+    except Exception:  # an SGLang we do not know: the record then compares the facts alone
+        return {}
 
 
 def _ms(value: float | None) -> float | None:
@@ -153,18 +192,9 @@ def read(path: str | os.PathLike[str]) -> StepRecord:
     """The record in ``path``; StepsError names the file and the field that is wrong."""
     p = Path(path)
     try:
-        raw = inputfile.read(p, MAX_FILE_BYTES)
-    except inputfile.TooLarge as exc:
-        raise StepsError(f"{p}: steps record is {exc}", hint=_HINT) from None
-    except OSError as exc:
-        raise StepsError(f"{p}: cannot read the steps record: {exc.strerror or exc}",
-                         hint="pass the ARCHIVE.steps.json that prebake wrote") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise StepsError(f"{p}: steps record is not UTF-8 (byte {exc.start})", hint=_HINT) from None
-    except (ValueError, RecursionError) as exc:
-        raise StepsError(f"{p}: steps record is not JSON: {shown(str(exc))}", hint=_HINT) from None
+        data = jsonfile.load(p, MAX_FILE_BYTES)
+    except jsonfile.JsonFileError as exc:
+        raise StepsError(f"{p}: {exc}", hint=_HINT) from None
     try:
         return from_json(data)
     except StepsError as exc:
@@ -200,7 +230,8 @@ def from_json(d: Any) -> StepRecord:
                       facts={str(k): _fact(k, v) for k, v in facts.items()},
                       device=_text(d, "device", required=False),
                       learned_at=_number(d, "learned_at", 0.0, 1e11, required=False),
-                      evidence=_evidence(d.get("evidence", []), steps))
+                      evidence=_evidence(d.get("evidence", []), steps),
+                      server_args=_hashes(d.get("server_args", {})))
 
 
 def _evidence(value: Any, steps: int) -> tuple[StepEvidence, ...]:
@@ -215,6 +246,15 @@ def _evidence(value: Any, steps: int) -> tuple[StepEvidence, ...]:
                              f"not {shown(e)}", hint=_HINT)
         out.append(StepEvidence(e[0], e[1], e[2], e[3]))
     return tuple(out)
+
+
+def _hashes(value: Any) -> dict[str, str]:
+    if not (isinstance(value, dict) and len(value) <= 4096
+            and all(len(k) <= 200 and isinstance(v, str) and len(v) <= 64
+                    for k, v in value.items())):
+        raise StepsError("server_args: expected an object of at most 4096 argument names and "
+                         "their hashes", hint=_HINT)
+    return dict(value)
 
 
 def _fact(name: Any, value: Any) -> Any:
@@ -235,8 +275,9 @@ def _is_int(v: Any) -> bool:
 
 
 def _finite(v: Any, lo: float, hi: float) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
-        and lo <= v <= hi
+    """A number from ``lo`` to ``hi``: compared before anything converts it, so an integer too
+    large for a float (JSON allows 10**400) is out of range, never an OverflowError."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
 
 
 def _int(d: dict, name: str, lo: int, hi: int) -> int:

@@ -30,10 +30,11 @@ from typing import Any, Callable, Mapping, Sequence
 from cache_tools import archive, locations
 from cache_tools.locations import Location
 from cache_tools.progress import Progress
+from cache_tools.render import table
 from cache_tools.scan import size_str
+from warmup import settings
 from warmup.errors import SidecarError, WarmupError
 from warmup.plan import step_record
-from cache_tools.render import table
 from warmup.serve import launch
 from warmup.serve.http import HttpClient, Probe, wait_for_health
 from warmup.prebake.process_group import stop_process_group
@@ -226,6 +227,9 @@ class PrebakePlan:
         for loc in self.locations:
             if loc.path is not None:
                 loc.path.mkdir(parents=True, exist_ok=True)
+        # a record beside the archive this bake replaces describes the old cache: gone, whether
+        # or not this bake learns a new one
+        self.steps_path.unlink(missing_ok=True)
         launch.prepare_state_dir(self.launch)
         say(f"sglang-warmup prebake: starting SGLang (log: {self.log_path})")
         with open(self.log_path, "ab") as log, _TermAsExit():
@@ -391,16 +395,8 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
     try:
         cache_root = wd / "cache"
         exported = locations.exports(str(cache_root))
-        env = dict(os.environ if environ is None else environ)
-        for var, value in exported.pairs:
-            env[var] = value
-            if var.startswith("SGLANG_"):  # SGLang's legacy SGL_<X> spelling would win
-                env.pop("SGL_" + var[len("SGLANG_"):], None)
-        warnings = []
-        for var in ("TRITON_CACHE_MANAGER", "TRITON_REMOTE_CACHE_BACKEND"):
-            if env.get(var):
-                warnings.append(f"{var}={env[var]} is set: Triton may keep kernels outside "
-                                f"{cache_root} and they would not be baked")
+        env, warnings = _bake_env(os.environ if environ is None else environ, exported.pairs,
+                                  cache_root)
         spec = launch.plan_launch(str(plan), args, report=str(wd / "report.json"),
                                   state_dir=str(wd / "state"), environ=env,
                                   second_pass=learn_steps)
@@ -415,6 +411,23 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
         url=url, api_key=_arg_value(args, "--api-key"), deadline_s=deadline_s,
         stop_timeout_s=stop_timeout_s, zstd=zstd, keep=keep, warnings=tuple(warnings),
         learn_steps=learn_steps)
+
+
+def _bake_env(environ: Mapping[str, str], exported: Sequence[tuple[str, str]],
+              cache_root: Path) -> tuple[dict[str, str], list[str]]:
+    """The server's environment (``environ`` with the cache variables under ``cache_root``)
+    and the warnings it deserves."""
+    env = dict(environ)
+    for var, value in exported:
+        env[var] = value
+        if var.startswith("SGLANG_"):  # SGLang's legacy SGL_<X> spelling would win
+            env.pop("SGL_" + var[len("SGLANG_"):], None)
+    # the bake sends the whole plan: a record the environment names is for launches
+    env.pop(settings.STEPS.name, None)
+    warnings = [f"{var}={env[var]} is set: Triton may keep kernels outside {cache_root} and "
+                f"they would not be baked"
+                for var in ("TRITON_CACHE_MANAGER", "TRITON_REMOTE_CACHE_BACKEND") if env.get(var)]
+    return env, warnings
 
 
 def _url_host(host: str) -> str:

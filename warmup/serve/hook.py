@@ -266,6 +266,9 @@ async def _run(plan: Any, entry: str, disaggregation_mode: str, tokenizer_manage
             metrics = metrics_mod.default()
         except Exception as exc:  # in SGLang's process metrics are optional: warned, warm-up on
             logger.warning("sglang-warmup: metrics unavailable: %s", exc)
+    from warmup.plan.step_record import server_args_of
+
+    exp = replace(exp, server_args=server_args_of(getattr(tokenizer_manager, "server_args", None)))
     quiet, note, warning = quiet_steps(exp)
     if warning:
         exp = replace(exp, warnings=exp.warnings + (warning,))
@@ -302,10 +305,13 @@ def quiet_steps(exp: Expansion) -> tuple[frozenset[int], str, str]:
         return frozenset(), "", ""
     try:
         record = step_record.read(path)
+        why = record.mismatch(exp, step_record.this_device())
     except WarmupError as exc:
         warning = f"{exc.message}: every step sent"
+    except Exception as exc:  # a bug of ours reading it must not stop the server: warm it all
+        logger.exception("sglang-warmup: reading the steps record %s failed", path)
+        warning = f"{path}: reading the steps record failed ({type(exc).__name__}): every step sent"
     else:
-        why = record.mismatch(exp, step_record.this_device())
         if why is None:
             skip = record.skip(exp)
             logger.info("sglang-warmup: sending %d of %d steps: the %d others were quiet when "

@@ -166,10 +166,31 @@ def test_a_record_of_another_expansion_or_server_is_not_applied(
     assert dataclasses.replace(record, device="NVIDIA H100").mismatch(exp, "NVIDIA H200") == \
         "it was learned on a NVIDIA H100, this server runs on a NVIDIA H200"
     assert dataclasses.replace(record, device="NVIDIA H100").mismatch(exp, "") is None
+    # another version of the plan (same names, other parameters), other server arguments
+    assert dataclasses.replace(record, plan_sha256="a" * 64).mismatch(
+        dataclasses.replace(exp, plan_sha256="b" * 64)) == (
+        "it was learned on another version of plan tiny_plan (sha256 aaaaaaaaaaaaaaaa, this "
+        "launch's bbbbbbbbbbbbbbbb)")
+    args = {"attention_backend": "1", "dtype": "2", "page_size": "3", "quantization": "4"}
+    learned_on = dataclasses.replace(record, server_args=args)
+    assert learned_on.mismatch(dataclasses.replace(exp, server_args=args)) is None
+    assert learned_on.mismatch(dataclasses.replace(exp, server_args={**args, "dtype": "9"})) \
+        == "it was learned on a server launched with other dtype"
+    assert learned_on.mismatch(dataclasses.replace(exp, server_args={
+        k: "0" for k in args})) == ("it was learned on a server launched with other "
+                                    "attention_backend, dtype, page_size and 1 more")
+    assert learned_on.mismatch(exp) is None     # arguments not known here: the facts decide
+    # a bug of ours while reading: a warning, every step, never a failed launch
+    monkeypatch.setattr(step_record, "read", lambda p: 1 / 0)
+    with caplog.at_level(logging.ERROR, logger="sglang_warmup.hook"):
+        assert hook.quiet_steps(exp) == (frozenset(), "", f"{path}: reading the steps record "
+                                         "failed (ZeroDivisionError): every step sent")
+    monkeypatch.undo()
+    monkeypatch.setenv("WARMUP_STEPS", str(path))
     # a damaged file: a warning, every step
     path.write_text("{")
     skip, note, warning = hook.quiet_steps(exp)
-    assert skip == frozenset() and warning.startswith(f"{path}: steps record is not JSON")
+    assert skip == frozenset() and warning.startswith(f"{path}: not JSON")
 
 
 @pytest.mark.parametrize("wrong", [False, True])
@@ -195,3 +216,19 @@ def test_a_second_pass_over_a_trimmed_warm_up_checks_the_record(
     assert result.coverage is not None
     open_classes = {c.shape_class for c in result.coverage.classes if not c.closed}
     assert open_classes == ({exp.steps[0].shape_class} if wrong else set())
+
+
+def test_a_bug_while_learning_never_fails_the_warm_up(fake_tokenizer_manager, tiny_plan_path,
+                                                      warmup_isolated, monkeypatch, caplog):
+    state = str(warmup_isolated)
+    tm = fake_tokenizer_manager(state_dir=state)
+    compiling(tm, state)
+    exp = tiny_expansion(tm, tiny_plan_path)
+    monkeypatch.setattr(quiet_steps, "learn", lambda *a, **k: {}["boom"])
+    driver = Driver(InProcessTransport(tm, vocab_size=exp.facts.vocab_size), state_dir=state,
+                    serving_at_end=False, progress=lambda line: None)
+    with caplog.at_level(logging.ERROR, logger="sglang_warmup.coverage"):
+        result = asyncio.run(second_pass.run(driver, exp, second_pass=True, state_dir=state))
+    assert result.coverage is not None and result.run.ok
+    assert not (warmup_isolated / step_record.STATE_FILE).exists()
+    assert "learning the steps record failed; none written" in caplog.text

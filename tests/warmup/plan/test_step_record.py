@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from warmup.cli import main
-from warmup.errors import StepsError
+from warmup.errors import StepsError, shown
 from warmup.plan import step_record
 from warmup.serve import launch
 
@@ -23,7 +23,8 @@ GOOD = {"format": "sglang-warmup-steps", "version": 1, "plan": "p", "plan_sha256
                                  "default_sampling_params": {"temperature": 1.0}},
         "device": "NVIDIA H200", "learned_at": 1796300000.5,
         "evidence": [[0, 80.1, 50.0, 2], [1, 50.0, 49.0, 0], [2, None, 40.0, 0],
-                     [3, 30.0, None, 0]]}
+                     [3, 30.0, None, 0]],
+        "server_args": {"attention_backend": "5f0c9e1d2a3b", "dtype": "0a1b2c3d4e5f"}}
 
 
 def test_a_record_reads_back_as_written(tmp_path):
@@ -42,6 +43,9 @@ def _with(**changes):
 def _without(name):
     return {k: v for k, v in GOOD.items() if k != name}
 
+
+#: 10**400 as a refusal shows it: JSON allows integers no float holds (math.isfinite raises).
+SHOWN_BIG = shown(10**400)
 
 # (document, the refusal's message after "FILE: ")
 CORPUS = [
@@ -69,7 +73,17 @@ CORPUS = [
                                            "object of values"),
     (_with(device=["H200"]), "device: expected a text, not ['H200']"),
     (_with(learned_at=float("inf")), "learned_at: expected a number from 0 to 1e+11, not inf"),
+    (_with(ratio=10**400), "ratio: expected a number from 1 to 1000, not " + SHOWN_BIG),
+    (_with(learned_at=-10**400), "learned_at: expected a number from 0 to 1e+11, not "
+                                 + shown(-10**400)),
+    (_with(evidence=[[0, 10**400, 1.0, 0]]), "evidence[0]: expected [index, first_ms, "
+                                             "replay_ms, events], not "
+                                             + shown([0, 10**400, 1.0, 0])),
     (_with(evidence={}), "evidence: expected a list of at most 4 steps"),
+    (_with(server_args={"dtype": 1}), "server_args: expected an object of at most 4096 "
+                                      "argument names and their hashes"),
+    (_with(server_args=["dtype"]), "server_args: expected an object of at most 4096 "
+                                   "argument names and their hashes"),
     (_with(evidence=[[0, 1.0, 1.0]]), "evidence[0]: expected [index, first_ms, replay_ms, "
                                       "events], not [0, 1.0, 1.0]"),
     (_with(evidence=[[9, 1.0, 1.0, 0]]), "evidence[0]: expected [index, first_ms, replay_ms, "
@@ -92,9 +106,10 @@ def test_every_damaged_field_is_named(tmp_path, doc, message):
 
 
 def test_files_that_hold_no_record_are_refused_in_one_line(tmp_path):
-    cases = {"not-json": (b"{", "steps record is not JSON: "),
-             "latin1": (b'{"plan": "\xe9"}', "steps record is not UTF-8 (byte 10)"),
-             "deep": (b"[" * 100_000 + b"]" * 100_000, "steps record is not JSON: ")}
+    cases = {"not-json": (b"{", "not JSON: "),
+             "latin1": (b'{"plan": "\xe9"}', "not UTF-8 JSON: invalid continuation byte at byte 10"),
+             "deep": (b"[" * 100_000 + b"]" * 100_000, "not JSON: nested too deeply"),
+             "huge-int": (b'{"steps": ' + b"9" * 5000 + b"}", "not JSON: ")}
     for name, (data, message) in cases.items():
         path = tmp_path / name
         path.write_bytes(data)
@@ -104,11 +119,11 @@ def test_files_that_hold_no_record_are_refused_in_one_line(tmp_path):
         assert "\n" not in err.value.message
     with pytest.raises(StepsError) as err:
         step_record.read(tmp_path / "missing.json")
-    assert err.value.message == (f"{tmp_path}/missing.json: cannot read the steps record: "
+    assert err.value.message == (f"{tmp_path}/missing.json: cannot read: "
                                  "No such file or directory")
     with pytest.raises(StepsError) as err:
         step_record.read(tmp_path)
-    assert err.value.message.startswith(f"{tmp_path}: cannot read the steps record: ")
+    assert err.value.message.startswith(f"{tmp_path}: cannot read: ")
 
 
 def test_a_huge_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
@@ -120,7 +135,7 @@ def test_a_huge_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "read", lambda fd, n: reads.append(n) or real(fd, n))
     with pytest.raises(StepsError) as err:
         step_record.read(path)
-    assert err.value.message == f"{path}: steps record is 8,388,609 bytes (limit 8,388,608)"
+    assert err.value.message == f"{path}: file is 8,388,609 bytes (limit 8,388,608)"
     assert reads == []
 
 
@@ -173,3 +188,31 @@ def test_serve_hands_a_good_record_to_the_server(tiny_plan_path, tmp_path, monke
     (spec,) = started
     assert spec.env["WARMUP_STEPS"] == str(good.resolve())
     assert spec.argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
+
+
+def test_the_server_arguments_that_shape_kernels_are_compared_by_hash(tiny_model_dir):
+    """On SGLang's own resolved ServerArgs: an argument that changes a kernel (the attention
+    backend, the KV dtype) makes a record of the other launch not apply; where the server
+    listens, its seed, its secrets and what it logs do not, and no value is kept."""
+    from sglang.srt.server_args import prepare_server_args
+
+    def hashed(*flags):
+        sa = prepare_server_args(["--model-path", str(tiny_model_dir), "--device", "cuda",
+                                  "--skip-tokenizer-init", *flags])
+        sa.resolve_once()
+        return step_record.server_args_of(sa)
+
+    base = hashed()
+    assert len(base) > 100 and "attention_backend" in base and "kv_cache_dtype" in base
+    for name in ("host", "port", "random_seed", "api_key", "admin_api_key", "log_level",
+                 "enable_metrics", "served_model_name", "warmups", "ssl_keyfile",
+                 "watchdog_timeout", "download_dir"):
+        assert name not in base, name
+    assert all(len(v) == 12 for v in base.values())
+    assert str(tiny_model_dir) not in json.dumps(base)
+    assert hashed("--port", "31001", "--host", "0.0.0.0", "--random-seed", "7", "--api-key",
+                  "s3cret", "--log-level", "debug", "--enable-metrics") == base
+    moved = hashed("--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "flashinfer")
+    assert sorted(n for n in base if base[n] != moved.get(n)) == \
+        ["attention_backend", "kv_cache_dtype"]
+    assert step_record.server_args_of(object()) == {} == step_record.server_args_of(None)

@@ -169,6 +169,28 @@ def test_the_table_names_every_kind_and_the_temporary_work_dir_is_removed(env, t
     assert not Path(work).exists()
 
 
+def test_a_rebake_replaces_the_record_and_ignores_a_launch_record(env, tmp_path):
+    """A record the environment names (the runtime image's WARMUP_STEPS) is for launches: the
+    bake sends the whole plan and learns anew.  A record left beside the archive a bake
+    replaces describes the old cache: a bake that learns none removes it."""
+    out = tmp_path / "a.tar"
+    stale = tmp_path / "a.tar.steps.json"
+    out.write_bytes(b"old archive")
+    stale.write_text("{}")
+    env["WARMUP_STEPS"] = str(tmp_path / "launch-record.json")        # not there: a warning
+    r = run_prebake(env, "--out", str(out), "--port", str(free_port()), "-y", "--format", "json",
+                    "--work-dir", str(tmp_path / "work"))
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["warnings"] == [] and result["warmup"]["requests"] == 7
+    report = json.loads((tmp_path / "work" / "report.json").read_text())
+    assert report["warnings"] == [] and report["quiet_steps"] == 0      # never read
+    assert step_record.read(stale).quiet > 0                         # learned: every step sent
+    r = run_prebake(env, "--out", str(out), "--port", str(free_port()), "-y", "--no-learn-steps")
+    assert r.returncode == 0, r.stderr
+    assert out.exists() and not stale.exists()
+
+
 def test_a_server_ignoring_sigterm_is_killed_with_its_group(env, tmp_path):
     env["FAKE_SGLANG_MODE"] = "ignore-term"
     work = tmp_path / "work"

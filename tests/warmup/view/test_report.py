@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from warmup.coverage.classes import ClassLatency, compute
 from warmup.cli import main
-from warmup.errors import WarmupError
+from warmup.errors import WarmupError, shown
 from warmup.serve.report import ClassReport, RunReport
 from warmup.view import documents, html, text
 
@@ -454,6 +454,9 @@ def test_the_run_report_names_what_no_plan_class_warms():
     ({"format": "sglang-warmup-coverage", "version": 1, "plan": "p",
       "classes": [{"class": "c", "latency": {"first_ms": -1}}]},
      "classes[0].latency.first_ms: expected a number from 0 to 10^12, not -1"),
+    ({"format": "sglang-warmup-coverage", "version": 1, "plan": "p",       # no float holds it
+      "classes": [{"class": "c", "second": [{"seconds": 10**400}]}]},
+     "classes[0].second[0].seconds: expected a number from 0 to 10^12, not " + shown(10**400)),
     ({"format": "sglang-warmup-run", "version": 1, "plan": "p", "classes": [],
       "coverage": {"plan": "p", "classes": [], "outside_second": {"a": 1}}},
      "coverage.outside_second: expected a list of objects, not {'a': 1}"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -93,14 +94,19 @@ def main() -> None:
 
     from warmup.coverage import second_pass
     from warmup.plan import facts, loader
+    from warmup.serve import hook
     from warmup.serve.driver import Driver
     from warmup.plan.expand import expand
 
     events.install()
     plan = loader.load(env["WARMUP_PLAN"])
     exp = expand(plan, facts.from_server_info(standin.SERVER_INFO))
+    skip, note, warning = hook.quiet_steps(exp)         # WARMUP_STEPS, as the real hook reads it
+    if warning:
+        exp = dataclasses.replace(exp, warnings=exp.warnings + (warning,))
     t0 = time.perf_counter()
-    result = asyncio.run(second_pass.run(Driver(CompilingTransport(), state_dir=str(state)), exp))
+    driver = Driver(CompilingTransport(), state_dir=str(state), skip_steps=skip, steps_note=note)
+    result = asyncio.run(second_pass.run(driver, exp))
     print(f"fake sglang: warm-up {plan.name}: {result.run.requests} requests in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     if mode != "no-report":
