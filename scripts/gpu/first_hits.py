@@ -424,12 +424,15 @@ def wait_prebake(name: str, budget: float) -> bool:
     res = {"name": name, "seconds": round((WORK / f"{name}.prebake.json").stat().st_mtime - s["t0"], 1),
            "answer": answer, "archive_bytes": archive.stat().st_size if archive.exists() else None,
            "compiles": compiles_by_phase(Path(s["base"]) / "state"),
+           "compiles_learn_start": compiles_by_phase(Path(s["base"]) / "learn-state"),
            "stderr_tail": (WORK / f"{name}.prebake.log").read_text(errors="replace")[-4000:]}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{name}-prebake.json").write_text(json.dumps(res, indent=1, default=str))
-    # the steps record beside the archive and the bake's run report (both passes' step times)
+    # the steps record beside the archive, the cold start's run report, and the report of the
+    # start from the baked caches that learned the record (both passes' step times)
     for src, dst in ((WORK / f"{name}.tar.steps.json", f"{name}.tar.steps.json"),
-                     (Path(s["base"]) / "report.json", f"{name}-prebake-report.json")):
+                     (Path(s["base"]) / "report.json", f"{name}-prebake-report.json"),
+                     (Path(s["base"]) / "learn-report.json", f"{name}-learn-report.json")):
         if src.exists():
             shutil.copy(src, OUT / dst)
     log(f"prebake of {name} ended after {res['seconds']} s: archive "

@@ -37,7 +37,8 @@ def prebake_command(
                                                "oci://HOST[:PORT]/REPO[:TAG] (tagged by its "
                                                "fingerprint too; login checked before the bake)"),
     learn_steps: bool = typer.Option(True, "--learn-steps/--no-learn-steps",
-                                     help="run the plan twice and write the steps that paid a "
+                                     help="start SGLang again from the baked caches, run the "
+                                          "plan twice there and write the steps that paid a "
                                           "first-time cost beside the archive "
                                           "(ARCHIVE.steps.json, for serve --steps)"),
     fmt: Format = options.FORMAT,

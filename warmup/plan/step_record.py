@@ -1,14 +1,15 @@
-"""The steps record: which steps of an expansion paid a first-time cost when a cold server ran
-them, learned by a bake (:mod:`warmup.coverage.quiet_steps`) and read by a launch from the
-baked cache, which then sends only those (``serve --steps FILE``).
+"""The steps record: which steps of an expansion paid a first-time cost when a server ran them,
+learned by a bake (:mod:`warmup.coverage.quiet_steps`, in a server started from the caches it
+baked) and read by a launch from those caches, which then sends only those (``serve --steps
+FILE``).
 
-A step that compiled, loaded, traced or built nothing and ran as fast as its replay in the cold
-server added nothing that the steps before it had not: a launch from that server's caches,
-sending the same steps in the same order, gets the same first-time costs (a kernel compiled
-cold is loaded from disk at the same step, a ``torch.compile`` graph is traced at the same step)
-from the loud steps alone.  The record holds the loud steps (closed over the prefix steps they
-hit) and each step's evidence; it applies only to the expansion it was learned on (its digest)
-on the same server (its facts), and to nothing else.
+A step that compiled, loaded, traced or built nothing and ran as fast as its replay added
+nothing that the steps before it had not: a launch from the same caches, sending the same steps
+in the same order, gets the same first-time costs (a kernel is loaded from disk at the same
+step, a ``torch.compile`` graph is traced at the same step) from the loud steps alone.  The
+record holds the loud steps (closed over the prefix steps they hit) and each step's evidence; it
+applies only to the expansion it was learned on (its digest, its plan's sha256) on the same
+server (its facts, its server arguments, its GPU), and to nothing else.
 
 The file is data (JSON, read bounded, every field checked); a damaged or foreign record is
 refused in one line naming the file and the field, and the launch then sends the whole plan.
@@ -43,10 +44,12 @@ MAX_STEPS = 100_000
 #: from launch to launch; where they change the steps, the digest differs.
 _NOT_COMPARED = frozenset({"source", "assumed", "max_total_tokens", "max_running_requests"})
 #: Server arguments never compared: where the server listens and logs, what it measures, its
-#: secrets and timeouts, its seed (SGLang draws one when none is given): none of them changes a
-#: kernel, and a bake usually runs with other ones than the image it is baked for.
+#: secrets and timeouts, its seed (SGLang draws one when none is given), which GPU index it
+#: starts at, and the memory sizing whose facts are not compared either (_NOT_COMPARED): none
+#: of them changes a kernel, and a bake usually runs with other ones than the image it is for.
 _OPERATIONAL = re.compile(
     r"^(host|random_seed|served_model_name|warmups|skip_server_warmup|file_storage_path"
+    r"|mem_fraction_static|max_total_tokens|max_running_requests|base_gpu_id|gpu_id_step"
     r"|download_dir|dist_init_addr|stream_interval|fastapi_root_path|stat_loggers"
     r"|hf_chat_template_name|chat_template|completion_template|enable_cache_report)$"
     r"|(^|_)ports?$|timeout|_secs$|key|password|secret|^log_|ssl|metric|bucket|otlp|trace"

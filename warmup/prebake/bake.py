@@ -7,6 +7,8 @@ anything; :meth:`PrebakePlan.execute` creates an empty directory for every cache
 root, launches SGLang through the same path as ``serve`` (the plan registered in
 ``--warmups``), waits for ``/health_generate`` with a deadline, shuts the server down (SIGTERM
 to its process group, a bounded wait, then SIGKILL), and packs every kind (``cache_tools``).
+Learning the steps record, a second server starts from the baked caches (as a launch from the
+archive would) and runs the plan twice; the steps that paid a first-time cost there are kept.
 """
 
 from __future__ import annotations
@@ -30,14 +32,14 @@ from typing import Any, Callable, Mapping, Sequence
 from cache_tools import archive, locations
 from cache_tools.locations import Location
 from cache_tools.progress import Progress
-from cache_tools.render import table
-from cache_tools.scan import size_str
 from warmup import settings
 from warmup.errors import SidecarError, WarmupError
 from warmup.plan import step_record
 from warmup.serve import launch
+from warmup.serve.launch import Launch
 from warmup.serve.http import HttpClient, Probe, wait_for_health
 from warmup.prebake.process_group import stop_process_group
+from warmup.prebake.result import PrebakeResult, baked_kinds
 
 logger = logging.getLogger("sglang_warmup.prebake")
 
@@ -63,78 +65,13 @@ def _loopback(host: str | None) -> str:
 
 
 @dataclass(frozen=True)
-class BakedKind:
-    """One cache kind in the archive: complete entries, their files and bytes."""
+class _Start:
+    """One server start of a bake: what the progress calls it, its launch, log and report."""
 
-    kind: str
-    title: str
-    path: str
-    entries: int
-    files: int
-    bytes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "title": self.title, "path": self.path,
-                "entries": self.entries, "files": self.files, "bytes": self.bytes}
-
-
-@dataclass(frozen=True)
-class PrebakeResult:
-    """What a prebake produced.  ``stopped_with``: how the server ended (``SIGTERM`` or
-    ``SIGKILL``).  ``warmup``: the plan's run report as the server wrote it.  ``work_dir``: kept
-    for inspection (None when it was a temporary directory and got removed)."""
-
-    archive: Path
-    archive_bytes: int
-    kinds: tuple[BakedKind, ...]
-    ready_s: float
-    seconds: float
-    stopped_with: str
-    warmup: Mapping[str, Any]
-    warnings: tuple[str, ...] = ()
-    work_dir: Path | None = None
-    #: the steps record beside the archive (None: not learned)
-    steps: Path | None = None
-    steps_line: str = ""
-
-    @property
-    def entries(self) -> int:
-        return sum(k.entries for k in self.kinds)
-
-    @property
-    def bytes(self) -> int:
-        return sum(k.bytes for k in self.kinds)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"archive": str(self.archive), "archive_bytes": self.archive_bytes,
-                "entries": self.entries, "bytes": self.bytes,
-                "kinds": [k.to_dict() for k in self.kinds], "ready_s": round(self.ready_s, 3),
-                "seconds": round(self.seconds, 3), "stopped_with": self.stopped_with,
-                "warmup": {k: self.warmup.get(k) for k in ("plan", "ok", "requests",
-                                                           "duration_s", "flush")},
-                "warnings": list(self.warnings),
-                "work_dir": str(self.work_dir) if self.work_dir else None,
-                "steps": str(self.steps) if self.steps else None}
-
-    def render(self) -> str:
-        rows = [[k.kind, k.entries, k.files, size_str(k.bytes)] for k in self.kinds]
-        rows.append(["total", self.entries, sum(k.files for k in self.kinds), size_str(self.bytes)])
-        w = self.warmup
-        lines = [table(["kind", "entries", "files", "size"], rows, align="lrrr"),
-                 f"archive: {self.archive} ({size_str(self.archive_bytes)}), "
-                 f"{self.entries} entries",
-                 f"server: ready in {self.ready_s:.1f} s, stopped with {self.stopped_with}; "
-                 f"warm-up {w.get('plan')}: {w.get('requests')} requests in "
-                 f"{float(w.get('duration_s') or 0):.1f} s; prebake took {self.seconds:.1f} s"]
-        if self.steps_line:
-            lines.append(self.steps_line)
-        if self.work_dir:
-            lines.append(f"kept: {self.work_dir} (server.log, state/, cache/)")
-        lines.append(f"restore with: sglang-warmup cache restore {shlex.quote(str(self.archive))}")
-        if self.steps:
-            lines.append(f"then launch with the same plan and SGLang flags and: --steps "
-                         f"{shlex.quote(str(self.steps))}")
-        return "\n".join(lines)
+    what: str
+    launch: Launch
+    log: Path
+    report: Path
 
 
 @dataclass(frozen=True)
@@ -161,7 +98,12 @@ class PrebakePlan:
     zstd: bool
     keep: bool
     warnings: tuple[str, ...] = ()
-    learn_steps: bool = True
+    #: the second start, from the baked caches, that learns the steps record (None: not learned)
+    learn: Launch | None = None
+
+    @property
+    def learn_steps(self) -> bool:
+        return self.learn is not None
 
     @property
     def log_path(self) -> Path:
@@ -170,6 +112,17 @@ class PrebakePlan:
     @property
     def report_path(self) -> Path:
         return self.work_dir / "report.json"
+
+    @property
+    def starts(self) -> tuple[_Start, ...]:
+        """The server starts of this bake: the cold one that fills the caches, then (learning
+        the record) one from those caches, as a launch from the archive starts."""
+        bake = _Start("SGLang", self.launch, self.log_path, self.report_path)
+        if self.learn is None:
+            return (bake,)
+        return bake, _Start("SGLang from the baked caches (learning the steps record)",
+                            self.learn, self.work_dir / "learn.log",
+                            self.work_dir / "learn-report.json")
 
     @property
     def steps_path(self) -> Path:
@@ -200,8 +153,8 @@ class PrebakePlan:
         lines.append(f"ready: {self.url}/health_generate within {self.deadline_s:g} s; stop: "
                      f"SIGTERM to the process group, SIGKILL after {self.stop_timeout_s:g} s")
         if self.learn_steps:
-            lines.append(f"the plan runs twice; the steps that paid a first-time cost go to "
-                         f"{self.steps_path}")
+            lines.append(f"then a second start from the baked caches runs the plan twice; the "
+                         f"steps that paid a first-time cost there go to {self.steps_path}")
         return "\n".join(lines)
 
     def discard(self) -> None:
@@ -230,24 +183,13 @@ class PrebakePlan:
         # a record beside the archive this bake replaces describes the old cache: gone, whether
         # or not this bake learns a new one
         self.steps_path.unlink(missing_ok=True)
-        launch.prepare_state_dir(self.launch)
-        say(f"sglang-warmup prebake: starting SGLang (log: {self.log_path})")
-        with open(self.log_path, "ab") as log, _TermAsExit():
-            proc = subprocess.Popen(self.launch.argv, env=self.launch.env, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-            try:
-                ready_s = self._wait_ready(proc, say, progress)
-                report = self._read_report()
-                say(f"sglang-warmup prebake: ready in {ready_s:.1f} s; warm-up {report.get('plan')}: "
-                    f"{report.get('requests')} requests in {float(report.get('duration_s') or 0):.1f} s")
-            finally:
-                stopped_with = stop_process_group(proc, self.stop_timeout_s)
-                say(f"sglang-warmup prebake: server stopped ({stopped_with})")
+        bake, *learn = self.starts
+        report, ready_s, stopped_with = self._serve(bake, say, progress)
+        learned = self._serve(learn[0], say, progress)[0] if learn else None
         progress.step(f"packing {self.cache_root} into {self.out}")
         result = archive.pack(self.out, self.locations, zstd=self.zstd, progress=progress)
         archive.verify(self.out, progress=progress)
-        kinds = _baked_kinds(self.locations, result.manifest.entries)
+        kinds = baked_kinds(self.locations, result.manifest.entries)
         created = {loc.path for loc in self.locations if loc.path is not None}
         warnings = list(self.warnings) + [
             str(w) for w in result.warnings
@@ -258,7 +200,7 @@ class PrebakePlan:
                               hint="is SGLang honouring the cache variables (`sglang-warmup "
                                    "prebake --dry-run` lists them)? a remote Triton cache "
                                    "(TRITON_CACHE_MANAGER) bypasses the directories")
-        steps, steps_line = self._keep_steps(warnings)
+        steps, steps_line = self._keep_steps(learned, warnings)
         kept: Path | None = self.work_dir
         if self.temporary and not self.keep:
             shutil.rmtree(self.work_dir, ignore_errors=True)
@@ -267,23 +209,53 @@ class PrebakePlan:
                              time.monotonic() - started, stopped_with, report, tuple(warnings),
                              kept, steps, steps_line)
 
-    def _keep_steps(self, warnings: list[str]) -> tuple[Path | None, str]:
-        """The steps record the server learned, copied beside the archive (a missing or
-        unreadable one is a warning: the archive is good without it)."""
-        if not self.learn_steps:
+    def _serve(self, start: _Start, say: Callable[[str], None],
+               progress: Progress) -> tuple[dict[str, Any], float, str]:
+        """Start ``start``'s server, wait until ready, read its run report, stop it: the
+        report, seconds to ready, and how it stopped."""
+        launch.prepare_state_dir(start.launch)
+        say(f"sglang-warmup prebake: starting {start.what} (log: {start.log})")
+        with open(start.log, "ab") as log, _TermAsExit():
+            proc = subprocess.Popen(start.launch.argv, env=start.launch.env, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+            try:
+                ready_s = self._wait_ready(proc, start.log, say, progress)
+                report = _read_report(start.report)
+                say(f"sglang-warmup prebake: ready in {ready_s:.1f} s; warm-up "
+                    f"{report.get('plan')}: {report.get('requests')} requests in "
+                    f"{float(report.get('duration_s') or 0):.1f} s")
+            finally:
+                stopped_with = stop_process_group(proc, self.stop_timeout_s)
+                say(f"sglang-warmup prebake: server stopped ({stopped_with})")
+        return report, ready_s, stopped_with
+
+    def _keep_steps(self, learned: Mapping[str, Any] | None,
+                    warnings: list[str]) -> tuple[Path | None, str]:
+        """The steps record the second start learned (its run report: ``learned``), copied
+        beside the archive (a missing or unreadable one is a warning: the archive is good
+        without it)."""
+        if self.learn is None or learned is None:
             return None, ""
-        learned = Path(self.launch.state_dir) / step_record.STATE_FILE
+        path = Path(self.learn.state_dir) / step_record.STATE_FILE
         try:
-            record = step_record.read(learned)
+            record = step_record.read(path)
             record.write(self.steps_path)
         except (WarmupError, OSError) as exc:
             warnings.append(f"no steps record: {exc}; a launch from this archive sends the "
                             f"whole plan")
             return None, ""
+        phases = learned.get("compiles_by_phase")
+        compiled = phases.get("warmup") if isinstance(phases, dict) else None
+        if isinstance(compiled, int) and compiled > 0:
+            warnings.append(f"the start from the baked caches compiled {compiled} kernel(s) in "
+                            f"its warm-up: a launch from this archive compiles them too "
+                            f"({self.work_dir / 'learn-report.json'} names them)")
         return self.steps_path, (f"steps: {len(record.keep)} of {record.steps} paid a "
-                                 f"first-time cost, {record.quiet} quiet: {self.steps_path}")
+                                 f"first-time cost in a start from the baked caches, "
+                                 f"{record.quiet} quiet: {self.steps_path}")
 
-    def _wait_ready(self, proc: subprocess.Popen, say: Callable[[str], None],
+    def _wait_ready(self, proc: subprocess.Popen, log: Path, say: Callable[[str], None],
                     progress: Progress) -> float:
         say(f"sglang-warmup prebake: waiting for {self.url}/health_generate, deadline "
             f"{self.deadline_s:g} s")
@@ -300,44 +272,45 @@ class PrebakePlan:
         # On a terminal one line ticks with the server log's last line instead of a log line
         # every 30 s (which would break the line rewritten in place).
         with progress.ticking("SGLang loading and warming up",
-                              detail=lambda: "".join(_tail(self.log_path, 1))):
+                              detail=lambda: "".join(_tail(log, 1))):
             hw = wait_for_health(probe, self.deadline_s, initial_s=0.25, max_s=10.0,
                                  probe_timeout_s=30.0, alive=alive, what="SGLang",
                                  log_every_s=float("inf") if progress.tty else 30.0)
         if hw.ok:
             return hw.waited_s
-        tail = _tail(self.log_path, _LOG_TAIL)
+        tail = _tail(log, _LOG_TAIL)
         for line in tail:
             say(f"  | {line}")
         if hw.ended == "deadline":
             raise SidecarError(f"SGLang was not ready within {self.deadline_s:g} s "
                                f"({hw.attempts} probes of /health_generate; last: {hw.last}); "
-                               f"log: {self.log_path}",
+                               f"log: {log}",
                                hint="raise --deadline if the model loads slowly; the last log "
                                     "lines are above")
-        raise SidecarError(f"SGLang {hw.ended} before it was ready; log: {self.log_path}",
+        raise SidecarError(f"SGLang {hw.ended} before it was ready; log: {log}",
                            hint="the last log lines are above (a failing plan stops SGLang's "
                                 "startup on purpose: `sglang-warmup plan check`)")
 
-    def _read_report(self) -> dict[str, Any]:
-        try:
-            report = json.loads(self.report_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise SidecarError(f"the server became ready but the plan did not run in it (no run "
-                               f"report at {self.report_path})",
-                               hint="install sglang-warmup in the environment that runs SGLang "
-                                    "(pip install, so its plugin entry point loads)") from None
-        except (OSError, ValueError) as exc:
-            raise SidecarError(f"cannot read the run report {self.report_path}: {exc}",
-                               hint="see the server log") from None
-        if not isinstance(report, dict):
-            raise SidecarError(f"{self.report_path} is not a run report",
-                               hint="see the server log")
-        if not report.get("ok", False):
-            raise SidecarError(f"the warm-up reported failures: "
-                               f"{'; '.join(report.get('failures') or []) or 'see the report'}",
-                               hint=f"see {self.report_path} and the server log")
-        return report
+
+def _read_report(path: Path) -> dict[str, Any]:
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SidecarError(f"the server became ready but the plan did not run in it (no run "
+                           f"report at {path})",
+                           hint="install sglang-warmup in the environment that runs SGLang "
+                                "(pip install, so its plugin entry point loads)") from None
+    except (OSError, ValueError) as exc:
+        raise SidecarError(f"cannot read the run report {path}: {exc}",
+                           hint="see the server log") from None
+    if not isinstance(report, dict):
+        raise SidecarError(f"{path} is not a run report",
+                           hint="see the server log")
+    if not report.get("ok", False):
+        raise SidecarError(f"the warm-up reported failures: "
+                           f"{'; '.join(report.get('failures') or []) or 'see the report'}",
+                           hint=f"see {path} and the server log")
+    return report
 
 
 def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
@@ -347,8 +320,9 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
             environ: Mapping[str, str] | None = None, learn_steps: bool = True) -> PrebakePlan:
     """Validate and decide a prebake; creates only the work directory (and ``serve``'s state
     directory in it).  Raises WarmupError / PlanError / CacheError on bad input.
-    ``learn_steps``: the server runs the plan twice (the second-pass check) and the steps that
-    paid a first-time cost are written beside the archive (``ARCHIVE.steps.json``)."""
+    ``learn_steps``: once the caches are baked and the server stopped, a second server starts
+    from them and runs the plan twice (the second-pass check); the steps that paid a first-time
+    cost in that start are written beside the archive (``ARCHIVE.steps.json``)."""
     out_path = Path(out).resolve()
     if out_path.is_dir():
         raise SidecarError(f"--out {out} is a directory", hint="give the archive's file name, "
@@ -398,8 +372,10 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
         env, warnings = _bake_env(os.environ if environ is None else environ, exported.pairs,
                                   cache_root)
         spec = launch.plan_launch(str(plan), args, report=str(wd / "report.json"),
-                                  state_dir=str(wd / "state"), environ=env,
-                                  second_pass=learn_steps)
+                                  state_dir=str(wd / "state"), environ=env)
+        learn = launch.plan_launch(str(plan), args, report=str(wd / "learn-report.json"),
+                                   state_dir=str(wd / "learn-state"), environ=env,
+                                   second_pass=True) if learn_steps else None
     except BaseException:  # cleanup on any way out (Ctrl-C too), then raised as it was
         if temporary:
             shutil.rmtree(wd, ignore_errors=True)
@@ -410,7 +386,7 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
         locations=locations.resolve(root=cache_root), exports=exported.pairs, launch=spec,
         url=url, api_key=_arg_value(args, "--api-key"), deadline_s=deadline_s,
         stop_timeout_s=stop_timeout_s, zstd=zstd, keep=keep, warnings=tuple(warnings),
-        learn_steps=learn_steps)
+        learn=learn)
 
 
 def _bake_env(environ: Mapping[str, str], exported: Sequence[tuple[str, str]],
@@ -457,17 +433,6 @@ def _tail(path: Path, n: int) -> list[str]:
             return fh.read().decode(errors="replace").splitlines()[-n:]
     except OSError:
         return []
-
-
-def _baked_kinds(locs: Sequence[Location], entries: Sequence[Any]) -> tuple[BakedKind, ...]:
-    counts: dict[str, list[int]] = {}
-    for e in entries:
-        c = counts.setdefault(e.kind, [0, 0, 0])
-        c[0] += 1
-        c[1] += len(e.files)
-        c[2] += e.size
-    return tuple(BakedKind(loc.kind.name, loc.kind.title, str(loc.path),
-                           *counts.get(loc.kind.name, [0, 0, 0])) for loc in locs)
 
 
 class _TermAsExit:

@@ -211,7 +211,8 @@ def test_the_server_arguments_that_shape_kernels_are_compared_by_hash(tiny_model
     assert all(len(v) == 12 for v in base.values())
     assert str(tiny_model_dir) not in json.dumps(base)
     assert hashed("--port", "31001", "--host", "0.0.0.0", "--random-seed", "7", "--api-key",
-                  "s3cret", "--log-level", "debug", "--enable-metrics") == base
+                  "s3cret", "--log-level", "debug", "--enable-metrics",
+                  "--mem-fraction-static", "0.5", "--base-gpu-id", "1") == base
     moved = hashed("--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "flashinfer")
     assert sorted(n for n in base if base[n] != moved.get(n)) == \
         ["attention_backend", "kv_cache_dtype"]

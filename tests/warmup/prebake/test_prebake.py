@@ -96,12 +96,19 @@ def test_prebake_bakes_an_archive_that_restores_into_disk_cache_hits(env, tmp_pa
     assert result["warmup"]["plan"] == "sidecar_test" and result["warmup"]["ok"] is True
     assert result["warmup"]["requests"] == 7
     assert result["warnings"] == [] and result["work_dir"] == str(work)
-    # the plan ran twice; the steps that compiled a kernel are the record's loud ones
+    # the cold start ran the plan once; a second start from the baked caches ran it twice and
+    # learned the record there: the steps that loaded a kernel from disk are its loud ones
+    assert "starting SGLang from the baked caches (learning the steps record)" in r.stderr
+    baked = json.loads((work / "report.json").read_text())
+    again = json.loads((work / "learn-report.json").read_text())
+    assert baked.get("coverage") is None and baked["compiles_total"] == 3
+    assert again["coverage"] and again["compiles_total"] == 0
+    assert sum(c["disk_hits"] for c in again["classes"]) == 3
     assert result["steps"] == str(out) + ".steps.json"
     record = step_record.read(result["steps"])
     assert record.plan == "sidecar_test" and len(record.evidence) == record.steps
-    compiled = {e.index for e in record.evidence if e.events}
-    assert len(compiled) == 3 and compiled <= set(record.keep)
+    loaded = {e.index for e in record.evidence if e.events}
+    assert len(loaded) == 3 and loaded <= set(record.keep)
     assert 0 < record.quiet < record.steps
     # the fake server's environment came from serve and from `cache env --root`
     assert not (tmp_path / "elsewhere").exists()
@@ -163,8 +170,8 @@ def test_the_table_names_every_kind_and_the_temporary_work_dir_is_removed(env, t
     assert re.fullmatch(r"total\s+3\s+\d+\s+[\d.]+ KiB", lines[2 + len(KINDS)])
     assert lines[-2] == f"restore with: sglang-warmup cache restore {out}"
     assert lines[-1] == f"then launch with the same plan and SGLang flags and: --steps {out}.steps.json"
-    assert re.fullmatch(rf"steps: [34] of 5 paid a first-time cost, [12] quiet: {out}.steps.json",
-                        lines[-3])
+    assert re.fullmatch(rf"steps: [34] of 5 paid a first-time cost in a start from the baked "
+                        rf"caches, [12] quiet: {out}.steps.json", lines[-3])
     work = re.search(r"log: (\S+)/server\.log", r.stderr).group(1)
     assert not Path(work).exists()
 
@@ -189,6 +196,20 @@ def test_a_rebake_replaces_the_record_and_ignores_a_launch_record(env, tmp_path)
     r = run_prebake(env, "--out", str(out), "--port", str(free_port()), "-y", "--no-learn-steps")
     assert r.returncode == 0, r.stderr
     assert out.exists() and not stale.exists()
+
+
+def test_kernels_the_start_from_the_baked_caches_compiled_again_are_a_warning(env, tmp_path):
+    """Where a kernel does not persist in the caches, the start that learns the record compiles
+    it again, as every launch from the archive would: the bake says so."""
+    env["FAKE_SGLANG_MODE"] = "forget-cache"
+    out = tmp_path / "a.tar"
+    r = run_prebake(env, "--out", str(out), "--port", str(free_port()), "--format", "json",
+                    "--work-dir", str(tmp_path / "work"))
+    assert r.returncode == 0, r.stderr
+    warnings = json.loads(r.stdout)["warnings"]
+    assert warnings == [f"the start from the baked caches compiled 3 kernel(s) in its warm-up: a "
+                        f"launch from this archive compiles them too "
+                        f"({tmp_path / 'work' / 'learn-report.json'} names them)"]
 
 
 def test_a_server_ignoring_sigterm_is_killed_with_its_group(env, tmp_path):

@@ -12,7 +12,8 @@ on ``--host``/``--port``.
 
 FAKE_SGLANG_MODE selects a fault: ``exit`` (exit 3 before listening), ``never-ready`` (listen
 but answer 503 forever), ``ignore-term`` (ignore SIGTERM, child too), ``no-report`` (write no
-run report, as when the plugin is not loaded).  The child's pid goes to
+run report, as when the plugin is not loaded), ``forget-cache`` (a start with the second pass on
+compiles into a fresh Triton cache: kernels that do not persist).  The child's pid goes to
 ``$WARMUP_STATE_DIR/child.pid``.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -86,6 +88,8 @@ def main() -> None:
     state = Path(env["WARMUP_STATE_DIR"])
     (state / "child.pid").write_text(str(child.pid))
     print(f"fake sglang: model {args.model_path}, child {child.pid}", flush=True)
+    if mode == "forget-cache" and env.get("WARMUP_SECOND_PASS") == "1":
+        os.environ["TRITON_CACHE_DIR"] = str(Path(env["WARMUP_STATE_DIR"]) / "fresh-triton")
     if mode == "exit":
         print("fake sglang: failing on purpose before listening", flush=True)
         sys.exit(3)
@@ -110,7 +114,7 @@ def main() -> None:
     print(f"fake sglang: warm-up {plan.name}: {result.run.requests} requests in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     if mode != "no-report":
-        result.run.write(env["WARMUP_REPORT"])
+        Path(env["WARMUP_REPORT"]).write_text(json.dumps(result.to_dict()))  # as the hook does
     opts = standin.build_parser().parse_args(["--host", args.host, "--port", str(args.port)]
                                              + (["--never-healthy"] if mode == "never-ready" else []))
     standin.serve(opts, announce=False)
