@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from cache_tools import archive, locations
+from cache_tools import archive, compile_log, locations
 from cache_tools.locations import Location
 from cache_tools.progress import Progress
 from warmup import settings
@@ -185,7 +185,8 @@ class PrebakePlan:
         self.steps_path.unlink(missing_ok=True)
         bake, *learn = self.starts
         report, ready_s, stopped_with = self._serve(bake, say, progress)
-        learned = self._serve(learn[0], say, progress)[0] if learn else None
+        if learn:
+            self._serve(learn[0], say, progress)
         progress.step(f"packing {self.cache_root} into {self.out}")
         result = archive.pack(self.out, self.locations, zstd=self.zstd, progress=progress)
         archive.verify(self.out, progress=progress)
@@ -200,7 +201,7 @@ class PrebakePlan:
                               hint="is SGLang honouring the cache variables (`sglang-warmup "
                                    "prebake --dry-run` lists them)? a remote Triton cache "
                                    "(TRITON_CACHE_MANAGER) bypasses the directories")
-        steps, steps_line = self._keep_steps(learned, warnings)
+        steps, steps_line = self._keep_steps(warnings)
         kept: Path | None = self.work_dir
         if self.temporary and not self.keep:
             shutil.rmtree(self.work_dir, ignore_errors=True)
@@ -230,12 +231,10 @@ class PrebakePlan:
                 say(f"sglang-warmup prebake: server stopped ({stopped_with})")
         return report, ready_s, stopped_with
 
-    def _keep_steps(self, learned: Mapping[str, Any] | None,
-                    warnings: list[str]) -> tuple[Path | None, str]:
-        """The steps record the second start learned (its run report: ``learned``), copied
-        beside the archive (a missing or unreadable one is a warning: the archive is good
-        without it)."""
-        if self.learn is None or learned is None:
+    def _keep_steps(self, warnings: list[str]) -> tuple[Path | None, str]:
+        """The steps record the second start learned, copied beside the archive (a missing or
+        unreadable one is a warning: the archive is good without it)."""
+        if self.learn is None:
             return None, ""
         path = Path(self.learn.state_dir) / step_record.STATE_FILE
         try:
@@ -245,11 +244,11 @@ class PrebakePlan:
             warnings.append(f"no steps record: {exc}; a launch from this archive sends the "
                             f"whole plan")
             return None, ""
-        phases = learned.get("compiles_by_phase")
-        compiled = phases.get("warmup") if isinstance(phases, dict) else None
-        if isinstance(compiled, int) and compiled > 0:
-            warnings.append(f"the start from the baked caches compiled {compiled} kernel(s) in "
-                            f"its warm-up: a launch from this archive compiles them too "
+        again = _compiled_again(self.learn.state_dir)
+        if again:
+            warnings.append(f"the start from the baked caches compiled {len(again)} kernel(s) "
+                            f"again in its warm-up ({', '.join(sorted(set(again)))}): a launch "
+                            f"from this archive compiles them too "
                             f"({self.work_dir / 'learn-report.json'} names them)")
         return self.steps_path, (f"steps: {len(record.keep)} of {record.steps} paid a "
                                  f"first-time cost in a start from the baked caches, "
@@ -387,6 +386,19 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
         url=url, api_key=_arg_value(args, "--api-key"), deadline_s=deadline_s,
         stop_timeout_s=stop_timeout_s, zstd=zstd, keep=keep, warnings=tuple(warnings),
         learn=learn)
+
+
+def _compiled_again(state_dir: str) -> list[str]:
+    """The compilers of what a start from the baked caches compiled in its warm-up, one per
+    kernel: what the caches did not keep.  Dynamo's traces are left out: they live in the
+    process, and every start traces again."""
+    try:
+        records = compile_log.read_dir(state_dir)
+    except OSError:  # the record is still good; this check is a courtesy
+        return []
+    return [str(r.get("compiler") or "?") for r in records
+            if compile_log.is_miss(r) and r.get("phase") == "warmup"
+            and r.get("compiler") != compile_log.DYNAMO]
 
 
 def _bake_env(environ: Mapping[str, str], exported: Sequence[tuple[str, str]],

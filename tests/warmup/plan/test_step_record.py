@@ -217,3 +217,16 @@ def test_the_server_arguments_that_shape_kernels_are_compared_by_hash(tiny_model
     assert sorted(n for n in base if base[n] != moved.get(n)) == \
         ["attention_backend", "kv_cache_dtype"]
     assert step_record.server_args_of(object()) == {} == step_record.server_args_of(None)
+
+
+@pytest.mark.parametrize("name, keep, hashed", [("dsv4-eager-C-steps.json", 125, 0),
+                                                ("dsv4-eager-C-steps-learned-on-restart.json",
+                                                 124, 385)])
+def test_the_records_learned_on_the_gpu_read_back(name, keep, hashed):
+    """Two records a DeepSeek-V4 prebake wrote (docs/benchmarks.md): the earlier one, learned
+    in the cold start and without server arguments, still reads (it compares the facts)."""
+    from pathlib import Path
+
+    record = step_record.read(Path(__file__).parents[3] / "docs" / "data" / name)
+    assert (record.steps, len(record.keep), len(record.server_args)) == (225, keep, hashed)
+    assert record.plan == "deepseek_v4_serving_shapes" and len(record.evidence) == 225

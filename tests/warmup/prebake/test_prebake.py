@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sidecar_support"))
 
 from harness import FAKE_SGLANG, PLAN, REPO, free_port, gone  # noqa: E402
 
-from cache_tools import archive  # noqa: E402
+from cache_tools import archive, compile_log  # noqa: E402
 from warmup.prebake import bake as prebake  # noqa: E402
 from warmup.errors import SidecarError  # noqa: E402
 from warmup.plan import step_record  # noqa: E402
@@ -207,9 +207,24 @@ def test_kernels_the_start_from_the_baked_caches_compiled_again_are_a_warning(en
                     "--work-dir", str(tmp_path / "work"))
     assert r.returncode == 0, r.stderr
     warnings = json.loads(r.stdout)["warnings"]
-    assert warnings == [f"the start from the baked caches compiled 3 kernel(s) in its warm-up: a "
-                        f"launch from this archive compiles them too "
+    assert warnings == [f"the start from the baked caches compiled 3 kernel(s) again in its "
+                        f"warm-up (triton): a launch from this archive compiles them too "
                         f"({tmp_path / 'work' / 'learn-report.json'} names them)"]
+
+
+def test_only_what_the_caches_should_have_kept_counts_as_compiled_again(tmp_path):
+    """Dynamo traces in every process (nothing on disk keeps them); a compile before the
+    warm-up is SGLang's own start; a disk hit is the cache working."""
+    writer = compile_log.Writer(compile_log.directory(tmp_path))
+    for event, phase, compiler in ((compile_log.MISS, "warmup", "dynamo"),
+                                   (compile_log.MISS, "init", "triton"),
+                                   (compile_log.HIT, "warmup", "triton"),
+                                   (compile_log.MISS, "warmup", "inductor"),
+                                   (compile_log.MISS, "warmup", "triton")):
+        writer.write(compile_log.record(event, phase=phase, shape_class="c", request=0,
+                                        compiler=compiler))
+    assert sorted(prebake._compiled_again(str(tmp_path))) == ["inductor", "triton"]
+    assert prebake._compiled_again(str(tmp_path / "nothing")) == []
 
 
 def test_a_server_ignoring_sigterm_is_killed_with_its_group(env, tmp_path):
