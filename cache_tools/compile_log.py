@@ -190,6 +190,12 @@ def is_miss(rec: Mapping[str, Any]) -> bool:
     return event == MISS or (event == JIT_BUILD and rec.get("outcome") == BUILT)
 
 
+def is_kept_miss(rec: Mapping[str, Any]) -> bool:
+    """Something compiled now that a cache on disk keeps for the next process: a miss other
+    than Dynamo's traces (they live in the process: every start traces again)."""
+    return is_miss(rec) and rec.get("compiler") != DYNAMO
+
+
 def is_compile_event(rec: Mapping[str, Any]) -> bool:
     """A compile, or a lookup of a compiled artifact (a disk hit, a cached JIT module)."""
     return rec.get("event") in COMPILE_EVENTS

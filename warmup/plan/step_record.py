@@ -42,18 +42,25 @@ MAX_STEPS = 100_000
 #: Facts never compared: where the facts came from, and the capacities SGLang sizes from the
 #: GPU's free memory at each start (the KV pool, the request cap it implies), which move a little
 #: from launch to launch; where they change the steps, the digest differs.
-_NOT_COMPARED = frozenset({"source", "assumed", "max_total_tokens", "max_running_requests"})
+_NOT_COMPARED = frozenset({"source", "assumed", "max_total_tokens", "max_running_requests",
+                           "max_req_input_len"})  # min(context, KV pool) - a few: moves too
 #: Server arguments never compared: where the server listens and logs, what it measures, its
-#: secrets and timeouts, its seed (SGLang draws one when none is given), which GPU index it
-#: starts at, and the memory sizing whose facts are not compared either (_NOT_COMPARED): none
-#: of them changes a kernel, and a bake usually runs with other ones than the image it is for.
+#: secrets and timeouts, its seed (SGLang draws one when none is given), which GPU index, node
+#: and network devices it uses, where its files live (the model's path: an image mounts it
+#: elsewhere than the bake; the facts and the kernel-shaping arguments name the model), its
+#: front end's parsers and queue, and the memory sizing whose facts are not compared either
+#: (_NOT_COMPARED): none of them changes a kernel, and a bake usually runs with other ones than
+#: the image it is for.  A record holds a hash of each other argument, never its value.
 _OPERATIONAL = re.compile(
-    r"^(host|random_seed|served_model_name|warmups|skip_server_warmup|file_storage_path"
+    r"^(host|random_seed|served_model_name|warmups|skip_server_warmup"
     r"|mem_fraction_static|max_total_tokens|max_running_requests|base_gpu_id|gpu_id_step"
-    r"|download_dir|dist_init_addr|stream_interval|fastapi_root_path|stat_loggers"
-    r"|hf_chat_template_name|chat_template|completion_template|enable_cache_report)$"
+    r"|dist_init_addr|stream_interval|fastapi_root_path|stat_loggers|node_rank|nnodes"
+    r"|hf_chat_template_name|chat_template|completion_template|enable_cache_report"
+    r"|max_queued_requests|show_time_cost|tool_call_parser|reasoning_parser"
+    r"|preferred_sampling_params)$"
     r"|(^|_)ports?$|timeout|_secs$|key|password|secret|^log_|ssl|metric|bucket|otlp|trace"
-    r"|uvicorn|dump|_log_interval|watchdog")
+    r"|uvicorn|dump|_log_interval|watchdog|watermark|_paths?$|_dir$|_file$|_folder$|_socket$"
+    r"|endpoint|_urls?$|_ip$|_addr$|ib_device|numa_node|weight_loader_prefetch")
 _HINT = "learn it again: `sglang-warmup prebake` writes ARCHIVE.steps.json beside the archive"
 
 
@@ -162,12 +169,26 @@ def server_args_of(server_args: Any) -> dict[str, str]:
     try:
         values = server_args.resolved_dict() if hasattr(server_args, "resolved_dict") \
             else dict(vars(server_args))
-        return {str(name): hashlib.sha256(json.dumps(
-                    value, sort_keys=True, default=lambda o: type(o).__name__).encode()
-                ).hexdigest()[:12]
-                for name, value in values.items() if not _OPERATIONAL.search(str(name))}
     except Exception:  # an SGLang we do not know: the record then compares the facts alone
         return {}
+    out = {}
+    for name, value in values.items():
+        if _OPERATIONAL.search(str(name)):
+            continue
+        try:
+            text = json.dumps(value, sort_keys=True, default=_plain)
+        except (TypeError, ValueError, RecursionError):  # keys of mixed types, a cycle: unsaid
+            continue
+        out[str(name)] = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return out
+
+
+def _plain(o: Any) -> Any:
+    """A value JSON cannot hold, as something that compares by content across processes."""
+    if isinstance(o, (set, frozenset)):
+        return sorted(repr(x) for x in o)
+    text = repr(o)
+    return type(o).__name__ if " at 0x" in text else text  # an address differs every start
 
 
 def _ms(value: float | None) -> float | None:

@@ -126,8 +126,7 @@ class PrebakePlan:
 
     @property
     def steps_path(self) -> Path:
-        """Where the steps record goes: beside the archive, ``ARCHIVE.steps.json``."""
-        return self.out.with_name(self.out.name + ".steps.json")
+        return _steps_path(self.out)
 
     def to_dict(self) -> dict[str, Any]:
         return {"plan": self.plan_file, "out": str(self.out), "work_dir": str(self.work_dir),
@@ -185,8 +184,12 @@ class PrebakePlan:
         self.steps_path.unlink(missing_ok=True)
         bake, *learn = self.starts
         report, ready_s, stopped_with = self._serve(bake, say, progress)
+        learn_failed: WarmupError | None = None
         if learn:
-            self._serve(learn[0], say, progress)
+            try:
+                self._serve(learn[0], say, progress)
+            except WarmupError as exc:  # the cold start's caches are packed all the same
+                learn_failed = exc
         progress.step(f"packing {self.cache_root} into {self.out}")
         result = archive.pack(self.out, self.locations, zstd=self.zstd, progress=progress)
         archive.verify(self.out, progress=progress)
@@ -201,6 +204,12 @@ class PrebakePlan:
                               hint="is SGLang honouring the cache variables (`sglang-warmup "
                                    "prebake --dry-run` lists them)? a remote Triton cache "
                                    "(TRITON_CACHE_MANAGER) bypasses the directories")
+        if learn_failed is not None:       # the work directory stays, with learn.log
+            raise SidecarError(
+                f"{learn_failed.message}; {self.out} was packed from the cold start, without a "
+                f"steps record", hint=f"{learn_failed.hint} (a server that cannot start from "
+                f"these caches is worth knowing before an image ships them; --no-learn-steps "
+                f"bakes with one start)") from learn_failed
         steps, steps_line = self._keep_steps(warnings)
         kept: Path | None = self.work_dir
         if self.temporary and not self.keep:
@@ -244,7 +253,7 @@ class PrebakePlan:
             warnings.append(f"no steps record: {exc}; a launch from this archive sends the "
                             f"whole plan")
             return None, ""
-        again = _compiled_again(self.learn.state_dir)
+        again = _compiled_again(self.launch.state_dir, self.learn.state_dir)
         if again:
             warnings.append(f"the start from the baked caches compiled {len(again)} kernel(s) "
                             f"again in its warm-up ({', '.join(sorted(set(again)))}): a launch "
@@ -329,6 +338,10 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
     if out_path.exists() and not overwrite:
         raise SidecarError(f"--out {out} exists", hint="pass -y to overwrite it, or choose "
                            "another --out")
+    steps_path = _steps_path(out_path)
+    if steps_path.is_dir() or steps_path.is_symlink():
+        raise SidecarError(f"{steps_path} is a directory or a link",
+                           hint="the archive's steps record goes there: move it away")
     if zstd and importlib.util.find_spec("zstandard") is None:
         raise SidecarError("--zstd needs the zstandard package, which is not installed",
                            hint="pip install 'sglang-warmup[zstd]', or drop --zstd")
@@ -388,17 +401,28 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
         learn=learn)
 
 
-def _compiled_again(state_dir: str) -> list[str]:
-    """The compilers of what a start from the baked caches compiled in its warm-up, one per
-    kernel: what the caches did not keep.  Dynamo's traces are left out: they live in the
-    process, and every start traces again."""
+def _steps_path(out: Path) -> Path:
+    """Where the steps record goes: beside the archive, ``ARCHIVE.steps.json``."""
+    return out.with_name(out.name + ".steps.json")
+
+
+def _compiled_again(cold_state: str, learn_state: str) -> list[str]:
+    """The compilers of what the start from the baked caches compiled again in its warm-up
+    (one per kernel that the cold start's warm-up had compiled too): what the caches did not
+    keep.  A kernel only the second pass of that start met is new, not again (the pack keeps
+    it); Dynamo's traces live in the process (:func:`compile_log.is_kept_miss`)."""
     try:
-        records = compile_log.read_dir(state_dir)
+        cold, learned = compile_log.read_dir(cold_state), compile_log.read_dir(learn_state)
     except OSError:  # the record is still good; this check is a courtesy
         return []
-    return [str(r.get("compiler") or "?") for r in records
-            if compile_log.is_miss(r) and r.get("phase") == "warmup"
-            and r.get("compiler") != compile_log.DYNAMO]
+
+    def kept_misses(records: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
+        return {(str(r.get("compiler")), str(r.get("hash") or compile_log.kernel_name(r))):
+                str(r.get("compiler") or "?") for r in records
+                if compile_log.is_kept_miss(r) and r.get("phase") == "warmup"}
+
+    before = kept_misses(cold)
+    return [compiler for key, compiler in kept_misses(learned).items() if key in before]
 
 
 def _bake_env(environ: Mapping[str, str], exported: Sequence[tuple[str, str]],

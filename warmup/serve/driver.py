@@ -21,7 +21,7 @@ from cache_tools import compile_log
 from warmup.observe import phase as phase_mod
 from warmup.errors import DriverError, TransportError
 from warmup.plan.model import Expansion, WarmupStep
-from warmup.serve.report import ClassReport, RunReport
+from warmup.serve.report import ClassReport, RunReport, as_number
 
 if TYPE_CHECKING:  # annotations only: the transports' module imports the HTTP client
     from warmup.observe.metrics import Metrics
@@ -128,23 +128,18 @@ class Driver:
                 classes=tuple(c.freeze() for c in classes.values()), failures=tuple(failures),
                 step_ms=tuple(step_ms.items())))
 
-        phases = list(OrderedDict.fromkeys(s.phase for s in todo))
         try:
-            for pi, ph in enumerate(phases, 1):
-                steps = [s for s in todo if s.phase == ph]
-                n_req = sum(s.num_requests for s in steps)
-                self.progress(f"sglang-warmup [{pi}/{len(phases)}] phase {ph}: {len(steps)} steps, "
-                              f"{n_req} requests")
-                p0 = time.perf_counter()
-                for step in steps:
-                    c = classes.get(step.shape_class)
-                    if c is None:
-                        c = classes[step.shape_class] = _Tally(step.shape_class, step.phase, step.kind)
-                    ms = await self._step(step, c, failures)
-                    if ms is not None:
-                        step_ms[step.index] = ms
-                self.progress(f"sglang-warmup [{pi}/{len(phases)}] phase {ph}: done in "
-                              f"{time.perf_counter() - p0:.1f} s")
+            await self._send_phases(todo, classes, failures, step_ms)
+            rest = [s for s in exp.steps if s.index in self.skip_steps]
+            compiled = self._kept_misses_since(base.started_at) if rest else 0
+            if compiled:
+                why = (f"{self.steps_note}: not applied: the steps sent compiled {compiled} "
+                       f"kernel(s) a restored cache would have loaded (this is not the cache the "
+                       f"record was learned on); the {len(rest)} quiet steps sent after them")
+                logger.warning("sglang-warmup: %s", why)
+                base = replace(base, quiet_steps=0, steps_record="",
+                               warnings=base.warnings + (why,))
+                await self._send_phases(rest, classes, failures, step_ms)
         except DriverError as exc:
             exc.report = final()
             raise
@@ -167,6 +162,38 @@ class Driver:
         self._record_metrics(report, exp)
         self._end()
         return report
+
+    async def _send_phases(self, todo: list[WarmupStep], classes: OrderedDict[str, _Tally],
+                           failures: list[str], step_ms: dict[int, float]) -> None:
+        """Send ``todo`` phase by phase, with a progress line at each phase's start and end."""
+        phases = list(OrderedDict.fromkeys(s.phase for s in todo))
+        for pi, ph in enumerate(phases, 1):
+            steps = [s for s in todo if s.phase == ph]
+            n_req = sum(s.num_requests for s in steps)
+            self.progress(f"sglang-warmup [{pi}/{len(phases)}] phase {ph}: {len(steps)} steps, "
+                          f"{n_req} requests")
+            p0 = time.perf_counter()
+            for step in steps:
+                c = classes.get(step.shape_class)
+                if c is None:
+                    c = classes[step.shape_class] = _Tally(step.shape_class, step.phase, step.kind)
+                ms = await self._step(step, c, failures)
+                if ms is not None:
+                    step_ms[step.index] = ms
+            self.progress(f"sglang-warmup [{pi}/{len(phases)}] phase {ph}: done in "
+                          f"{time.perf_counter() - p0:.1f} s")
+
+    def _kept_misses_since(self, started_at: float) -> int:
+        """How many kernels the warm-up compiled since ``started_at`` that a cache on disk
+        would have kept (:func:`compile_log.is_kept_miss`); 0 without a state directory."""
+        if self.state_dir is None:
+            return 0
+        try:
+            records = compile_log.read_dir(self.state_dir)
+        except OSError:  # bookkeeping never fails the warm-up: the record stays applied
+            return 0
+        return sum(1 for r in records if compile_log.is_kept_miss(r)
+                   and r.get("phase") == "warmup" and as_number(r.get("time")) >= started_at)
 
     def _end(self) -> None:
         if self.serving_at_end:

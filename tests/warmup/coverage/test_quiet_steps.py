@@ -33,9 +33,10 @@ def tiny_expansion(tm, plan_path, **fact_changes):
     return expand(loader.load(plan_path), dataclasses.replace(facts, **fact_changes))
 
 
-def compiling(tm, state: str) -> None:
+def compiling(tm, state: str, cached: frozenset[int] = frozenset()) -> None:
     """Make the fake server write a compile-log miss, stamped with the step in flight, the
-    first time it meets a prompt length (the way a kernel specializes on a new size)."""
+    first time it meets a prompt length (the way a kernel specializes on a new size); a disk
+    hit for the lengths in ``cached`` (a server on a restored cache)."""
     writer = compile_log.Writer(compile_log.directory(state))
     seen: set[int] = set()
 
@@ -45,11 +46,16 @@ def compiling(tm, state: str) -> None:
             return
         seen.add(n)
         now = phase.current(state_dir=state)
-        rec = compile_log.record(compile_log.MISS, phase=now.phase, shape_class=now.shape_class,
+        event = compile_log.HIT if n in cached else compile_log.MISS
+        rec = compile_log.record(event, phase=now.phase, shape_class=now.shape_class,
                                  request=now.request, compiler="triton")
         writer.write(dict(rec, kernel=f"k{n}"))
 
     tm.on_admit = admit
+
+
+def lengths(exp) -> set[int]:
+    return {r.input_len for s in exp.steps for r in (*s.requests, *s.background)}
 
 
 def learned(tm, exp, state: str) -> step_record.StepRecord:
@@ -158,9 +164,12 @@ def test_a_record_of_another_expansion_or_server_is_not_applied(
     # the same steps on another SGLang
     later = dataclasses.replace(exp, facts=dataclasses.replace(exp.facts, sglang_version="9.9"))
     assert "whose sglang_version was" in hook.quiet_steps(later)[2]
-    # the KV pool and the request cap it implies move from start to start: not compared
+    # the KV pool, the request cap and the longest prompt it implies (where the pool is
+    # shorter than the context) move from start to start: not compared
     moved = dataclasses.replace(exp, facts=dataclasses.replace(
-        exp.facts, max_total_tokens=exp.facts.max_total_tokens - 256))
+        exp.facts, max_total_tokens=exp.facts.max_total_tokens - 256,
+        max_req_input_len=exp.facts.max_req_input_len - 256,
+        max_running_requests=exp.facts.max_running_requests - 1))
     assert hook.quiet_steps(moved)[2] == ""
     # another GPU
     assert dataclasses.replace(record, device="NVIDIA H100").mismatch(exp, "NVIDIA H200") == \
@@ -208,7 +217,7 @@ def test_a_second_pass_over_a_trimmed_warm_up_checks_the_record(
     skip = frozenset(s.index for s in exp.steps if s.index not in keep)
 
     fresh = fake_tokenizer_manager(state_dir=state)     # a new server on the same caches
-    compiling(fresh, state)
+    compiling(fresh, state, cached=frozenset(lengths(exp)))
     driver = Driver(InProcessTransport(fresh, vocab_size=exp.facts.vocab_size), state_dir=state,
                     serving_at_end=False, progress=lambda line: None, skip_steps=skip)
     result = asyncio.run(second_pass.run(driver, exp, second_pass=True, state_dir=state))
@@ -232,3 +241,32 @@ def test_a_bug_while_learning_never_fails_the_warm_up(fake_tokenizer_manager, ti
     assert result.coverage is not None and result.run.ok
     assert not (warmup_isolated / step_record.STATE_FILE).exists()
     assert "learning the steps record failed; none written" in caplog.text
+
+
+def test_a_record_on_a_cache_it_was_not_learned_on_sends_the_rest_of_the_plan(
+        fake_tokenizer_manager, tiny_plan_path, warmup_isolated, caplog):
+    """The record matches the launch, but the cache is cold (a volume over the baked one, a
+    pull that failed): the steps it keeps compile what a restored cache would have loaded, so
+    the quiet steps are sent after them, before ready."""
+    state = str(warmup_isolated)
+    tm = fake_tokenizer_manager(state_dir=state)
+    compiling(tm, state)
+    exp = tiny_expansion(tm, tiny_plan_path)
+    record = learned(tm, exp, state)
+    skip = record.skip(exp)
+    for cached, sent in ((frozenset(lengths(exp)), set(record.keep)),      # restored: trimmed
+                         (frozenset(), {s.index for s in exp.steps})):      # cold: everything
+        cold = fake_tokenizer_manager(state_dir=state)
+        compiling(cold, state, cached=cached)
+        driver = Driver(InProcessTransport(cold, vocab_size=exp.facts.vocab_size),
+                        state_dir=state, skip_steps=skip, steps_note="r.json: 5 of 20 quiet",
+                        progress=lambda line: None)
+        with caplog.at_level(logging.WARNING, logger="sglang_warmup.driver"):
+            report = asyncio.run(driver.run(exp))
+        assert {i.phase.request for i in cold.items} == sent
+        assert {i for i, _ in report.step_ms} == sent
+    assert report.quiet_steps == 0 and report.steps_record == "" and report.ok
+    assert report.warnings[-1].startswith("r.json: 5 of 20 quiet: not applied: the steps sent "
+                                          "compiled ")
+    assert report.warnings[-1].endswith(f"the {len(skip)} quiet steps sent after them")
+    assert report.warnings[-1] in caplog.text

@@ -190,14 +190,14 @@ def test_serve_hands_a_good_record_to_the_server(tiny_plan_path, tmp_path, monke
     assert spec.argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
 
 
-def test_the_server_arguments_that_shape_kernels_are_compared_by_hash(tiny_model_dir):
+def test_the_server_arguments_that_shape_kernels_are_compared_by_hash(tiny_model_dir, tmp_path):
     """On SGLang's own resolved ServerArgs: an argument that changes a kernel (the attention
     backend, the KV dtype) makes a record of the other launch not apply; where the server
     listens, its seed, its secrets and what it logs do not, and no value is kept."""
     from sglang.srt.server_args import prepare_server_args
 
-    def hashed(*flags):
-        sa = prepare_server_args(["--model-path", str(tiny_model_dir), "--device", "cuda",
+    def hashed(*flags, model=tiny_model_dir):
+        sa = prepare_server_args(["--model-path", str(model), "--device", "cuda",
                                   "--skip-tokenizer-init", *flags])
         sa.resolve_once()
         return step_record.server_args_of(sa)
@@ -213,10 +213,23 @@ def test_the_server_arguments_that_shape_kernels_are_compared_by_hash(tiny_model
     assert hashed("--port", "31001", "--host", "0.0.0.0", "--random-seed", "7", "--api-key",
                   "s3cret", "--log-level", "debug", "--enable-metrics",
                   "--mem-fraction-static", "0.5", "--base-gpu-id", "1") == base
+    import shutil                         # the image mounts the model elsewhere than the bake
+    assert hashed(model=shutil.copytree(tiny_model_dir, tmp_path / "mounted")) == base
     moved = hashed("--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "flashinfer")
     assert sorted(n for n in base if base[n] != moved.get(n)) == \
         ["attention_backend", "kv_cache_dtype"]
     assert step_record.server_args_of(object()) == {} == step_record.server_args_of(None)
+
+
+def test_an_argument_json_cannot_hold_is_hashed_by_content_or_left_out():
+    class Args:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    a = step_record.server_args_of(Args(tags={"b", "a"}, fn=len, mixed={1: 1, "a": 2}, dtype="bf16"))
+    b = step_record.server_args_of(Args(tags={"a", "b"}, fn=len, mixed={1: 1, "a": 2}, dtype="bf16"))
+    assert a == b and set(a) == {"tags", "fn", "dtype"}          # mixed keys: left out
+    assert step_record.server_args_of(Args(tags={"a"}, fn=len, dtype="bf16"))["tags"] != a["tags"]
 
 
 @pytest.mark.parametrize("name, keep, hashed", [("dsv4-eager-C-steps.json", 125, 0),

@@ -212,19 +212,50 @@ def test_kernels_the_start_from_the_baked_caches_compiled_again_are_a_warning(en
                         f"({tmp_path / 'work' / 'learn-report.json'} names them)"]
 
 
+def test_a_start_from_the_baked_caches_that_fails_keeps_the_archive_and_fails_the_bake(
+        env, tmp_path):
+    env["FAKE_SGLANG_MODE"] = "exit-on-restart"
+    out = tmp_path / "a.tar"
+    r = run_prebake(env, "--out", str(out), "--port", str(free_port()))
+    assert r.returncode == 1, r.stderr
+    error = next(x for x in r.stderr.splitlines() if x.startswith("error: "))
+    assert error.endswith(f"; {out} was packed from the cold start, without a steps record")
+    assert "SGLang exited with code 3 before it was ready" in error
+    assert "--no-learn-steps bakes with one start" in r.stderr
+    assert archive.verify(out).manifest.entries and not (tmp_path / "a.tar.steps.json").exists()
+    work = re.search(r"log: (\S+)/learn\.log", r.stderr).group(1)
+    assert (Path(work) / "learn.log").exists()              # kept to look into
+
+
+def test_a_directory_where_the_record_goes_is_refused_before_anything_starts(env, tmp_path):
+    (tmp_path / "a.tar.steps.json").mkdir()
+    r = run_prebake(env, "--out", str(tmp_path / "a.tar"), "--port", str(free_port()))
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr.splitlines()[0] == (f"error: {tmp_path}/a.tar.steps.json is a directory or "
+                                        "a link")
+    assert "starting SGLang" not in r.stderr
+
+
 def test_only_what_the_caches_should_have_kept_counts_as_compiled_again(tmp_path):
     """Dynamo traces in every process (nothing on disk keeps them); a compile before the
-    warm-up is SGLang's own start; a disk hit is the cache working."""
-    writer = compile_log.Writer(compile_log.directory(tmp_path))
-    for event, phase, compiler in ((compile_log.MISS, "warmup", "dynamo"),
-                                   (compile_log.MISS, "init", "triton"),
-                                   (compile_log.HIT, "warmup", "triton"),
-                                   (compile_log.MISS, "warmup", "inductor"),
-                                   (compile_log.MISS, "warmup", "triton")):
-        writer.write(compile_log.record(event, phase=phase, shape_class="c", request=0,
-                                        compiler=compiler))
-    assert sorted(prebake._compiled_again(str(tmp_path))) == ["inductor", "triton"]
-    assert prebake._compiled_again(str(tmp_path / "nothing")) == []
+    warm-up is SGLang's own start; a disk hit is the cache working; a kernel the cold start
+    never compiled (only the learning start's second pass met it) is new, not again."""
+    def write(state, *records):
+        writer = compile_log.Writer(compile_log.directory(state))
+        for event, phase, compiler, kernel in records:
+            writer.write(dict(compile_log.record(event, phase=phase, shape_class="c", request=0,
+                                                 compiler=compiler), hash=kernel))
+
+    miss, hit = compile_log.MISS, compile_log.HIT
+    write(tmp_path / "cold", (miss, "warmup", "dynamo", "d"), (miss, "init", "triton", "i"),
+          (miss, "warmup", "triton", "a"), (miss, "warmup", "triton", "b"),
+          (miss, "warmup", "inductor", "f"))
+    write(tmp_path / "learn", (miss, "warmup", "dynamo", "d"), (miss, "init", "triton", "i"),
+          (hit, "warmup", "triton", "a"), (miss, "warmup", "triton", "b"),
+          (miss, "warmup", "inductor", "f"), (miss, "warmup", "triton", "new"))
+    again = prebake._compiled_again(str(tmp_path / "cold"), str(tmp_path / "learn"))
+    assert sorted(again) == ["inductor", "triton"]
+    assert prebake._compiled_again(str(tmp_path / "cold"), str(tmp_path / "nothing")) == []
 
 
 def test_a_server_ignoring_sigterm_is_killed_with_its_group(env, tmp_path):

@@ -13,7 +13,8 @@ on ``--host``/``--port``.
 FAKE_SGLANG_MODE selects a fault: ``exit`` (exit 3 before listening), ``never-ready`` (listen
 but answer 503 forever), ``ignore-term`` (ignore SIGTERM, child too), ``no-report`` (write no
 run report, as when the plugin is not loaded), ``forget-cache`` (a start with the second pass on
-compiles into a fresh Triton cache: kernels that do not persist).  The child's pid goes to
+compiles into a fresh Triton cache: kernels that do not persist), ``exit-on-restart`` (a start
+with the second pass on exits 3 before listening).  The child's pid goes to
 ``$WARMUP_STATE_DIR/child.pid``.
 """
 
@@ -90,7 +91,7 @@ def main() -> None:
     print(f"fake sglang: model {args.model_path}, child {child.pid}", flush=True)
     if mode == "forget-cache" and env.get("WARMUP_SECOND_PASS") == "1":
         os.environ["TRITON_CACHE_DIR"] = str(Path(env["WARMUP_STATE_DIR"]) / "fresh-triton")
-    if mode == "exit":
+    if mode == "exit" or (mode == "exit-on-restart" and env.get("WARMUP_SECOND_PASS") == "1"):
         print("fake sglang: failing on purpose before listening", flush=True)
         sys.exit(3)
 
