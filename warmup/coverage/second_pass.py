@@ -311,11 +311,12 @@ async def run(driver: PassDriver, exp: Expansion, *, second_pass: bool | None = 
 def _learn_steps(exp: Expansion, passes: Passes, state_dir: str | os.PathLike[str],
                  progress: Callable[[str], None]) -> None:
     """Write ``<state_dir>/steps.json``: the steps of the first pass that paid a first-time
-    cost (:mod:`warmup.coverage.quiet_steps`), when it sent the whole plan and both passes
+    cost (:mod:`warmup.coverage.quiet_steps`), when it sent the whole plan in its order (no
+    steps record was in play: neither trimmed nor sent out of order after one) and both passes
     left their reports and the first its compile-log records."""
     first, second = passes.first, passes.second
     if second is None or first.report is None or second.report is None \
-            or first.records is None or first.report.quiet_steps:
+            or first.records is None or first.report.quiet_steps or first.report.steps_record:
         return
     from warmup.coverage import quiet_steps
     from warmup.plan.step_record import STATE_FILE, this_device

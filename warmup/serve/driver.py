@@ -137,8 +137,8 @@ class Driver:
                        f"kernel(s) a restored cache would have loaded (this is not the cache the "
                        f"record was learned on); the {len(rest)} quiet steps sent after them")
                 logger.warning("sglang-warmup: %s", why)
-                base = replace(base, quiet_steps=0, steps_record="",
-                               warnings=base.warnings + (why,))
+                base = replace(base, quiet_steps=0, steps_record=f"{self.steps_note} (not "
+                               f"applied)", warnings=base.warnings + (why,))
                 await self._send_phases(rest, classes, failures, step_ms)
         except DriverError as exc:
             exc.report = final()

@@ -265,8 +265,29 @@ def test_a_record_on_a_cache_it_was_not_learned_on_sends_the_rest_of_the_plan(
             report = asyncio.run(driver.run(exp))
         assert {i.phase.request for i in cold.items} == sent
         assert {i for i, _ in report.step_ms} == sent
-    assert report.quiet_steps == 0 and report.steps_record == "" and report.ok
+    assert report.quiet_steps == 0 and report.ok
+    assert report.steps_record == "r.json: 5 of 20 quiet (not applied)"
     assert report.warnings[-1].startswith("r.json: 5 of 20 quiet: not applied: the steps sent "
                                           "compiled ")
     assert report.warnings[-1].endswith(f"the {len(skip)} quiet steps sent after them")
     assert report.warnings[-1] in caplog.text
+
+
+def test_a_warm_up_that_sent_the_quiet_steps_late_learns_no_record(
+        fake_tokenizer_manager, tiny_plan_path, tmp_path):
+    """Sent out of order (the loud steps, then the quiet ones), a first pass is not the plan a
+    record describes: the second-pass check learns nothing from it."""
+    bake, launch = str(tmp_path / "bake"), str(tmp_path / "launch")
+    tm = fake_tokenizer_manager(state_dir=bake)
+    compiling(tm, bake)
+    exp = tiny_expansion(tm, tiny_plan_path)
+    record = learned(tm, exp, bake)
+    cold = fake_tokenizer_manager(state_dir=launch)
+    compiling(cold, launch)
+    driver = Driver(InProcessTransport(cold, vocab_size=exp.facts.vocab_size), state_dir=launch,
+                    serving_at_end=False, skip_steps=record.skip(exp), steps_note="r.json",
+                    progress=lambda line: None)
+    result = asyncio.run(second_pass.run(driver, exp, second_pass=True, state_dir=launch))
+    assert result.run.quiet_steps == 0 and result.run.steps_record == "r.json (not applied)"
+    assert result.coverage is not None
+    assert not (tmp_path / "launch" / step_record.STATE_FILE).exists()
