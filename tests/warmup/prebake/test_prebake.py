@@ -176,6 +176,55 @@ def test_the_table_names_every_kind_and_the_temporary_work_dir_is_removed(env, t
     assert not Path(work).exists()
 
 
+def launch_from(env, tmp_path, name, triton_dir, record):
+    """Start the fake SGLang as ``serve --steps RECORD`` would, on ``triton_dir``; its run
+    report once the warm-up ran (the server is stopped then)."""
+    import signal
+
+    from warmup import settings
+
+    state = tmp_path / name
+    e = dict(env, TRITON_CACHE_DIR=str(triton_dir), **settings.activation_env(
+        state_dir=str(state), multiprocess_dir=str(state / "mp"), plan=str(PLAN), name="w",
+        report=str(state / "report.json"), steps=str(record)))
+    state.mkdir()
+    p = subprocess.Popen([PY, "-m", "sglang.launch_server", "--model-path", "m", "--warmups",
+                          "w", "--port", str(free_port())], env=e, cwd=str(REPO),
+                         start_new_session=True, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while not (state / "report.json").exists() and p.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return json.loads((state / "report.json").read_text())
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def test_the_record_trims_a_launch_on_the_restored_archive_and_not_on_a_cold_cache(env,
+                                                                                     tmp_path):
+    """Real Triton compiles and sglang-warmup's real compile-log hooks: on the restored archive
+    the loud steps load their kernels from disk and the quiet ones are left out; on an empty
+    cache the loud steps compile, so the quiet ones are sent after them."""
+    out = tmp_path / "a.tar"
+    r = run_prebake(env, "--out", str(out), "--port", str(free_port()))
+    assert r.returncode == 0, r.stderr
+    record = step_record.read(str(out) + ".steps.json")
+    archive.plan_restore(out, dest=tmp_path / "restored").execute()
+
+    restored = launch_from(env, tmp_path, "restored-launch", tmp_path / "restored" / "triton",
+                           str(out) + ".steps.json")
+    assert restored["quiet_steps"] == record.quiet > 0 and restored["warnings"] == []
+    assert restored["compiles_total"] == 0 and len(restored["step_ms"]) == len(record.keep)
+
+    cold = launch_from(env, tmp_path, "cold-launch", tmp_path / "empty", str(out) + ".steps.json")
+    assert cold["quiet_steps"] == 0 and cold["compiles_total"] == 3
+    assert len(cold["step_ms"]) == record.steps
+    assert cold["warnings"][-1].endswith(f"the {record.quiet} quiet steps sent after them")
+
+
 def test_a_rebake_replaces_the_record_and_ignores_a_launch_record(env, tmp_path):
     """A record the environment names (the runtime image's WARMUP_STEPS) is for launches: the
     bake sends the whole plan and learns anew.  A record left beside the archive a bake
