@@ -378,6 +378,10 @@ def test_dry_run_prints_the_plan_and_creates_nothing(env, tmp_path):
     assert re.search(r"^command: \S+ -m sglang\.launch_server --model-path /models/stand-in "
                      r"--host 127\.0\.0\.1 --port 31999 --warmups sidecar_test$", text, re.M), text
     assert "ready: http://127.0.0.1:31999/health_generate within 1800 s" in text
+    assert text.splitlines()[-1] == (f"then a second start from the baked caches runs the plan "
+                                     f"twice; the steps that paid a first-time cost there go to "
+                                     f"{tmp_path}/a.tar.steps.json")
+    assert "WARMUP_SECOND_PASS" not in text                 # the cold start runs it once
     assert not (tmp_path / "a.tar").exists()
 
 
