@@ -406,6 +406,8 @@ def start_prebake(name: str, frac: dict[str, float], plan: str | None, precompil
 def wait_prebake(name: str, budget: float) -> bool:
     """Wait for the prebake of ``name`` to end; its answer, compiles by phase and archive size
     go to ``$OUT/NAME-prebake.json``."""
+    from warmup.prebake.bake import LEARN_REPORT, LEARN_STATE
+
     state = load_state()
     s = state[f"{name}-prebake"]
     while alive(s["pid"]) and time.time() - T0 < budget:
@@ -424,7 +426,7 @@ def wait_prebake(name: str, budget: float) -> bool:
     res = {"name": name, "seconds": round((WORK / f"{name}.prebake.json").stat().st_mtime - s["t0"], 1),
            "answer": answer, "archive_bytes": archive.stat().st_size if archive.exists() else None,
            "compiles": compiles_by_phase(Path(s["base"]) / "state"),
-           "compiles_learn_start": compiles_by_phase(Path(s["base"]) / "learn-state"),
+           "compiles_learn_start": compiles_by_phase(Path(s["base"]) / LEARN_STATE),
            "stderr_tail": (WORK / f"{name}.prebake.log").read_text(errors="replace")[-4000:]}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{name}-prebake.json").write_text(json.dumps(res, indent=1, default=str))
@@ -432,7 +434,7 @@ def wait_prebake(name: str, budget: float) -> bool:
     # start from the baked caches that learned the record (both passes' step times)
     for src, dst in ((WORK / f"{name}.tar.steps.json", f"{name}.tar.steps.json"),
                      (Path(s["base"]) / "report.json", f"{name}-prebake-report.json"),
-                     (Path(s["base"]) / "learn-report.json", f"{name}-learn-report.json")):
+                     (Path(s["base"]) / LEARN_REPORT, f"{name}-learn-report.json")):
         if src.exists():
             shutil.copy(src, OUT / dst)
     log(f"prebake of {name} ended after {res['seconds']} s: archive "

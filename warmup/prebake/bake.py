@@ -14,7 +14,6 @@ archive would) and runs the plan twice; the steps that paid a first-time cost th
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import shlex
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from cache_tools import archive, compile_log, locations
+from cache_tools import archive, compile_log, jsonfile, locations
 from cache_tools.locations import Location
 from cache_tools.progress import Progress
 from warmup import settings
@@ -45,6 +44,10 @@ logger = logging.getLogger("sglang_warmup.prebake")
 
 SGLANG_DEFAULT_PORT = 30000
 _LOG_TAIL = 30  # server log lines shown when it fails
+#: The start that learns the steps record, in the work directory: its run report and state
+LEARN_REPORT, LEARN_STATE = "learn-report.json", "learn-state"
+#: A run report is some 100 KiB for the largest shipped plan
+_MAX_REPORT_BYTES = 64 * 1024 * 1024
 
 
 def _arg_value(args: Sequence[str], flag: str) -> str | None:
@@ -122,7 +125,7 @@ class PrebakePlan:
             return (bake,)
         return bake, _Start("SGLang from the baked caches (learning the steps record)",
                             self.learn, self.work_dir / "learn.log",
-                            self.work_dir / "learn-report.json")
+                            self.work_dir / LEARN_REPORT)
 
     @property
     def steps_path(self) -> Path:
@@ -258,7 +261,7 @@ class PrebakePlan:
             warnings.append(f"the start from the baked caches compiled {len(again)} kernel(s) "
                             f"again in its warm-up ({', '.join(sorted(set(again)))}): a launch "
                             f"from this archive compiles them too "
-                            f"({self.work_dir / 'learn-report.json'} names them)")
+                            f"({self.work_dir / LEARN_REPORT} names them)")
         return self.steps_path, (f"steps: {len(record.keep)} of {record.steps} paid a "
                                  f"first-time cost in a start from the baked caches, "
                                  f"{record.quiet} quiet: {self.steps_path}")
@@ -301,14 +304,14 @@ class PrebakePlan:
 
 
 def _read_report(path: Path) -> dict[str, Any]:
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.exists():
         raise SidecarError(f"the server became ready but the plan did not run in it (no run "
                            f"report at {path})",
                            hint="install sglang-warmup in the environment that runs SGLang "
-                                "(pip install, so its plugin entry point loads)") from None
-    except (OSError, ValueError) as exc:
+                                "(pip install, so its plugin entry point loads)")
+    try:
+        report = jsonfile.load(path, _MAX_REPORT_BYTES)
+    except jsonfile.JsonFileError as exc:
         raise SidecarError(f"cannot read the run report {path}: {exc}",
                            hint="see the server log") from None
     if not isinstance(report, dict):
@@ -385,8 +388,8 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
                                   cache_root)
         spec = launch.plan_launch(str(plan), args, report=str(wd / "report.json"),
                                   state_dir=str(wd / "state"), environ=env)
-        learn = launch.plan_launch(str(plan), args, report=str(wd / "learn-report.json"),
-                                   state_dir=str(wd / "learn-state"), environ=env,
+        learn = launch.plan_launch(str(plan), args, report=str(wd / LEARN_REPORT),
+                                   state_dir=str(wd / LEARN_STATE), environ=env,
                                    second_pass=True) if learn_steps else None
     except BaseException:  # cleanup on any way out (Ctrl-C too), then raised as it was
         if temporary:

@@ -285,6 +285,20 @@ def test_a_directory_where_the_record_goes_is_refused_before_anything_starts(env
     assert "starting SGLang" not in r.stderr
 
 
+def test_a_damaged_run_report_is_one_line_read_bounded(tmp_path, monkeypatch):
+    report = tmp_path / "report.json"
+    report.write_text("{oops")
+    with pytest.raises(SidecarError) as info:
+        prebake._read_report(report)
+    assert info.value.message.startswith(f"cannot read the run report {report}: not JSON: ")
+    monkeypatch.setattr(prebake, "_MAX_REPORT_BYTES", 4)
+    report.write_text('{"ok": true}')
+    with pytest.raises(SidecarError) as info:
+        prebake._read_report(report)
+    assert info.value.message == (f"cannot read the run report {report}: file is 12 bytes "
+                                  f"(limit 4)")
+
+
 def test_only_what_the_caches_should_have_kept_counts_as_compiled_again(tmp_path):
     """Dynamo traces in every process (nothing on disk keeps them); a compile before the
     warm-up is SGLang's own start; a disk hit is the cache working; a kernel the cold start
