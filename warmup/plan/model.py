@@ -177,9 +177,10 @@ class Plan:
 # --- the expansion (what the driver sends) -------------------------------------------------------
 @dataclass(frozen=True)
 class WarmupRequest:
-    """One generate request.  Prompt tokens are ``prefix_len`` tokens of the shared prefix
-    ``prefix_key`` (identical across requests with the same key, so the radix cache hits),
-    then fresh tokens up to ``input_len``."""
+    """One generate request.  Prompt tokens are the first ``prefix_len`` tokens of the token
+    stream ``prefix_key`` (one stream per key: two requests of a key share the first ``min`` of
+    their ``prefix_len`` tokens, so the radix cache hits there), then fresh tokens up to
+    ``input_len``."""
 
     input_len: int
     max_new_tokens: int

@@ -9,6 +9,7 @@ the step (see :class:`TokenMaker`).  :class:`Transport` is what the driver uses 
 
 from __future__ import annotations
 
+import array
 import asyncio
 import hashlib
 import logging
@@ -49,8 +50,11 @@ class TokenMaker:
 
     Ids are drawn from ``[lo, hi)`` with ``lo`` above the usual special tokens and ``hi`` below
     the vocabulary size (and below 30,000, where most tokenizers keep ordinary text tokens), so
-    no BOS/EOS or control token appears.  Requests sharing a ``prefix_key`` share their first
-    ``prefix_len`` tokens exactly, so the radix cache hits; the rest is fresh per request.
+    no BOS/EOS or control token appears.  A ``prefix_key`` names one token stream: a request
+    starts with the stream's first ``prefix_len`` tokens, so two requests of one key share the
+    first ``min`` of their ``prefix_len`` exactly and the radix cache hits there (a prompt and
+    a longer one that starts with its whole chunks, a base and its page-aligned extends); the
+    rest is fresh per request.
     """
 
     def __init__(self, vocab_size: int, seed: str = "0") -> None:
@@ -58,20 +62,28 @@ class TokenMaker:
         self.lo = min(1000, self.hi // 4)
         self.seed = seed
         self.salt = ""  # change it to make a second pass send different tokens (no cache hits)
-        self._prefixes: dict[tuple[str, int, str], list[int]] = {}
+        #: each stream's tokens so far (ids below 30,000: two bytes each) and the generator
+        #: that extends it
+        self._streams: dict[tuple[str, str], tuple[array.array, random.Random]] = {}
 
     def _rng(self, *parts: Any) -> random.Random:
         h = hashlib.sha256("|".join(map(str, (self.seed,) + parts)).encode()).digest()
         return random.Random(int.from_bytes(h[:8], "big"))
 
+    def _stream(self, key: str, n: int) -> list[int]:
+        """The first ``n`` tokens of stream ``key`` (under the current salt), whatever lengths
+        were asked before."""
+        skey = (key, self.salt)
+        if skey not in self._streams:
+            self._streams[skey] = (array.array("H"), self._rng("prefix", *skey))
+        tokens, rng = self._streams[skey]
+        tokens.extend(rng.randrange(self.lo, self.hi) for _ in range(n - len(tokens)))
+        return tokens[:n].tolist()
+
     def ids(self, step: WarmupStep, pos: int, req: WarmupRequest, salt: str = "") -> list[int]:
         out: list[int] = []
         if req.prefix_key:
-            key = (req.prefix_key, req.prefix_len, self.salt)
-            if key not in self._prefixes:
-                rng = self._rng("prefix", *key)
-                self._prefixes[key] = [rng.randrange(self.lo, self.hi) for _ in range(req.prefix_len)]
-            out = list(self._prefixes[key][: req.input_len])
+            out = self._stream(req.prefix_key, min(req.prefix_len, req.input_len))
         rng = self._rng("step", step.index, pos, salt, self.salt)
         out.extend(rng.randrange(self.lo, self.hi) for _ in range(req.input_len - len(out)))
         return out

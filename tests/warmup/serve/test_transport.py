@@ -63,6 +63,24 @@ def test_token_ids_are_deterministic_in_a_safe_range_and_share_prefixes():
     assert all(125 <= t < 500 for t in small)
 
 
+
+def test_one_prefix_key_is_one_stream_whatever_the_lengths_asked():
+    """Requests of one key share the first ``min`` of their ``prefix_len`` tokens, in any
+    order: a base prompt of 300 tokens and its page-aligned extends on 256 (``long_context``),
+    and a chain of prompts each starting with the previous one's whole chunks."""
+    st = step("single", [req(10)])
+    first, later = TokenMaker(VOCAB, seed="s"), TokenMaker(VOCAB, seed="s")
+    base = first.ids(st, 0, req(300, prefix=("k", 300)))
+    hit = first.ids(replace(st, index=1), 0, req(293, prefix=("k", 256)))
+    assert hit[:256] == base[:256] and hit[256:] != base[256:293]
+    # asked longest first, the stream is the same
+    long_first = later.ids(replace(st, index=1), 0, req(9000, prefix=("k", 8192)))
+    assert later.ids(st, 0, req(300, prefix=("k", 300))) == base
+    assert long_first[:256] == base[:256] and long_first[:300] == base
+    # a prompt shorter than its prefix is the stream's start
+    assert first.ids(st, 0, req(100, prefix=("k", 300))) == base[:100]
+    assert first.ids(st, 0, req(300, prefix=("other", 300)))[:50] != base[:50]
+
 @pytest.mark.parametrize("model_vocab, hi", [(None, 30000), (500, 500)])
 def test_the_vocabulary_comes_from_the_model_config_else_the_default(model_vocab, hi):
     """A model config whose ``vocab_size`` is None takes the default, as one without it does
