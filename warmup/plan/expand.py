@@ -309,8 +309,10 @@ def _sizes(x: _Expander, phase: str, shape: Shape, sizes: Iterable[Size] | SizeR
 
 def _gen_extend(x: _Expander, phase: str, shape: Shape) -> None:
     chunk = x.facts.chunked_prefill_size
+    chained = 0  # a chained class: the whole chunks the previous prompt put in the cache
     for n in _sizes(x, phase, shape, shape.lengths):
-        req = x.request(shape, n)
+        whole = _chain_prefix(x, shape, n)
+        req = x.request(shape, n, prefix=(f"{shape.name}/chain", whole) if whole else None)
         why = x.fits(n, req.max_new_tokens) or x.kv_fits(n + req.max_new_tokens)
         if shape.kind == "extend" and chunk is not None and n > chunk and why is None:
             why = f"{n} tokens is above chunked_prefill_size ({chunk}): it would be a chunked prompt"
@@ -319,9 +321,24 @@ def _gen_extend(x: _Expander, phase: str, shape: Shape) -> None:
             continue
         if shape.kind == "chunked" and chunk is not None:
             note = f"{n} tokens = {-(-n // chunk)} chunks of <= {chunk}"
+            hit = min(chained, whole)
+            if hit:
+                note += f", the first {hit // chunk} from the cache (the previous prompts)"
+            chained = max(chained, whole)
         else:
             note = f"{n} tokens ({_int_class(n)})"
         x.add(phase, shape, "single", [req], note=note)
+
+
+def _chain_prefix(x: _Expander, shape: Shape, n: int) -> int:
+    """With ``chain`` (a ``chunked`` class, chunked prefill and the radix cache on): the tokens
+    of an ``n``-token prompt that come from the class's one token stream, its whole chunks.  The
+    next prompt then hits them in the cache and the server computes only its later chunks, at
+    the chunk boundaries (token counts and sequence lengths) it meets alone; 0 otherwise."""
+    chunk = x.facts.chunked_prefill_size
+    if not shape.chain or shape.kind != "chunked" or not chunk or x.facts.disable_radix_cache:
+        return 0
+    return n // chunk * chunk
 
 
 def _gen_prefix(x: _Expander, phase: str, shape: Shape, *, base_size: Size | None = None,

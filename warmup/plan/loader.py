@@ -493,6 +493,8 @@ def _build_shape(ctx: _Ctx, node: yaml.Node, path: str, names: frozenset[str],
             kw[key] = _request(ctx, vn, kpath, names)
         elif t == "ident":
             kw[key] = _ident(ctx, vn, kpath)
+        elif t == "bool":
+            kw[key] = _bool(ctx, vn, kpath)
         else:  # pragma: no cover - SPEC and this switch are kept in step by tests
             raise AssertionError(t)
     why = kw.pop("why", "")

@@ -68,7 +68,10 @@ SHAPE_COMMON = {
 }
 SHAPE_KIND = {
     "extend": {"lengths": Field("expr_list", True, "prompt lengths, each one forward (<= chunk)")},
-    "chunked": {"lengths": Field("expr_list", True, "prompt lengths above chunked_prefill_size")},
+    "chunked": {"lengths": Field("expr_list", True, "prompt lengths above chunked_prefill_size"),
+                "chain": Field("bool", False, "each prompt starts with the previous prompts' "
+                               "whole chunks, a radix hit: the server computes only its later "
+                               "chunks, at the boundaries it meets alone (default false)")},
     "prefix": {"base": Field("int_expr", True, "prefix length (rounded up to whole pages)"),
                "extends": Field("expr_list", True, "new tokens after the cached prefix")},
     "long_context": {"prompt": Field("int_expr", True, "a prompt past the graph's context bucket"),

@@ -425,12 +425,27 @@ def test_dsv4_plan_meets_every_c128_key_of_a_prompt_up_to_long_cap(flags):
     exp = expand(loader.load(PLANS["dsv4"]), facts)
     chunk = facts.chunked_prefill_size
 
-    def keys(n: int, chunked: bool = True) -> set:
-        ends = [min(k * chunk, n) for k in range(1, -(-n // chunk) + 1)] if chunked else [n]
+    def keys(n: int, chunked: bool = True, hit: int = 0) -> set:
+        """The keys of the forwards an ``n``-token prompt runs, ``hit`` tokens in the cache."""
+        ends = [min(k * chunk, n) for k in range(hit // chunk + 1, -(-n // chunk) + 1)] \
+            if chunked else [n]
         return {_c128_key(e) for e in ends}
 
-    met = set().union(*(keys(r.input_len, s.kind in ("chunked", "extend"))
-                        for s in exp.steps for r in s.requests))
+    cached: dict[str, int] = {}  # the radix cache: each token stream's longest prefix sent
+    met: set = set()
+    sent = computed = 0  # the c128 widths' prompt tokens, and those not from the cache
+    for s in exp.steps:
+        for r in s.requests:
+            hit = 0
+            if r.prefix_key:
+                hit = min(cached.get(r.prefix_key, 0), r.prefix_len) // facts.page_size \
+                    * facts.page_size
+                cached[r.prefix_key] = max(cached.get(r.prefix_key, 0), r.prefix_len)
+            met |= keys(r.input_len, s.kind in ("chunked", "extend"), hit)
+            if s.shape_class == "c128_widths":
+                sent, computed = sent + r.input_len, computed + r.input_len - hit
+    # chained, the widths compute about one longest prompt's tokens, not the sum of them all
+    assert computed < 0.6 * sent
     cap = min(facts.max_input_len - 64, 65536)
     lengths = [*range(1, cap + 1, 29), *(m * 128 + d for m in range(1, cap // 128) for d in (0, 127))]
     missing = sorted({n for n in lengths if n <= cap and not keys(n) <= met})
@@ -574,3 +589,44 @@ def test_logprob_classes_are_skipped_where_sglang_aborts_them_under_dflash(versi
         assert any(s.shape_class == "sampling_families" for s in exp.steps)
     else:
         assert asked and "input_logprobs" not in reasons
+
+
+CHAIN_PLAN = """version: 1
+name: c
+phases:
+  - name: p
+    shapes:
+      - class: w
+        kind: chunked
+        lengths: [100, chunked_prefill_size + 5, 2 * chunked_prefill_size + 7,
+                  chunked_prefill_size + 9, 3 * chunked_prefill_size + 1]
+        chain: {chain}
+"""
+
+
+def test_a_chained_class_starts_each_prompt_with_the_whole_chunks_sent_before():
+    """``chain``: each prompt takes its whole chunks from the class's one token stream, so the
+    radix cache holds the previous prompts' whole chunks for it; a prompt shorter than a chunk,
+    a server without the radix cache or chunked prefill, and ``chain: false`` send fresh
+    prompts."""
+    facts = _facts_cache.pr44627()
+    c = facts.chunked_prefill_size
+    exp = expand(loader.loads(CHAIN_PLAN.format(chain="true"), "c.yaml"), facts)
+    got = [(r.prefix_key, r.prefix_len) for s in exp.steps for r in s.requests]
+    assert got == [(None, 0), ("w/chain", c), ("w/chain", 2 * c), ("w/chain", c),
+                   ("w/chain", 3 * c)]
+    notes = [s.note for s in exp.steps]
+    assert notes[1] == f"{c + 5} tokens = 2 chunks of <= {c}"
+    assert notes[2].endswith("the first 1 from the cache (the previous prompts)")
+    assert notes[3].endswith("the first 1 from the cache (the previous prompts)")
+    assert notes[4].endswith("the first 2 from the cache (the previous prompts)")
+    for other in (dataclasses.replace(facts, disable_radix_cache=True),
+                  dataclasses.replace(facts, chunked_prefill_size=None)):
+        plain = expand(loader.loads(CHAIN_PLAN.format(chain="true"), "c.yaml"), other)
+        assert all(r.prefix_key is None for s in plain.steps for r in s.requests)
+    plain = expand(loader.loads(CHAIN_PLAN.format(chain="false"), "c.yaml"), facts)
+    assert all(r.prefix_key is None for s in plain.steps for r in s.requests)
+    with pytest.raises(PlanError, match=r"phases\[0\]\.shapes\[0\]\.chain"):
+        loader.loads(CHAIN_PLAN.format(chain="2"), "c.yaml")
+    with pytest.raises(PlanError, match="chain"):
+        loader.loads(CHAIN_PLAN.format(chain="true").replace("chunked", "extend"), "c.yaml")
