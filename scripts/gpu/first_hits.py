@@ -881,10 +881,33 @@ def unpack_caches(name: str, src: Path) -> None:
 
 # --------------------------------------------------------------------------------------------
 
+def restrict(record_path: str, ratio: float, min_ms: float, out: str) -> None:
+    """The record at ``record_path`` with the steps another timing rule keeps (from its own
+    evidence, closed over prefixes as the bake closes them) written to ``out``: what a launch
+    sends under that rule, the plan expanded again from the record's facts."""
+    import dataclasses
+
+    from warmup.coverage import quiet_steps
+    from warmup.plan import facts_file, loader, shipped, step_record
+    from warmup.plan.expand import expand
+
+    rec = step_record.read(record_path)
+    facts = facts_file.from_dump(dict(rec.facts), record_path, hint="a record prebake wrote")
+    plan = shipped.path(rec.plan)
+    exp = expand(loader.load(plan if plan is not None else rec.plan), facts)
+    if exp.digest() != rec.expansion_digest:
+        raise SystemExit(f"{record_path}: the plan expands to other steps here")
+    keep = step_record.prefix_closure(exp, quiet_steps.loud(rec.evidence, ratio=ratio,
+                                                            min_ms=min_ms))
+    dataclasses.replace(rec, keep=tuple(sorted(keep)), ratio=ratio, min_ms=min_ms).write(out)
+    log(f"{out}: {len(keep)} of {rec.steps} steps (ratio {ratio}, {min_ms} ms; the bake's rule "
+        f"kept {len(rec.keep)})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("phase", choices=("setup", "launch", "prebake", "wait-prebake", "wait",
-                                      "traffic", "caches",
+                                      "traffic", "caches", "restrict",
                                       "unpack-caches", "status", "stop"))
     ap.add_argument("names", nargs="?", default="")
     ap.add_argument("--models", default="qwen,dsv4")
@@ -901,6 +924,9 @@ def main() -> None:
     ap.add_argument("--from", dest="src", default=str(ROOT / ".carry" / "caches"))
     ap.add_argument("--restore", default=None,
                     help="launch from this archive, restored under WORK/restored/NAME first")
+    ap.add_argument("--ratio", type=float, default=2.0, help="restrict: the timing rule's ratio")
+    ap.add_argument("--min-ms", type=float, default=10.0, help="restrict: and its least gain")
+    ap.add_argument("--out", default=None, help="restrict: where the new record goes")
     ap.add_argument("--steps-record", default=None,
                     help="C launches send only the loud steps of this record (serve --steps; "
                          "prebake writes WORK/NAME.tar.steps.json)")
@@ -933,6 +959,8 @@ def main() -> None:
                 run_traffic(name, a.steps, a.passes, a.seed, a.budget)
             finally:
                 pause(state, others, False)
+    elif a.phase == "restrict":
+        restrict(a.names, a.ratio, a.min_ms, a.out or a.names + f".r{a.ratio:g}")
     elif a.phase == "caches":
         for name in names:
             pack_caches(name)

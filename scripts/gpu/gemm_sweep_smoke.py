@@ -6,6 +6,11 @@ sweep did, the memory the caching allocator holds before and after, and how many
 row counts then still pay a first-call cost (over 1 ms above the repeat) on each shape.
 
     python3 scripts/gpu/gemm_sweep_smoke.py
+    python3 scripts/gpu/gemm_sweep_smoke.py --compare-sync 1,16 --runs 3
+
+``--compare-sync`` times the sweep alone (rows up to 4,096, the DeepSeek-V4 rig's chunk), one
+fresh process per run (cuBLAS loads its kernels once per process), alternating the number of
+row counts between two waits for the GPU (``SYNC_ROWS``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
+def compare_sync(values: list[int], runs: int) -> None:
+    import subprocess
+
+    seconds: dict[int, list[float]] = {v: [] for v in values}
+    for _ in range(runs):
+        for v in values:
+            out = subprocess.run([sys.executable, __file__, "--sweep-only", str(v)],
+                                 capture_output=True, text=True, check=True).stdout
+            seconds[v].append(json.loads(out.strip().splitlines()[-1])["seconds"])
+    print(json.dumps({f"sync every {v} row counts": {"seconds": s, "median": sorted(s)[len(s) // 2]}
+                      for v, s in seconds.items()}, indent=1))
+
+
 def main() -> None:
+    if "--compare-sync" in sys.argv:
+        at = sys.argv.index("--compare-sync")
+        runs = int(sys.argv[sys.argv.index("--runs") + 1]) if "--runs" in sys.argv else 3
+        compare_sync([int(v) for v in sys.argv[at + 1].split(",")], runs)
+        return
     import torch
     import torch.nn.functional as F
 
@@ -48,6 +71,13 @@ def main() -> None:
     runner.model = model
     runner.server_args = type("ServerArgs", (), {"chunked_prefill_size": 8192,
                                                  "max_prefill_tokens": 16384})()
+    if "--sweep-only" in sys.argv:
+        gemm_sweep.SYNC_ROWS = int(sys.argv[sys.argv.index("--sweep-only") + 1])
+        runner.server_args.chunked_prefill_size = 4096
+        torch.cuda.synchronize()
+        result = gemm_sweep.after_load(runner)
+        print(json.dumps({"seconds": round(result.seconds, 3), "calls": result.calls}))
+        return
     torch.cuda.synchronize()
     before = torch.cuda.memory_reserved()
     result = gemm_sweep.after_load(runner)

@@ -42,16 +42,20 @@ def learn(exp: Expansion, first: RunReport, records: Iterable[Mapping], replay: 
             continue
         events[index] = events.get(index, 0) + 1
     first_ms, replay_ms = dict(first.step_ms), dict(replay.step_ms)
-    keep: set[int] = set()
-    evidence = []
-    for s in exp.steps:
-        t1, t2, n = first_ms.get(s.index), replay_ms.get(s.index), events.get(s.index, 0)
-        evidence.append(StepEvidence(s.index, t1, t2, n))
-        if n or t1 is None or t2 is None or (t1 > ratio * t2 and t1 - t2 >= min_ms):
-            keep.add(s.index)
+    evidence = [StepEvidence(s.index, first_ms.get(s.index), replay_ms.get(s.index),
+                             events.get(s.index, 0)) for s in exp.steps]
+    keep = loud(evidence, ratio=ratio, min_ms=min_ms)
     return StepRecord(plan=exp.plan, plan_sha256=exp.plan_sha256,
                       expansion_digest=exp.digest(), steps=len(exp.steps),
                       keep=tuple(sorted(prefix_closure(exp, keep))), ratio=ratio, min_ms=min_ms,
                       facts=exp.facts.to_dict(), device=device, learned_at=round(time.time(), 3),
                       evidence=tuple(evidence), server_args=dict(exp.server_args))
 
+
+
+def loud(evidence: Iterable[StepEvidence], *, ratio: float = RATIO,
+         min_ms: float = MIN_MS) -> set[int]:
+    """The loud steps of ``evidence`` (before the prefix closure)."""
+    return {e.index for e in evidence
+            if e.events or e.first_ms is None or e.replay_ms is None
+            or (e.first_ms > ratio * e.replay_ms and e.first_ms - e.replay_ms >= min_ms)}

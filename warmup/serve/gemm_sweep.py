@@ -50,6 +50,9 @@ DENSE_ROWS = 64
 MAX_BUFFER_BYTES = 512 << 20
 #: the row limit when the server's settings name none
 DEFAULT_MAX_ROWS = 8192
+#: row counts past DENSE_ROWS between two waits for the GPU: the CPU queues the next GEMMs
+#: while the GPU runs these, and the budget still counts the GPU's time within that many rows
+SYNC_ROWS = 16
 _FLOATS = ("torch.bfloat16", "torch.float16", "torch.float32")
 
 
@@ -186,14 +189,15 @@ def _quantized_head(head: Any) -> bool:
 
 def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
           device: Any = "cuda", clock: Callable[[], float] = time.monotonic,
-          synchronize: Callable[[], None] | None = None) -> SweepResult:
+          synchronize: Callable[[], None] | None = None,
+          sync_rows: int = SYNC_ROWS) -> SweepResult:
     """Run every shape at every row count of :func:`row_counts` until ``budget_s`` is spent.
 
     One input buffer per dtype serves every shape (a contiguous view of its first
     ``rows * in_features`` elements), so the memory held is the largest shape's input plus one
     GEMM's output, each within ``MAX_BUFFER_BYTES``.  The clock is read after every call and,
-    with ``synchronize``, the GPU is waited for after each row count past ``DENSE_ROWS``, so the
-    budget counts the GPU's time too."""
+    with ``synchronize``, the GPU is waited for after every ``sync_rows`` row counts past
+    ``DENSE_ROWS``, so the budget counts the GPU's time too."""
     import torch
 
     result = SweepResult(shapes=[s.label for s in shapes], max_rows=max_rows)
@@ -215,6 +219,7 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
             for dtype, n in elements.items():
                 buffers[dtype] = torch.zeros(n, dtype=dtype, device=device)
             active = list(shapes)
+            past = 0  # row counts past DENSE_ROWS since the last wait
             for rows in row_counts(max_rows):
                 over = False
                 for s in list(active):
@@ -230,8 +235,10 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
                         if clock() - started > budget_s:
                             over = True
                             break
-                if synchronize is not None and rows > DENSE_ROWS:
+                past += rows > DENSE_ROWS
+                if synchronize is not None and past >= max(1, sync_rows):
                     synchronize()
+                    past = 0
                 if over or clock() - started > budget_s:
                     result.stopped_by_budget = rows < max_rows or over
                     result.rows_reached = rows - 1 if over else rows
@@ -308,7 +315,7 @@ def after_load(runner: Any) -> SweepResult | None:
     device = next((p.device for p in runner.model.parameters() if p.is_cuda),
                   torch.device("cuda", torch.cuda.current_device()))
     result = sweep(shapes, max_rows_of(server_args), budget, device=device,
-                   synchronize=torch.cuda.synchronize)
+                   synchronize=torch.cuda.synchronize, sync_rows=SYNC_ROWS)
     _done.update(s.key for s in shapes)
     _spent_s += result.seconds
     torch.cuda.empty_cache()

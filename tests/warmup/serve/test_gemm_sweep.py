@@ -113,6 +113,24 @@ def test_the_budget_stops_the_sweep_at_the_call_that_spends_it():
     assert gemm_sweep.sweep(shapes, 8192, budget_s=0, device="cpu").calls == 0
 
 
+@pytest.mark.parametrize("sync_rows", [1, 16])
+def test_the_gpu_is_waited_for_every_sync_rows_row_counts_past_the_dense_ones(sync_rows):
+    """The small row counts queue freely; past them the sweep waits for the GPU every
+    ``sync_rows`` row counts (the CPU queues the next GEMMs meanwhile), and once at the end."""
+    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    at: list[int] = []
+    calls = [0]
+    for s in shapes:
+        s.run = lambda x, run=s.run: (calls.__setitem__(0, calls[0] + 1), run(x))[1]
+    result = gemm_sweep.sweep(shapes, 1024, budget_s=60.0, device="cpu",
+                              synchronize=lambda: at.append(calls[0]), sync_rows=sync_rows)
+    past = [m for m in row_counts(1024) if m > gemm_sweep.DENSE_ROWS]
+    assert result.rows_reached == 1024
+    assert len(at) == len(past) // sync_rows + 1          # and the last one at the end
+    assert at[0] == (gemm_sweep.DENSE_ROWS + sync_rows) * len(shapes)
+    assert at[-1] == result.calls
+
+
 def test_a_shape_too_large_for_the_buffer_limit_stops_at_fewer_rows(monkeypatch):
     monkeypatch.setattr(gemm_sweep, "MAX_BUFFER_BYTES", (48 + 32) * 2 * 20)
     shapes = [s for s in gemm_sweep.model_shapes(_model(), device_type="cpu")
