@@ -481,7 +481,7 @@ def wait_ready(names: list[str], budget: float) -> list[str]:
         save_state(state)
         if len(up) == len(names):
             break
-        time.sleep(3)
+        time.sleep(0.25)  # the ready time to a quarter second
     return [n for n in up if not state[n].get("died")]
 
 
