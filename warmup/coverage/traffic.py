@@ -7,8 +7,9 @@ A traffic file is JSON lines; each line is one *step* sent at once:
 
 ``burst`` sends the prompts as separate concurrent requests, ``batch`` as one request carrying a
 list of prompts, ``single`` expects one prompt.  ``prefix`` makes every prompt of the step start
-with the same ``len`` tokens as every other step of the same group (a shared system prompt, a
-RAG document, an agent's growing context).  ``features`` are SGLang request fields every request
+with the first ``len`` tokens of its group's one token stream, so steps of a group share as
+many tokens as the shorter ``len`` (a shared system prompt, a RAG document, an agent's growing
+context).  ``features`` are SGLang request fields every request
 of the step carries (the plan format's names: ``return_logprob``, ``logprob_start_len``,
 ``top_logprobs_num``, ``token_ids_logprob`` and ``stop_token_ids`` (how many ids), ``n``,
 ``stream``).  :func:`synth` writes realistic samples.
