@@ -897,8 +897,8 @@ def restrict(record_path: str, ratio: float, min_ms: float, out: str) -> None:
     exp = expand(loader.load(plan if plan is not None else rec.plan), facts)
     if exp.digest() != rec.expansion_digest:
         raise SystemExit(f"{record_path}: the plan expands to other steps here")
-    keep = step_record.prefix_closure(exp, quiet_steps.loud(rec.evidence, ratio=ratio,
-                                                            min_ms=min_ms))
+    keep = step_record.prefix_closure(exp, quiet_steps.loud(
+        rec.evidence, ratio=ratio, min_ms=min_ms, hitting=quiet_steps.hitting(exp)))
     dataclasses.replace(rec, keep=tuple(sorted(keep)), ratio=ratio, min_ms=min_ms).write(out)
     log(f"{out}: {len(keep)} of {rec.steps} steps (ratio {ratio}, {min_ms} ms; the bake's rule "
         f"kept {len(rec.keep)})")
@@ -960,6 +960,8 @@ def main() -> None:
             finally:
                 pause(state, others, False)
     elif a.phase == "restrict":
+        if not a.names:
+            raise SystemExit("restrict: name the record (prebake writes ARCHIVE.steps.json)")
         restrict(a.names, a.ratio, a.min_ms, a.out or a.names + f".r{a.ratio:g}")
     elif a.phase == "caches":
         for name in names:

@@ -231,15 +231,16 @@ class _PlanIndex:
         self.concurrent: dict[tuple[int, ...], str] = {}
         self.batch: dict[tuple[int, ...], str] = {}
         self.sampling: dict[tuple, str] = {}
+        hits = exp.prefix_hits()
         for s in exp.steps:
             reqs = s.requests
             for r in reqs:
                 self.sampling.setdefault(r.sampling_params, s.shape_class)
             if s.mode == "single" and reqs:
-                r = reqs[0]
-                if r.prefix_key and r.prefix_len and r.input_len > r.prefix_len:
-                    self.prefix.setdefault((r.prefix_len, r.input_len), s.shape_class)
-                elif not r.prefix_key or r.input_len == r.prefix_len:
+                r, hit = reqs[0], hits.get((s.index, 0))
+                if hit is not None:  # what the server computes: the prompt past its hit
+                    self.prefix.setdefault((hit.tokens, r.input_len), s.shape_class)
+                else:
                     self.extend.setdefault(r.input_len, s.shape_class)
             elif s.mode == "concurrent" and not any(r.prefix_key for r in reqs):
                 self.concurrent.setdefault(tuple(sorted(r.input_len for r in reqs)), s.shape_class)

@@ -6,8 +6,11 @@ hit, a library build, a ``torch.compile`` trace, a first use: whatever the SGLan
 recorded while it was in flight), when it failed or was not replayed, or when its first send
 took both ``ratio`` times and ``min_ms`` more than its send in the second pass (a first-time
 cost no library records: cuBLAS loading a kernel, the caching allocator growing, a lazy
-buffer).  Every other step is quiet.  The steps a loud step's prefix hits depend on are kept
-with it.  Learned only from a first pass that sent every step of the expansion.
+buffer).  A step that hits a prefix is loud too when its replay took ``ratio`` times and
+``min_ms`` more than its first send (the replay met a colder cache: its timing tells nothing).
+Every other step is quiet.  The steps that put in the cache what a loud step hits are kept with
+it (:func:`warmup.plan.step_record.prefix_closure`).  Learned only from a first pass that sent
+every step of the expansion.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def learn(exp: Expansion, first: RunReport, records: Iterable[Mapping], replay: 
     first_ms, replay_ms = dict(first.step_ms), dict(replay.step_ms)
     evidence = [StepEvidence(s.index, first_ms.get(s.index), replay_ms.get(s.index),
                              events.get(s.index, 0)) for s in exp.steps]
-    keep = loud(evidence, ratio=ratio, min_ms=min_ms)
+    keep = loud(evidence, ratio=ratio, min_ms=min_ms, hitting=hitting(exp))
     return StepRecord(plan=exp.plan, plan_sha256=exp.plan_sha256,
                       expansion_digest=exp.digest(), steps=len(exp.steps),
                       keep=tuple(sorted(prefix_closure(exp, keep))), ratio=ratio, min_ms=min_ms,
@@ -52,10 +55,22 @@ def learn(exp: Expansion, first: RunReport, records: Iterable[Mapping], replay: 
                       evidence=tuple(evidence), server_args=dict(exp.server_args))
 
 
+def loud(evidence: Iterable[StepEvidence], *, ratio: float = RATIO, min_ms: float = MIN_MS,
+         hitting: Iterable[int] = ()) -> set[int]:
+    """The loud steps of ``evidence`` (before the prefix closure).  A step that hits a prefix
+    (``hitting``) is loud too when its replay ran ``ratio`` times and ``min_ms`` slower than its
+    first send: the replay met a colder cache (its prefix gone), so the timing cannot tell."""
+    hits = set(hitting)
 
-def loud(evidence: Iterable[StepEvidence], *, ratio: float = RATIO,
-         min_ms: float = MIN_MS) -> set[int]:
-    """The loud steps of ``evidence`` (before the prefix closure)."""
+    def slower(a: float, b: float) -> bool:
+        return a > ratio * b and a - b >= min_ms
+
     return {e.index for e in evidence
             if e.events or e.first_ms is None or e.replay_ms is None
-            or (e.first_ms > ratio * e.replay_ms and e.first_ms - e.replay_ms >= min_ms)}
+            or slower(e.first_ms, e.replay_ms)
+            or (e.index in hits and slower(e.replay_ms, e.first_ms))}
+
+
+def hitting(exp: Expansion) -> set[int]:
+    """The steps of ``exp`` with a request that hits a prefix an earlier step put in the cache."""
+    return {index for index, _pos in exp.prefix_hits()}

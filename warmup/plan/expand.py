@@ -331,14 +331,18 @@ def _gen_extend(x: _Expander, phase: str, shape: Shape) -> None:
 
 
 def _chain_prefix(x: _Expander, shape: Shape, n: int) -> int:
-    """With ``chain`` (a ``chunked`` class, chunked prefill and the radix cache on): the tokens
-    of an ``n``-token prompt that come from the class's one token stream, its whole chunks.  The
-    next prompt then hits them in the cache and the server computes only its later chunks, at
-    the chunk boundaries (token counts and sequence lengths) it meets alone; 0 otherwise."""
-    chunk = x.facts.chunked_prefill_size
-    if not shape.chain or shape.kind != "chunked" or not chunk or x.facts.disable_radix_cache:
+    """With ``chain``: the tokens of an ``n``-token prompt that come from the class's one token
+    stream, its whole chunks before its last token.  The next prompt hits them in the cache and
+    the server computes only its later chunks, at the chunk boundaries (token counts and
+    sequence lengths) it meets alone.  0 (a fresh prompt) for another kind, without chunked
+    prefill or the radix cache, with a chunk that is not whole pages (the match is in pages),
+    and for a class with logprobs (SGLang matches no prefix past ``logprob_start_len``)."""
+    chunk, page = x.facts.chunked_prefill_size, max(1, x.facts.page_size or 1)
+    features = {key for key, _ in shape.request}
+    if not shape.chain or shape.kind != "chunked" or not chunk or chunk % page \
+            or x.facts.disable_radix_cache or features & {"return_logprob", "logprob_start_len"}:
         return 0
-    return n // chunk * chunk
+    return (n - 1) // chunk * chunk
 
 
 def _gen_prefix(x: _Expander, phase: str, shape: Shape, *, base_size: Size | None = None,

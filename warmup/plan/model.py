@@ -292,9 +292,65 @@ class Expansion:
         }
 
     def digest(self) -> str:
-        """A stable hash of the steps (for tests and for the run report)."""
-        body = json.dumps(self.to_dict()["steps"], sort_keys=True).encode()
+        """A stable hash of the steps and of how their prompts' tokens are made (for the run
+        report and for steps records)."""
+        body = json.dumps({"steps": self.to_dict()["steps"], "tokens": TOKEN_SCHEME},
+                          sort_keys=True).encode()
         return hashlib.sha256(body).hexdigest()[:16]
+
+    def prefix_hits(self) -> dict[tuple[int, int], PrefixHit]:
+        """What the radix cache holds of each request when it arrives, for the requests that
+        start with tokens of a prefix stream an earlier step sent; keyed by ``(step index,
+        position among the step's requests, then its background)``.
+
+        SGLang's match, modelled: the tokens the request shares with one earlier request of its
+        stream (the first ``min`` of their ``prefix_len``), never its last token nor past its
+        ``logprob_start_len`` with logprobs, in whole pages; the source is the first step
+        whose request gives the most (the one that put it there).  Requests of one step do not
+        hit each other (they arrive together); nothing hits without the radix cache."""
+        if self.facts.disable_radix_cache:
+            return {}
+        page = max(1, self.facts.page_size or 1)
+        sent: dict[str, dict[int, int]] = {}  # stream -> prefix_len -> the first step
+        out: dict[tuple[int, int], PrefixHit] = {}
+        for s in self.steps:
+            reqs = (*s.requests, *s.background)
+            for pos, r in enumerate(reqs):
+                if not r.prefix_key or r.prefix_len < 1:
+                    continue
+                limit = min(r.prefix_len, r.input_len - 1, _logprob_limit(r))
+                most, first = max(((min(plen, limit), -idx)
+                                   for plen, idx in sent.get(r.prefix_key, {}).items()),
+                                  default=(0, 0))
+                if most // page:
+                    out[(s.index, pos)] = PrefixHit(most // page * page, -first)
+            for r in reqs:
+                if r.prefix_key and r.prefix_len > 0:
+                    sent.setdefault(r.prefix_key, {}).setdefault(r.prefix_len, s.index)
+        return out
+
+
+#: how the transports make prompt tokens from a request; part of the digest, so that a steps
+#: record learned on other prompts does not match (2: one token stream per prefix key)
+TOKEN_SCHEME = 2
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """What the radix cache holds of a request when it arrives: ``tokens`` of its prompt, put
+    there by the request of step ``source`` (:meth:`Expansion.prefix_hits`)."""
+
+    tokens: int
+    source: int
+
+
+def _logprob_limit(r: WarmupRequest) -> int:
+    """SGLang matches no prefix past the position input logprobs start from."""
+    f = dict(r.features)
+    start = f.get("logprob_start_len")
+    if f.get("return_logprob") and isinstance(start, int) and start >= 0:
+        return start
+    return r.input_len
 
 
 def _req_dict(r: WarmupRequest) -> dict[str, Any]:

@@ -196,18 +196,20 @@ def _ms(value: float | None) -> float | None:
 
 
 def prefix_closure(exp: Expansion, keep: set[int]) -> set[int]:
-    """``keep`` with every step whose request first put a prefix on the server that a kept
-    step's request hits (its prefix base): left out, the kept step would miss its prefix."""
-    creator: dict[str, int] = {}
-    for s in exp.steps:
-        for r in (*s.requests, *s.background):
-            if r.prefix_key:
-                creator.setdefault(r.prefix_key, s.index)
+    """``keep`` with every step whose request put in the cache the prefix a kept step's request
+    hits (:meth:`~warmup.plan.model.Expansion.prefix_hits`: a prefix class's base, a chained
+    prompt's predecessor), and so on for the steps so added: left out, a kept step would
+    compute what it hit when the record was learned."""
+    sources: dict[int, set[int]] = {}
+    for (index, _pos), hit in exp.prefix_hits().items():
+        sources.setdefault(index, set()).add(hit.source)
     out = set(keep)
-    for s in exp.steps:
-        if s.index in keep:
-            out.update(creator[r.prefix_key] for r in (*s.requests, *s.background)
-                       if r.prefix_key and creator[r.prefix_key] != s.index)
+    todo = list(keep)
+    while todo:
+        for source in sources.get(todo.pop(), ()):
+            if source not in out:
+                out.add(source)
+                todo.append(source)
     return out
 
 

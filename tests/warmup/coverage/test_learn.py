@@ -378,3 +378,24 @@ def test_a_hostile_audit_file_is_one_line_naming_the_field(tmp_path, capsys, cha
     assert (code, out) == (1, "")
     assert err.splitlines()[0] == f"error: {file}: {message}"
     assert len(err.splitlines()) == 2 and err.splitlines()[1].startswith("hint: ")
+
+
+def test_the_plan_index_files_each_prompt_by_what_the_server_computes():
+    """A chained prompt is a prefix hit on what the cache holds of it (the first width of the
+    chain, which hits nothing, an extend); a prefix class's base an extend, its extends hits."""
+    import _facts_cache
+
+    from warmup.plan.expand import expand
+    from warmup.plan.shipped import path as shipped
+
+    facts = _facts_cache.resolve(("--model-path", "deepseek-ai/DeepSeek-V4.1-Flash",
+                                  "--chunked-prefill-size", "4096", "--context-length", "131072",
+                                  "--disable-prefill-cuda-graph"))
+    index = learn._PlanIndex(expand(loader.load(shipped("deepseek_v4_serving_shapes")), facts))
+    assert index.extend[4133] == "c128_widths"          # the chain's first: nothing to hit
+    assert index.prefix[(8192, 16421)] == "c128_widths"  # hits 8,229's whole chunks
+    assert index.prefix[(65536, 130981)] == "c128_widths"
+    assert (16384, 16421) not in index.prefix and 16421 not in index.extend
+    # the prefix class: its 4,096-token base computes whole (an extend), its extends hit it
+    assert index.prefix[(4096, 4097)] == index.prefix[(4096, 8229)] == "prefix_hits"
+    assert 4096 in index.extend

@@ -134,6 +134,12 @@ def test_timing_failures_and_prefixes_make_a_step_loud(fake_tokenizer_manager, t
     first[6] = 200.0           # a prefix extend: loud, and its base (step 4) with it
     record = quiet_steps.learn(exp, _report(exp, first), [], _report(exp, replay))
     assert record.keep == (1, 4, 6, 12, 14)
+    # a replay far slower than the first send: a step that hits a prefix met a colder cache
+    # there (its timing tells nothing: loud); any other step is only slow on the replay
+    assert quiet_steps.hitting(exp) == {5, 6}
+    replay[5] = replay[0] = 120.0
+    record = quiet_steps.learn(exp, _report(exp, first), [], _report(exp, replay))
+    assert record.keep == (1, 4, 5, 6, 12, 14)
     # a record of other steps (a record stamped with a step of another class) counts nothing
     other = compile_log.record(compile_log.MISS, phase="warmup", shape_class="sampling",
                                request=0, compiler="triton")

@@ -431,22 +431,20 @@ def test_dsv4_plan_meets_every_c128_key_of_a_prompt_up_to_long_cap(flags):
             if chunked else [n]
         return {_c128_key(e) for e in ends}
 
-    cached: dict[str, int] = {}  # the radix cache: each token stream's longest prefix sent
+    hits = exp.prefix_hits()  # what the radix cache holds of each prompt (chained widths)
     met: set = set()
     sent = computed = 0  # the c128 widths' prompt tokens, and those not from the cache
     for s in exp.steps:
-        for r in s.requests:
-            hit = 0
-            if r.prefix_key:
-                hit = min(cached.get(r.prefix_key, 0), r.prefix_len) // facts.page_size \
-                    * facts.page_size
-                cached[r.prefix_key] = max(cached.get(r.prefix_key, 0), r.prefix_len)
+        for pos, r in enumerate(s.requests):
+            hit = hits[(s.index, pos)].tokens if (s.index, pos) in hits else 0
             met |= keys(r.input_len, s.kind in ("chunked", "extend"), hit)
             if s.shape_class == "c128_widths":
                 sent, computed = sent + r.input_len, computed + r.input_len - hit
-    # chained, the widths compute about one longest prompt's tokens, not the sum of them all
-    assert computed < 0.6 * sent
-    cap = min(facts.max_input_len - 64, 65536)
+    # chained, the widths compute the longest prompt's tokens once, not the sum of them all
+    longest = max(r.input_len for s in exp.steps if s.shape_class == "c128_widths"
+                  for r in s.requests)
+    assert computed < longest + 2 * chunk * 20 < sent
+    cap = min(facts.max_input_len - 64, 131072)
     lengths = [*range(1, cap + 1, 29), *(m * 128 + d for m in range(1, cap // 128) for d in (0, 127))]
     missing = sorted({n for n in lengths if n <= cap and not keys(n) <= met})
     assert not missing, f"{len(missing)} prompt lengths meet a new key, e.g. {missing[:5]}"
@@ -599,34 +597,80 @@ phases:
       - class: w
         kind: chunked
         lengths: [100, chunked_prefill_size + 5, 2 * chunked_prefill_size + 7,
-                  chunked_prefill_size + 9, 3 * chunked_prefill_size + 1]
+                  chunked_prefill_size + 9, 2 * chunked_prefill_size, 3 * chunked_prefill_size + 1]
         chain: {chain}
 """
 
 
 def test_a_chained_class_starts_each_prompt_with_the_whole_chunks_sent_before():
-    """``chain``: each prompt takes its whole chunks from the class's one token stream, so the
-    radix cache holds the previous prompts' whole chunks for it; a prompt shorter than a chunk,
-    a server without the radix cache or chunked prefill, and ``chain: false`` send fresh
-    prompts."""
+    """``chain``: each prompt takes its whole chunks before its last token from the class's one
+    token stream, so the radix cache holds the previous prompts' whole chunks for it (out of
+    order too); a prompt of one chunk or less, a server without the radix cache or chunked
+    prefill, a chunk that is not whole pages, a class with logprobs and ``chain: false`` send
+    fresh prompts."""
     facts = _facts_cache.pr44627()
     c = facts.chunked_prefill_size
     exp = expand(loader.loads(CHAIN_PLAN.format(chain="true"), "c.yaml"), facts)
     got = [(r.prefix_key, r.prefix_len) for s in exp.steps for r in s.requests]
+    # 2c tokens: one whole chunk before its last token (the match never covers that)
     assert got == [(None, 0), ("w/chain", c), ("w/chain", 2 * c), ("w/chain", c),
-                   ("w/chain", 3 * c)]
+                   ("w/chain", c), ("w/chain", 3 * c)]
+    hits = {i: h.tokens for (i, _), h in exp.prefix_hits().items()}
+    assert hits == {2: c, 3: c, 4: c, 5: 2 * c}
+    assert all(h.source == (1 if i < 5 else 2) for (i, _), h in exp.prefix_hits().items())
     notes = [s.note for s in exp.steps]
     assert notes[1] == f"{c + 5} tokens = 2 chunks of <= {c}"
-    assert notes[2].endswith("the first 1 from the cache (the previous prompts)")
-    assert notes[3].endswith("the first 1 from the cache (the previous prompts)")
-    assert notes[4].endswith("the first 2 from the cache (the previous prompts)")
-    for other in (dataclasses.replace(facts, disable_radix_cache=True),
-                  dataclasses.replace(facts, chunked_prefill_size=None)):
-        plain = expand(loader.loads(CHAIN_PLAN.format(chain="true"), "c.yaml"), other)
-        assert all(r.prefix_key is None for s in plain.steps for r in s.requests)
-    plain = expand(loader.loads(CHAIN_PLAN.format(chain="false"), "c.yaml"), facts)
-    assert all(r.prefix_key is None for s in plain.steps for r in s.requests)
+    for i in (2, 3, 4):
+        assert notes[i].endswith("the first 1 from the cache (the previous prompts)")
+    assert notes[5].endswith("the first 2 from the cache (the previous prompts)")
+    plain = CHAIN_PLAN.format(chain="true")
+    for other, text in ((dataclasses.replace(facts, disable_radix_cache=True), plain),
+                        (dataclasses.replace(facts, chunked_prefill_size=None), plain),
+                        (dataclasses.replace(facts, chunked_prefill_size=c + 100), plain),
+                        (facts, plain + "        request: {logprob_start_len: 100}\n"),
+                        (facts, CHAIN_PLAN.format(chain="false"))):
+        fresh = expand(loader.loads(text, "c.yaml"), other)
+        assert all(r.prefix_key is None for s in fresh.steps for r in s.requests)
+        assert not fresh.prefix_hits()
     with pytest.raises(PlanError, match=r"phases\[0\]\.shapes\[0\]\.chain"):
         loader.loads(CHAIN_PLAN.format(chain="2"), "c.yaml")
     with pytest.raises(PlanError, match="chain"):
         loader.loads(CHAIN_PLAN.format(chain="true").replace("chunked", "extend"), "c.yaml")
+
+
+def test_the_tokens_sent_share_what_the_hit_model_says():
+    """The transports' tokens against :meth:`Expansion.prefix_hits`: each chained prompt, and
+    each prefix-class extend, shares with the earlier prompts exactly the tokens the model
+    says the cache holds (to the page), never its last token."""
+    from warmup.serve.transport import TokenMaker
+
+    for plan in ("dsv4", "default"):
+        facts = _facts_cache.small_model() if plan == "default" else _facts_cache.resolve(
+            ("--model-path", "deepseek-ai/DeepSeek-V4.1-Flash", "--chunked-prefill-size", "4096",
+             "--context-length", "131072", "--disable-prefill-cuda-graph"))
+        exp = expand(loader.load(PLANS[plan]), facts)
+        hits, page = exp.prefix_hits(), facts.page_size
+        assert hits, plan
+        tm = TokenMaker(facts.vocab_size or 32000, seed="t")
+        sent: dict[str, list[list[int]]] = {}
+        for s in exp.steps:
+            ids = [tm.ids(s, pos, r) for pos, r in enumerate(s.requests)]
+            for pos, r in enumerate(s.requests):
+                if not r.prefix_key:
+                    continue
+                shared = max((_common(ids[pos], old) for old in sent.get(r.prefix_key, [])),
+                             default=0)
+                want = hits[(s.index, pos)].tokens if (s.index, pos) in hits else 0
+                assert min(shared, r.input_len - 1) // page * page == want, (s.index, s.note)
+            for pos, r in enumerate(s.requests):
+                if r.prefix_key:
+                    sent.setdefault(r.prefix_key, []).append(ids[pos])
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -234,7 +234,8 @@ def test_an_argument_json_cannot_hold_is_hashed_by_content_or_left_out():
 
 @pytest.mark.parametrize("name, keep, hashed", [("dsv4-eager-C-steps.json", 125, 0),
                                                 ("dsv4-eager-C-steps-learned-on-restart.json",
-                                                 124, 385)])
+                                                 124, 385),
+                                                ("dsv4-eager-C-chained-steps.json", 49, 348)])
 def test_the_records_learned_on_the_gpu_read_back(name, keep, hashed):
     """Two records a DeepSeek-V4 prebake wrote (docs/benchmarks.md): the earlier one, learned
     in the cold start and without server arguments, still reads (it compares the facts)."""
@@ -243,3 +244,29 @@ def test_the_records_learned_on_the_gpu_read_back(name, keep, hashed):
     record = step_record.read(Path(__file__).parents[3] / "docs" / "data" / name)
     assert (record.steps, len(record.keep), len(record.server_args)) == (225, keep, hashed)
     assert record.plan == "deepseek_v4_serving_shapes" and len(record.evidence) == 225
+
+
+def test_a_chained_prompt_keeps_the_prompt_it_hits():
+    """The chained record the GPU bake learned, closed again over the cache hits: width 8,357
+    (step 217) hits the whole chunks of width 8,229 (step 216), which the bake's closure (of
+    each stream's first step only) had left out; every step a kept step hits is kept, and so
+    on down the chain."""
+    from pathlib import Path
+
+    from warmup.coverage import quiet_steps
+    from warmup.plan import facts_file, loader, shipped
+    from warmup.plan.expand import expand
+
+    path = Path(__file__).parents[3] / "docs" / "data" / "dsv4-eager-C-chained-steps.json"
+    record = step_record.read(path)
+    exp = expand(loader.load(shipped.path(record.plan)),
+                 facts_file.from_dump(dict(record.facts), str(path), hint="-"))
+    loud = quiet_steps.loud(record.evidence, hitting=quiet_steps.hitting(exp))
+    keep = step_record.prefix_closure(exp, loud)
+    assert keep == set(record.keep) | {216}
+    hits = exp.prefix_hits()
+    assert {(i, h.source, h.tokens) for (i, _), h in hits.items() if i >= 216} == {
+        (216, 214, 4096), (217, 216, 8192), (218, 216, 8192), (219, 218, 16384),
+        (220, 218, 16384), (221, 220, 32768), (222, 220, 32768), (223, 222, 65536),
+        (224, 222, 65536)}
+    assert all(h.source in keep for (i, _), h in hits.items() if i in keep)

@@ -131,6 +131,21 @@ def test_the_gpu_is_waited_for_every_sync_rows_row_counts_past_the_dense_ones(sy
     assert at[-1] == result.calls
 
 
+def test_the_budget_still_stops_the_sweep_between_two_waits():
+    """The clock is read after every call, waits or not: a budget spent between two waits
+    stops the sweep at that call, and the GPU is waited for once more before it returns."""
+    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    calls, waits = [0], []
+    for s in shapes:
+        s.run = lambda x, run=s.run: (calls.__setitem__(0, calls[0] + 1), run(x))[1]
+    budget = (gemm_sweep.DENSE_ROWS + 5) * len(shapes) + 2.5  # inside the 16 rows after 64
+    result = gemm_sweep.sweep(shapes, 4096, budget_s=budget, device="cpu",
+                              clock=lambda: float(calls[0]), synchronize=lambda: waits.append(1),
+                              sync_rows=16)
+    assert result.stopped_by_budget and result.calls == int(budget) + 1
+    assert len(waits) == 1                                  # no wait came due; the last one
+
+
 def test_a_shape_too_large_for_the_buffer_limit_stops_at_fewer_rows(monkeypatch):
     monkeypatch.setattr(gemm_sweep, "MAX_BUFFER_BYTES", (48 + 32) * 2 * 20)
     shapes = [s for s in gemm_sweep.model_shapes(_model(), device_type="cpu")
