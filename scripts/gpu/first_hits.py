@@ -896,7 +896,8 @@ def restrict(record_path: str, ratio: float, min_ms: float, out: str) -> None:
     plan = shipped.path(rec.plan)
     exp = expand(loader.load(plan if plan is not None else rec.plan), facts)
     if exp.digest() != rec.expansion_digest:
-        raise SystemExit(f"{record_path}: the plan expands to other steps here")
+        raise SystemExit(f"{record_path}: learned on another expansion (other steps, or prompts "
+                         "made another way)")
     keep = step_record.prefix_closure(exp, quiet_steps.loud(
         rec.evidence, ratio=ratio, min_ms=min_ms, hitting=quiet_steps.hitting(exp)))
     dataclasses.replace(rec, keep=tuple(sorted(keep)), ratio=ratio, min_ms=min_ms).write(out)

@@ -325,8 +325,9 @@ class Expansion:
                 if most // page:
                     out[(s.index, pos)] = PrefixHit(most // page * page, -first)
             for r in reqs:
-                if r.prefix_key and r.prefix_len > 0:
-                    sent.setdefault(r.prefix_key, {}).setdefault(r.prefix_len, s.index)
+                if r.prefix_key and r.prefix_len > 0:  # what its prompt holds of the stream
+                    sent.setdefault(r.prefix_key, {}).setdefault(min(r.prefix_len, r.input_len),
+                                                                 s.index)
         return out
 
 

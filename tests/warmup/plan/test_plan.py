@@ -627,9 +627,10 @@ def test_a_chained_class_starts_each_prompt_with_the_whole_chunks_sent_before():
     for other, text in ((dataclasses.replace(facts, disable_radix_cache=True), plain),
                         (dataclasses.replace(facts, chunked_prefill_size=None), plain),
                         (dataclasses.replace(facts, chunked_prefill_size=c + 100), plain),
-                        (facts, plain + "        request: {logprob_start_len: 100}\n"),
+                        (facts, plain + "        request: {logprob_start_len: 50}\n"),
                         (facts, CHAIN_PLAN.format(chain="false"))):
         fresh = expand(loader.loads(text, "c.yaml"), other)
+        assert len(fresh.steps) == (6 if other.chunked_prefill_size else 1)  # sizes need it
         assert all(r.prefix_key is None for s in fresh.steps for r in s.requests)
         assert not fresh.prefix_hits()
     with pytest.raises(PlanError, match=r"phases\[0\]\.shapes\[0\]\.chain"):
@@ -644,10 +645,11 @@ def test_the_tokens_sent_share_what_the_hit_model_says():
     says the cache holds (to the page), never its last token."""
     from warmup.serve.transport import TokenMaker
 
-    for plan in ("dsv4", "default"):
-        facts = _facts_cache.small_model() if plan == "default" else _facts_cache.resolve(
-            ("--model-path", "deepseek-ai/DeepSeek-V4.1-Flash", "--chunked-prefill-size", "4096",
-             "--context-length", "131072", "--disable-prefill-cuda-graph"))
+    dsv4 = _facts_cache.resolve(("--model-path", "deepseek-ai/DeepSeek-V4.1-Flash",
+                                 "--chunked-prefill-size", "4096", "--context-length", "131072",
+                                 "--disable-prefill-cuda-graph"))
+    for plan, facts in (("dsv4", dsv4), ("default", _facts_cache.small_model()),
+                        ("dsv4", _facts_cache.pr44627())):  # 256-token pages, long_context
         exp = expand(loader.load(PLANS[plan]), facts)
         hits, page = exp.prefix_hits(), facts.page_size
         assert hits, plan
@@ -674,3 +676,37 @@ def _common(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def test_the_hit_model_follows_sglangs_match():
+    """Whole pages of what the earlier prompt holds of the stream (its ``min(prefix_len,
+    input_len)``), never the prompt's last token, never past ``logprob_start_len`` with
+    logprobs, nothing from a request of the same step or without the radix cache."""
+    from warmup.plan.model import Expansion, WarmupRequest, WarmupStep
+
+    facts = _facts_cache.pr44627()
+    page = facts.page_size
+    assert page > 1
+
+    def req(n, plen, **features):
+        return WarmupRequest(input_len=n, max_new_tokens=1, sampling_name="greedy",
+                             sampling_params=(), prefix_key="k", prefix_len=plen,
+                             features=tuple(features.items()))
+
+    def step(i, *reqs):
+        return WarmupStep(index=i, phase="p", shape_class="c", kind="chunked",
+                          mode="concurrent" if len(reqs) > 1 else "single", requests=reqs,
+                          note="")
+
+    steps = (step(0, req(300, 2000)),                       # holds 300 tokens of the stream
+             step(1, req(3000, 2048)),                      # hits 300: one page
+             step(2, req(3000, 2048, return_logprob=True, logprob_start_len=600)),
+             step(3, req(2048, 2048)),                      # the whole prompt is cached
+             step(4, req(9000, 8000), req(9000, 8000)))     # together: no hit on each other
+    exp = Expansion(plan="p", steps=steps, skipped=(), flush=False, facts=facts)
+    got = {i: (h.tokens, h.source) for (i, _), h in exp.prefix_hits().items()}
+    assert got == {1: (page, 0), 2: (600 // page * page, 1), 3: (2047 // page * page, 1),
+                   4: (2048, 1)}
+    import dataclasses
+    off = dataclasses.replace(exp, facts=dataclasses.replace(facts, disable_radix_cache=True))
+    assert off.prefix_hits() == {}

@@ -261,6 +261,10 @@ def test_a_chained_prompt_keeps_the_prompt_it_hits():
     record = step_record.read(path)
     exp = expand(loader.load(shipped.path(record.plan)),
                  facts_file.from_dump(dict(record.facts), str(path), hint="-"))
+    # the same steps as the bake's (its digest predates the token scheme's part in it)
+    import hashlib
+    steps = json.dumps(exp.to_dict()["steps"], sort_keys=True).encode()
+    assert hashlib.sha256(steps).hexdigest()[:16] == record.expansion_digest
     loud = quiet_steps.loud(record.evidence, hitting=quiet_steps.hitting(exp))
     keep = step_record.prefix_closure(exp, loud)
     assert keep == set(record.keep) | {216}
@@ -270,3 +274,5 @@ def test_a_chained_prompt_keeps_the_prompt_it_hits():
         (220, 218, 16384), (221, 220, 32768), (222, 220, 32768), (223, 222, 65536),
         (224, 222, 65536)}
     assert all(h.source in keep for (i, _), h in hits.items() if i in keep)
+    # down the chain: the longest width alone keeps every width it stands on
+    assert step_record.prefix_closure(exp, {224}) == {224, 222, 220, 218, 216, 214}
