@@ -143,8 +143,11 @@ def render_expansion(exp: Expansion, *, steps: bool = False, width: int | None =
     """The expansion for people: facts, then one row per class (and per step with --steps);
     with ``width`` (a terminal's), the tables fit it and long lines wrap."""
     f = exp.facts
+    tokens = sum(s.tokens for s in exp.steps)
+    hit = sum(h.tokens for h in exp.prefix_hits().values())
     out = [f"plan {exp.plan}: {len(exp.steps)} steps, {exp.num_requests} requests, "
-           f"{sum(s.tokens for s in exp.steps):,} prompt tokens"
+           f"{tokens:,} prompt tokens"
+           + (f" ({tokens - hit:,} computed, the rest cache hits)" if hit else "")
            + ("; then flush the cache" if exp.flush else "")]
     out.append(f"facts ({f.source}): chunk={f.chunked_prefill_size} page={f.page_size} "
                f"context={f.context_length} max_running={f.max_running_requests} "

@@ -41,8 +41,11 @@ def test_check_bad_plan_is_one_line_and_exit_2(capsys, tmp_path):
 def test_show_table_lists_every_pr_class(capsys, pr_facts_file):
     code, out, _ = run(capsys, "plan", "show", "deepseek_v4_serving_shapes", "--facts", str(pr_facts_file))
     assert code == 0
+    # what the radix cache holds of the prompts (prefix hits, the chained c128 widths) is not
+    # computed again
     assert out.splitlines()[0] == ("plan deepseek_v4_serving_shapes: 259 steps, 653 requests, "
-                                   "4,346,032 prompt tokens; then flush the cache")
+                                   "4,346,032 prompt tokens (1,466,544 computed, the rest cache "
+                                   "hits); then flush the cache")
     for cls in ("extend_int_classes", "chunked_prompt", "prefix_hits", "concurrent_prefills", "batched_extends",
                 "eager_decode", "past_context_bucket", "mixed_batches", "c128_widths",
                 "sampling_families", "sampler_x_input_logprobs", "sampler_x_token_ids_logprobs"):
