@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Can a GEMM sweep learn where cuBLAS loads its kernels, and sweep only there in a later
+process?  The sweep of ``warmup.serve.gemm_sweep`` runs every shape at every row count it
+covers (rows 1-64, then ``8k`` and ``8k + 1``), 6,415 calls and 1.6 s on the tiny DeepSeek-V4.
+A kernel load stalls the call that meets it on the CPU (2-4 ms, lazy module loading), so one
+full sweep can note the calls that stalled; a later process would run only those.
+
+Each mode runs in a fresh process (cuBLAS loads its kernels once per process), over the GEMM
+shapes of ``gemm_sweep_smoke.py`` (the tiny rig's sizes), rows up to 4,096:
+
+* ``learn``: the full sweep, each call timed on the CPU (no wait for the GPU between calls but
+  every 16 row counts); the calls above ``--stall-ms`` are the *load rows* of their shape.
+* ``full`` / ``learned`` / ``none``: the full sweep, only the load rows, or nothing; then the
+  probe: 300 random row counts per shape, each timed first and again (the GPU waited for around
+  each call); a first call more than 1 ms over its repeat paid a first-time cost.
+
+    python3 scripts/gpu/gemm_sweep_loads.py --runs 2 --stall-ms 0.5
+
+Prints one JSON document: per mode the sweep's seconds and calls, and the probe's paid calls.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+MAX_ROWS = 4096
+
+
+def shapes():
+    import torch
+
+    from warmup.serve import gemm_sweep
+
+    def linear(out_f, in_f):
+        return torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16) * 0.02
+
+    weights = {"qkv_proj": linear(1536, 1024), "o_proj": linear(1024, 1024),
+               "gate": linear(128, 1024), "lm_head": linear(65600, 1024)}
+    out = []
+    for name, w in weights.items():
+        out.append(gemm_sweep.Shape(key=(name,), label=name, in_features=w.shape[1],
+                                    out_features=w.shape[0], dtype=w.dtype,
+                                    run=lambda x, w=w: torch.nn.functional.linear(x, w)))
+    return out
+
+
+def rows_of(shape) -> int:
+    from warmup.serve import gemm_sweep
+
+    size = 2  # bf16
+    return max(1, min(MAX_ROWS, gemm_sweep.MAX_BUFFER_BYTES // ((shape.in_features
+                                                                + shape.out_features) * size)))
+
+
+def child(mode: str, stall_ms: float, loads: dict[str, list[int]]) -> dict:
+    import torch
+
+    from warmup.serve import gemm_sweep
+
+    ss = shapes()
+    x = torch.zeros(MAX_ROWS * 1024, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    found: dict[str, list[int]] = {s.label: [] for s in ss}
+    calls = 0
+    t0 = time.perf_counter()
+    if mode in ("learn", "full"):
+        past = 0
+        for rows in gemm_sweep.row_counts(MAX_ROWS):
+            for s in ss:
+                if rows > rows_of(s):
+                    continue
+                t = time.perf_counter()
+                s.run(x[:rows * s.in_features].view(rows, s.in_features))
+                if (time.perf_counter() - t) * 1e3 > stall_ms:
+                    found[s.label].append(rows)
+                calls += 1
+            past += rows > gemm_sweep.DENSE_ROWS
+            if past >= gemm_sweep.SYNC_ROWS:
+                torch.cuda.synchronize()
+                past = 0
+    elif mode == "learned":
+        for s in ss:
+            for rows in loads.get(s.label, []):
+                s.run(x[:rows * s.in_features].view(rows, s.in_features))
+                calls += 1
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    out = {"mode": mode, "seconds": round(seconds, 3), "calls": calls}
+    if mode == "learn":
+        out["load_rows"] = found
+        return out
+    rng = random.Random(7)
+
+    def timed(s, rows):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        s.run(x[:rows * s.in_features].view(rows, s.in_features))
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) * 1e3
+
+    paid = {}
+    for s in ss:
+        probe = rng.sample(range(1, rows_of(s) + 1), 300)
+        extra = [timed(s, r) - timed(s, r) for r in probe]
+        paid[s.label] = sum(1 for e in extra if e > 1.0)
+    out["paid_of_300"] = paid
+    return out
+
+
+def run(mode: str, stall_ms: float, loads: dict | None = None) -> dict:
+    arg = json.dumps(loads or {})
+    done = subprocess.run([sys.executable, __file__, "--child", mode, str(stall_ms), arg],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    if "--child" in sys.argv:
+        at = sys.argv.index("--child")
+        mode, stall, loads = sys.argv[at + 1], float(sys.argv[at + 2]), json.loads(sys.argv[at + 3])
+        print(json.dumps(child(mode, stall, loads)))
+        return
+    runs = int(sys.argv[sys.argv.index("--runs") + 1]) if "--runs" in sys.argv else 2
+    stall = float(sys.argv[sys.argv.index("--stall-ms") + 1]) if "--stall-ms" in sys.argv else 0.5
+    learned = [run("learn", stall) for _ in range(runs)]
+    loads = {k: sorted(set().union(*(set(r["load_rows"][k]) for r in learned)))
+             for k in learned[0]["load_rows"]}
+    result = {"stall_ms": stall, "learn": [{k: v for k, v in r.items() if k != "load_rows"}
+                                           for r in learned],
+              "load_rows": {k: len(v) for k, v in loads.items()},
+              "same_rows_in_every_learn": all(r["load_rows"] == learned[0]["load_rows"]
+                                              for r in learned),
+              "rows": loads}
+    for _ in range(runs):
+        for mode in ("none", "full", "learned"):
+            result.setdefault(mode, []).append(run(mode, stall, loads))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
