@@ -8,8 +8,8 @@ full sweep can note the calls that stalled; a later process would run only those
 Each mode runs in a fresh process (cuBLAS loads its kernels once per process), over the GEMM
 shapes of ``gemm_sweep_smoke.py`` (the tiny rig's sizes), rows up to 4,096:
 
-* ``learn``: the full sweep, each call timed on the CPU (no wait for the GPU between calls but
-  every 16 row counts); the calls above ``--stall-ms`` are the *load rows* of their shape.
+* ``learn``: the product's sweep (``gemm_sweep.sweep``), each call timed on the CPU; the calls
+  above ``--stall-ms`` are the *load rows* of their shape.
 * ``full`` / ``learned`` / ``none``: the full sweep, only the load rows, or nothing; then the
   probe: 300 random row counts per shape, each timed first and again (the GPU waited for around
   each call); a first call more than 1 ms over its repeat paid a first-time cost.
@@ -70,21 +70,17 @@ def child(mode: str, stall_ms: float, loads: dict[str, list[int]]) -> dict:
     found: dict[str, list[int]] = {s.label: [] for s in ss}
     calls = 0
     t0 = time.perf_counter()
-    if mode in ("learn", "full"):
-        past = 0
-        for rows in gemm_sweep.row_counts(MAX_ROWS):
-            for s in ss:
-                if rows > rows_of(s):
-                    continue
+    if mode in ("learn", "full"):  # the product's sweep, each call timed on the CPU
+        for s in ss:
+            def timed_run(x, run=s.run, label=s.label):
                 t = time.perf_counter()
-                s.run(x[:rows * s.in_features].view(rows, s.in_features))
+                out = run(x)
                 if (time.perf_counter() - t) * 1e3 > stall_ms:
-                    found[s.label].append(rows)
-                calls += 1
-            past += rows > gemm_sweep.DENSE_ROWS
-            if past >= gemm_sweep.SYNC_ROWS:
-                torch.cuda.synchronize()
-                past = 0
+                    found[label].append(x.shape[0])
+                return out
+            s.run = timed_run
+        calls = gemm_sweep.sweep(ss, MAX_ROWS, 600.0, device="cuda",
+                                 synchronize=torch.cuda.synchronize).calls
     elif mode == "learned":
         for s in ss:
             for rows in loads.get(s.label, []):
