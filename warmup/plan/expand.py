@@ -250,8 +250,9 @@ def expand(plan: Plan, facts: ServerFacts, *, max_requests: int | None = None,
 
 
 def _name_uncovered(x: _Expander, phase: str, shape: Shape, steps: list[WarmupStep]) -> None:
-    """A class with ``covers_up_to``: the prompt lengths past its longest warmed prompt, up to
-    that value, are a skip of their own (the log and the report name them)."""
+    """A class with ``covers_up_to``: the prompt lengths past what it warmed (its longest
+    prompt, or what its sizes stand for: ``reaches``), up to that value, are a skip of their own
+    (the log and the report name them)."""
     if shape.covers_up_to is None:
         return
     try:
@@ -259,9 +260,14 @@ def _name_uncovered(x: _Expander, phase: str, shape: Shape, steps: list[WarmupSt
     except _SkipShape:
         return  # the server does not say how long a prompt may be
     longest = max((r.input_len for s in steps for r in s.requests), default=0)
+    if shape.reaches is not None and steps:
+        try:
+            longest = max(longest, int(x.value(shape.reaches)))
+        except _SkipShape:
+            pass  # a fact it reads is not set: what the prompts themselves reach
     if longest < wanted:
         x.skip(phase, shape, f"prompts of {longest + 1}..{wanted} tokens are not warmed: the "
-                             f"class stops at {longest} (a cap in the plan or --let); they "
+                             f"class covers prompts up to {longest} (a cap in the plan or --let); they "
                              "compile at serving time", item=f"{longest + 1}..{wanted}")
 
 

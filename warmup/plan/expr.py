@@ -107,6 +107,26 @@ def _batch_buckets(buckets: Any, lo_size: int, cap: int) -> list[int]:
     return sorted(x for x in out if lo_size <= x <= cap)
 
 
+def _pow2_classes(lo_size: int, cap: int) -> list[int]:
+    """The smallest size of each Triton integer class in each power-of-two range of
+    ``[lo_size, cap]``: 1, and in each range (2^(k-1), 2^k] its smallest size not divisible by
+    16 ("other") and its smallest multiple of 16, where the range holds them.  A kernel
+    specialized on ``next_power_of_2(x)`` and on x's integer class meets at these sizes every
+    key that any size in ``[lo_size, cap]`` meets, at the least cost where the cost grows with
+    the size (a prompt's length).  Sorted, unique."""
+    cap, lo_size = int(cap), max(int(lo_size), 1)
+    out = [1] if lo_size == 1 <= cap else []
+    lo = 1
+    while lo < cap:
+        hi = min(lo * 2, cap)
+        start = max(lo + 1, lo_size)
+        other = start + 1 if start % 16 == 0 else start
+        div16 = -(-start // 16) * 16
+        out += sorted(x for x in {other, div16} if x <= hi)
+        lo = hi
+    return out
+
+
 def _scale(xs: Any, k: int, b: int) -> list[int]:
     """``[x * k + b for x in xs]``: sizes in other units (widths in tokens, say)."""
     if not isinstance(xs, (list, tuple)):
@@ -140,6 +160,8 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], int | None]] = {
     "abs": (abs, 1),
     # batch_buckets(decode_graph_bs, lo, hi): a few batch sizes per power-of-two range in [lo, hi]
     "batch_buckets": (_batch_buckets, 3),
+    # pow2_classes(lo, hi): the smallest size of each integer class per power-of-two range
+    "pow2_classes": (_pow2_classes, 2),
     # scale(xs, k, b): every item of a list times k plus b
     "scale": (_scale, 3),
     # default(x, y): x, or y when x is not set on this server (x is evaluated lazily)

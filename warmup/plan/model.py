@@ -138,6 +138,8 @@ class Shape:
     family: str = ""
     #: the longest prompt the class means to cover (lengths past what it warmed are named)
     covers_up_to: Size | None = None
+    #: the longest prompt its sizes stand for (one size per kernel key), past its longest prompt
+    reaches: Size | None = None
     #: chunked: each prompt starts with the previous prompts' whole chunks (a radix hit)
     chain: bool = False
 

@@ -65,6 +65,9 @@ SHAPE_COMMON = {
     "covers_up_to": Field("int_expr", False, "the longest prompt the class means to cover; "
                           "prompt lengths past its longest warmed one up to this are named as "
                           "not warmed (a cap the operator set, a server limit)"),
+    "reaches": Field("int_expr", False, "the longest prompt the class's sizes stand for, when "
+                     "they warm one size per kernel key and longer prompts meet only those keys "
+                     "(default: its longest prompt); covers_up_to names the lengths past it"),
 }
 SHAPE_KIND = {
     "extend": {"lengths": Field("expr_list", True, "prompt lengths, each one forward (<= chunk)")},

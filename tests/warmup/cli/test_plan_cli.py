@@ -43,15 +43,15 @@ def test_show_table_lists_every_pr_class(capsys, pr_facts_file):
     assert code == 0
     # what the radix cache holds of the prompts (prefix hits, the chained c128 widths) is not
     # computed again
-    assert out.splitlines()[0] == ("plan deepseek_v4_serving_shapes: 259 steps, 653 requests, "
-                                   "4,346,032 prompt tokens (1,466,544 computed, the rest cache "
+    assert out.splitlines()[0] == ("plan deepseek_v4_serving_shapes: 257 steps, 651 requests, "
+                                   "3,316,454 prompt tokens (961,254 computed, the rest cache "
                                    "hits); then flush the cache")
     for cls in ("extend_int_classes", "chunked_prompt", "prefix_hits", "concurrent_prefills", "batched_extends",
                 "eager_decode", "past_context_bucket", "mixed_batches", "c128_widths",
                 "sampling_families", "sampler_x_input_logprobs", "sampler_x_token_ids_logprobs"):
         assert cls in out
     assert "1, 219, 256, 4096, 5000, 8192" in out
-    assert "524453, 1048485" in out  # c128 widths up to the 1M context
+    assert "524453, 526373" in out  # c128 widths: the smallest of each class of the 1M context
 
 
 def test_the_tables_fit_the_terminal(capsys, pr_facts_file, monkeypatch):
@@ -75,12 +75,14 @@ def test_a_capped_let_names_the_prompt_lengths_left_unwarmed(capsys, pr_facts_fi
     code, out, _ = run(capsys, "plan", "show", "deepseek_v4_serving_shapes", "--facts",
                        str(pr_facts_file), "--let", "long_cap=65536")
     assert code == 0
-    assert "65573" in out and "1048485" not in out
-    line = next(x for x in out.splitlines() if x.startswith("long_context") and "65574.." in x)
-    assert line.split(None, 3)[2] == "65574..1048448"
+    # widths up to 512 (65,573 tokens, reached by 272's 34,853): they stand for every prompt
+    # whose width is at most 512, up to 65,663 tokens
+    assert "34853" in out and "65573" not in out and "65701" not in out
+    line = next(x for x in out.splitlines() if x.startswith("long_context") and "65664.." in x)
+    assert line.split(None, 3)[2] == "65664..1048448"
     assert line.split(None, 3)[3] == (
-        "prompts of 65574..1048448 tokens are not warmed: the class stops at 65573 (a cap in "
-        "the plan or --let); they compile at serving time")
+        "prompts of 65664..1048448 tokens are not warmed: the class covers prompts up to 65663 "
+        "(a cap in the plan or --let); they compile at serving time")
     code, _, err = run(capsys, "plan", "show", "deepseek_v4_serving_shapes", "--facts",
                        str(pr_facts_file), "--let", "nope=1")
     assert code == 2

@@ -393,9 +393,9 @@ def test_the_plan_index_files_each_prompt_by_what_the_server_computes():
                                   "--disable-prefill-cuda-graph"))
     index = learn._PlanIndex(expand(loader.load(shipped("deepseek_v4_serving_shapes")), facts))
     assert index.extend[4133] == "c128_widths"          # the chain's first: nothing to hit
-    assert index.prefix[(8192, 16421)] == "c128_widths"  # hits 8,229's whole chunks
-    assert index.prefix[(65536, 130981)] == "c128_widths"
-    assert (16384, 16421) not in index.prefix and 16421 not in index.extend
+    assert index.prefix[(8192, 16549)] == "c128_widths"  # hits 8,357's whole chunks
+    assert index.prefix[(65536, 67621)] == "c128_widths"
+    assert (16384, 16549) not in index.prefix and 16549 not in index.extend
     # the prefix class: its 4,096-token base computes whole (an extend), its extends hit it
     assert index.prefix[(4096, 4097)] == index.prefix[(4096, 8229)] == "prefix_hits"
     assert 4096 in index.extend

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from warmup.plan import expr as E
 
@@ -50,7 +52,7 @@ def test_eval_errors(text, message):
 
 @pytest.mark.parametrize("text,message", [
     ("open('x')", "only the functions abs, align_down, align_up, batch_buckets, ceil_div, default, "
-                  "len, max, min, next_pow2, odd, scale may be called"),
+                  "len, max, min, next_pow2, odd, pow2_classes, scale may be called"),
     ("c + 1", "unknown name 'c'"),
     ("a.real", "'Attribute' is not allowed in plan expressions"),
     ("[x for x in [1]]", "'ListComp' is not allowed in plan expressions"),
@@ -120,3 +122,32 @@ def test_batch_buckets_picks_a_few_sizes_per_power_of_two_range(buckets, lo, cap
     got = E.parse("batch_buckets(b, lo, cap)", {"b", "lo", "cap"}).evaluate(
         {"b": buckets, "lo": lo, "cap": cap})
     assert got == expected
+
+
+def _key(x: int) -> tuple[int, str]:
+    """What a Triton kernel specialized on ``next_power_of_2(x)`` and x's integer class sees."""
+    return 1 << (x - 1).bit_length(), "1" if x == 1 else "div16" if x % 16 == 0 else "other"
+
+
+@pytest.mark.parametrize("lo,cap,expected", [
+    (1, 16, [1, 2, 3, 5, 9, 16]),
+    (2, 1023, [2, 3, 5, 9, 16, 17, 32, 33, 48, 65, 80, 129, 144, 257, 272, 513, 528]),
+    (9, 16, [9, 16]),
+    (17, 100, [17, 32, 33, 48, 65, 80]),
+    (20, 40, [20, 32, 33]),
+    (16, 16, [16]),
+    (5, 4, []),
+])
+def test_pow2_classes_picks_the_smallest_size_of_each_key(lo, cap, expected):
+    assert E.parse("pow2_classes(lo, cap)", {"lo", "cap"}).evaluate(
+        {"lo": lo, "cap": cap}) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 600), st.integers(0, 700))
+def test_pow2_classes_meets_every_key_of_its_range_at_its_smallest_size(lo, cap):
+    got = E.parse("pow2_classes(lo, cap)", {"lo", "cap"}).evaluate({"lo": lo, "cap": cap})
+    sizes = range(lo, cap + 1)
+    assert got == sorted(set(got)) and all(lo <= x <= cap for x in got)
+    assert {_key(x) for x in got} == {_key(x) for x in sizes} and len(got) == len(set(map(_key, got)))
+    assert all(x == min(y for y in sizes if _key(y) == _key(x)) for x in got)

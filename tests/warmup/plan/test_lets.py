@@ -85,3 +85,21 @@ def test_a_bad_variable_names_itself(monkeypatch):
         settings.LETS.get()
     assert err.value.message == ("environment variable WARMUP_LET='long_cap': 'long_cap' is "
                                  "not NAME=EXPRESSION")
+
+
+def test_reaches_stands_for_the_lengths_past_the_longest_prompt(tmp_path, pr_like_facts):
+    """A class that warms one size per kernel key names as not warmed only the lengths past
+    what its sizes stand for (``reaches``), never fewer than those past its longest prompt."""
+    def plan(reaches: str):
+        p = tmp_path / "reach.yaml"
+        p.write_text(PLAN.replace("        covers_up_to: top\n",
+                                  f"        covers_up_to: top\n        reaches: {reaches}\n"))
+        return loader.load(p)
+
+    top = pr_like_facts.max_input_len - 8
+    assert expand(plan("cap + 5000"), pr_like_facts).skipped == ()  # it stands for the context
+    capped = expand(with_lets(plan("cap + 5000"), [("cap", "2000")]), pr_like_facts)
+    assert lengths(capped) == [16, 1000]
+    assert capped.skipped[0].item == f"7001..{top}"
+    short = expand(with_lets(plan("cap - 5000"), [("cap", "2000")]), pr_like_facts)
+    assert short.skipped[0].item == f"1001..{top}"

@@ -18,7 +18,7 @@ phases:
 """
 EXPR_HINT = ("expressions use integers, + - * // %, comparisons, and/or/not, x if c else y, server "
              "facts and: abs, align_down, align_up, batch_buckets, ceil_div, default, len, max, min, "
-             "next_pow2, odd, scale")
+             "next_pow2, odd, pow2_classes, scale")
 SIZE_HINT = "a size is a positive integer or an expression such as `chunked_prefill_size + 219`"
 
 CASES = {
@@ -30,12 +30,12 @@ CASES = {
         BASE.replace("lengths: [1, 219]", "lenghts: [1, 219]"),
         "p.yaml:8: phases[0].shapes[0].lenghts: unknown key 'lenghts' for kind 'extend'",
         "did you mean 'lengths'? valid keys: class, kind, why, when, requires, sampling, "
-        "max_new_tokens, request, family, covers_up_to, lengths"),
+        "max_new_tokens, request, family, covers_up_to, reaches, lengths"),
     "key of another kind": (
         BASE.replace("lengths: [1, 219]", "lengths: [1]\n        base: 4096"),
         "p.yaml:9: phases[0].shapes[0].base: unknown key 'base' for kind 'extend'",
         "valid keys: class, kind, why, when, requires, sampling, max_new_tokens, request, family, "
-        "covers_up_to, lengths"),
+        "covers_up_to, reaches, lengths"),
     "wrong type": (
         BASE.replace("lengths: [1, 219]", "lengths: 5"),
         "p.yaml:8: phases[0].shapes[0].lengths: expected a list, got integer 5",
@@ -68,7 +68,7 @@ CASES = {
     "function call outside the list": (
         BASE.replace("[1, 219]", "['__import__(1)']"),
         "p.yaml:8: phases[0].shapes[0].lengths[0]: `__import__(1)`: only the functions abs, align_down, "
-        "align_up, batch_buckets, ceil_div, default, len, max, min, next_pow2, odd, scale may be called",
+        "align_up, batch_buckets, ceil_div, default, len, max, min, next_pow2, odd, pow2_classes, scale may be called",
         EXPR_HINT),
     "attribute access": (
         BASE.replace("[1, 219]", "['page_size.real']"),

@@ -71,11 +71,13 @@ def test_dsv4_plan_reproduces_pr44627_classes():
     assert [len(s.requests) for s in by["eager_decode"]] == [9, 16]                 # class 7
     # the ratio-128 index combine kernel keys on next_power_of_2(seq_len // 128) and on the
     # integer class of seq_len // 128: every power-of-two range up to the context (1,048,576
-    # here), "other" in each
+    # here), "other" in each and a multiple of 16 in each that holds one, each the smallest
     widths = [n // 128 for n in lens("c128_widths")]
     assert {1 << (w - 1).bit_length() for w in widths} == {2 ** j for j in range(1, 14)}
-    assert all(any(w % 16 and p // 2 < w <= p for w in widths) for p in (2 ** j for j in range(2, 14)))
-    assert 1048576 - 256 < max(lens("c128_widths")) <= 1048576 - 64
+    assert all(p // 2 + 1 in widths for p in (2 ** j for j in range(2, 14)))
+    assert all(p // 2 + 16 in widths for p in (2 ** j for j in range(6, 14))) and 16 in widths
+    assert max(lens("c128_widths")) == (4096 + 16) * 128 + 37  # half the context's tokens
+    assert "c128_widths" not in {k.shape_class for k in exp.skipped}  # they stand for the rest
     # class 8: a prompt 219 past the 262,144 bucket, then extends that compute exactly 1, 37
     # and 4,133 tokens on its page-aligned radix hit (page 256: the hit is 262,144).
     assert lens("past_context_bucket") == [262144 + 219, 262144 + 1, 262144 + 37, 262144 + 4133]

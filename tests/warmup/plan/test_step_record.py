@@ -246,7 +246,7 @@ def test_the_records_learned_on_the_gpu_read_back(name, keep, hashed):
     assert record.plan == "deepseek_v4_serving_shapes" and len(record.evidence) == 225
 
 
-def test_a_chained_prompt_keeps_the_prompt_it_hits():
+def test_a_chained_prompt_keeps_the_prompt_it_hits(tmp_path):
     """The chained record the GPU bake learned, closed again over the cache hits: width 8,357
     (step 217) hits the whole chunks of width 8,229 (step 216), which the bake's closure (of
     each stream's first step only) had left out; every step a kept step hits is kept, and so
@@ -259,8 +259,16 @@ def test_a_chained_prompt_keeps_the_prompt_it_hits():
 
     path = Path(__file__).parents[3] / "docs" / "data" / "dsv4-eager-C-chained-steps.json"
     record = step_record.read(path)
-    exp = expand(loader.load(shipped.path(record.plan)),
-                 facts_file.from_dump(dict(record.facts), str(path), hint="-"))
+    # the plan as that bake ran it: its c128 widths were each power-of-two range's top and
+    # smallest "other" width, up to the context (pow2_classes came after)
+    text = shipped.path(record.plan).read_text()
+    new = ('lengths: ["scale(pow2_classes(2, min(max_input_len - 64, long_cap) // 128), 128, 37)"]',
+           "        reaches: min(max_input_len - 64, long_cap) // 128 * 128 + 127\n")
+    assert new[0] in text and new[1] in text
+    baked = tmp_path / "deepseek_v4_serving_shapes.yaml"
+    baked.write_text(text.replace(new[0], new[0].replace("pow2_classes(", "batch_buckets([], "))
+                     .replace(new[1], ""))
+    exp = expand(loader.load(baked), facts_file.from_dump(dict(record.facts), str(path), hint="-"))
     # the same steps as the bake's (its digest predates the token scheme's part in it)
     import hashlib
     steps = json.dumps(exp.to_dict()["steps"], sort_keys=True).encode()
