@@ -10,7 +10,8 @@ shapes of ``gemm_sweep_smoke.py`` (the tiny rig's sizes), rows up to 4,096:
 
 * ``learn``: the product's sweep (``gemm_sweep.sweep``), each call timed on the CPU; the calls
   above ``--stall-ms`` are the *load rows* of their shape.
-* ``full`` / ``learned`` / ``none``: the full sweep, only the load rows, or nothing; then the
+* ``full`` / ``learned`` / ``threads`` / ``none``: the full sweep, only the load rows, the full
+  sweep with each shape on its own thread (cuBLAS's loads overlapping, if they can), or nothing; then the
   probe: 300 random row counts per shape, each timed first and again (the GPU waited for around
   each call); a first call more than 1 ms over its repeat paid a first-time cost.
 
@@ -81,6 +82,19 @@ def child(mode: str, stall_ms: float, loads: dict[str, list[int]]) -> dict:
             s.run = timed_run
         calls = gemm_sweep.sweep(ss, MAX_ROWS, 600.0, device="cuda",
                                  synchronize=torch.cuda.synchronize).calls
+    elif mode == "threads":  # every shape on its own thread: do cuBLAS's loads overlap?
+        import threading
+
+        def one(s):
+            with torch.inference_mode():
+                for rows in gemm_sweep.row_counts(rows_of(s)):
+                    s.run(x[:rows * s.in_features].view(rows, s.in_features))
+        workers = [threading.Thread(target=one, args=(s,)) for s in ss]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        calls = sum(len(list(gemm_sweep.row_counts(rows_of(s)))) for s in ss)
     elif mode == "learned":
         for s in ss:
             for rows in loads.get(s.label, []):
@@ -135,7 +149,7 @@ def main() -> None:
                                               for r in learned),
               "rows": loads}
     for _ in range(runs):
-        for mode in ("none", "full", "learned"):
+        for mode in ("none", "full", "learned", "threads"):
             result.setdefault(mode, []).append(run(mode, stall, loads))
     print(json.dumps(result, indent=1))
 
