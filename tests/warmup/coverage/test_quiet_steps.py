@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 
@@ -71,6 +72,8 @@ def test_the_second_pass_learns_the_loud_steps_and_a_launch_sends_only_those(
     tm = fake_tokenizer_manager(state_dir=state)
     compiling(tm, state)
     exp = tiny_expansion(tm, tiny_plan_path)
+    # the records decide here: a busy test machine's timing makes no step loud
+    monkeypatch.setattr(quiet_steps, "learn", functools.partial(quiet_steps.learn, min_ms=1e6))
     record = learned(tm, exp, state)
 
     # a step is loud where the first pass met a new prompt length; the sampling steps send
@@ -297,3 +300,32 @@ def test_a_warm_up_that_sent_the_quiet_steps_late_learns_no_record(
     assert result.run.quiet_steps == 0 and result.run.steps_record == "r.json (not applied)"
     assert result.coverage is not None
     assert not (tmp_path / "launch" / step_record.STATE_FILE).exists()
+
+
+def _sweep(**changes):
+    return {"pid": 7, "max_rows": 4096, "rows_reached": 4096, "blas": "H100 sm_90, torch 2.11.0",
+            "learned": 0, "stopped_by_budget": False, "load_rows": {"a": [1, 9], "b": []},
+            **changes}
+
+
+def test_the_record_keeps_the_load_rows_of_the_sweeps_up_to_where_they_all_reached(
+        fake_tokenizer_manager, tiny_plan_path):
+    """Every scheduler's load rows together, per shape, up to the row count the shortest sweep
+    reached; none (a later start sweeps whole) where a sweep ran learned rows, or the
+    schedulers disagree on the GPU, libraries or row limit."""
+    exp = tiny_expansion(fake_tokenizer_manager(), tiny_plan_path)
+    steady = {s.index: 50.0 for s in exp.steps}
+    first = dataclasses.replace(_report(exp, steady), gemm_sweeps=(
+        _sweep(), _sweep(pid=8, load_rows={"a": [9, 17], "c": [3]})))
+    record = quiet_steps.learn(exp, first, [], _report(exp, steady))
+    assert record.gemm == step_record.GemmRows("H100 sm_90, torch 2.11.0", 4096, 4096,
+                                               {"a": (1, 9, 17), "b": (), "c": (3,)})
+    assert step_record.from_json(record.to_json()) == record
+    cut = step_record.gemm_rows([_sweep(load_rows={"a": [1, 9, 17, 4000]}),
+                                 _sweep(rows_reached=16, stopped_by_budget=True)])
+    assert (cut.reached, cut.rows) == (16, {"a": (1, 9), "b": ()})  # one budget stopped at 16
+    for bad in [_sweep(learned=2), _sweep(max_rows=8192), _sweep(rows_reached=0),
+                _sweep(blas="H200 sm_90, torch 2.11.0"), _sweep(load_rows=None), _sweep(blas="")]:
+        assert step_record.gemm_rows([_sweep(), bad]) is None, bad
+    assert step_record.gemm_rows([]) is None
+    assert quiet_steps.learn(exp, _report(exp, steady), [], _report(exp, steady)).gemm is None
