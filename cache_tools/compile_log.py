@@ -156,6 +156,9 @@ class GemmSweepRecord(BaseRecord, total=False):
     capped_rows: int | None
     capped_shape: str | None
     failed: list[str]
+    learned: int
+    blas: str
+    load_rows: dict[str, list[int]]
 
 
 class AllocatorRecord(BaseRecord, total=False):

@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from cache_tools.compile_log import ALLOCATOR, GEMM_SWEEP
-from warmup.plan.step_record import StepEvidence, StepRecord, prefix_closure
+from warmup.plan.step_record import StepEvidence, StepRecord, gemm_rows, prefix_closure
 
 if TYPE_CHECKING:
     from warmup.plan.model import Expansion
@@ -52,7 +52,8 @@ def learn(exp: Expansion, first: RunReport, records: Iterable[Mapping], replay: 
                       expansion_digest=exp.digest(), steps=len(exp.steps),
                       keep=tuple(sorted(prefix_closure(exp, keep))), ratio=ratio, min_ms=min_ms,
                       facts=exp.facts.to_dict(), device=device, learned_at=round(time.time(), 3),
-                      evidence=tuple(evidence), server_args=dict(exp.server_args))
+                      evidence=tuple(evidence), server_args=dict(exp.server_args),
+                      gemm=gemm_rows(first.gemm_sweeps))
 
 
 def loud(evidence: Iterable[StepEvidence], *, ratio: float = RATIO, min_ms: float = MIN_MS,

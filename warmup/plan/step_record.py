@@ -24,7 +24,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from cache_tools import atomic, jsonfile
 from warmup.errors import StepsError, shown
@@ -61,6 +61,10 @@ _OPERATIONAL = re.compile(
     r"|(^|_)ports?$|timeout|_secs$|key|password|secret|^log_|ssl|metric|bucket|otlp|trace"
     r"|uvicorn|dump|_log_interval|watchdog|watermark|_paths?$|_dir$|_file$|_folder$|_socket$"
     r"|endpoint|_urls?$|_ip$|_addr$|ib_device|numa_node|weight_loader_prefetch")
+#: bounds of a record's GEMM rows: shapes, rows per shape, the largest row count
+MAX_GEMM_SHAPES = 1024
+MAX_GEMM_ROWS = 65_536
+MAX_ROW = 1 << 24
 _HINT = "learn it again: `sglang-warmup prebake` writes ARCHIVE.steps.json beside the archive"
 
 
@@ -77,6 +81,63 @@ class StepEvidence:
 
     def to_json(self) -> list[Any]:
         return [self.index, _ms(self.first_ms), _ms(self.replay_ms), self.events]
+
+
+@dataclass(frozen=True)
+class GemmRows:
+    """Where the GEMM sweep of a start from the baked caches met cuBLAS loading a kernel: per
+    dense GEMM shape (:attr:`warmup.serve.gemm_sweep.Shape.key_text`), the row counts up to
+    ``reached`` (where the sweep's budget stopped it, or its row limit) whose call held the CPU
+    while it loaded one.  A later start on the same GPU and libraries (``blas``) with the same
+    row limit (``max_rows``) sweeps only those up to ``reached``: the others loaded nothing."""
+
+    blas: str
+    max_rows: int
+    reached: int
+    rows: Mapping[str, tuple[int, ...]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"blas": self.blas, "max_rows": self.max_rows, "reached": self.reached,
+                "rows": {k: list(v) for k, v in self.rows.items()}}
+
+    def merged(self, other: GemmRows | None) -> GemmRows:
+        """These rows and ``other``'s (another start's sweep on the same GPU, libraries and row
+        limit: cuBLAS loads the same kernels in every fresh process, and a call the timing
+        missed in one start is seen in the other); these alone where ``other`` differs."""
+        if other is None or (other.blas, other.max_rows) != (self.blas, self.max_rows):
+            return self
+        keys = dict.fromkeys([*self.rows, *other.rows])
+        return GemmRows(self.blas, self.max_rows, max(self.reached, other.reached), {
+            k: tuple(sorted({*self.rows.get(k, ()), *other.rows.get(k, ())})) for k in keys})
+
+
+def gemm_rows(sweeps: Iterable[Mapping[str, Any]]) -> GemmRows | None:
+    """The GEMM sweeps' load rows of one start, every scheduler's together, up to the row count
+    the shortest of them reached, when each swept every row count (none at rows learned before)
+    on the same libraries and row limit; None otherwise (a later start then sweeps whole)."""
+    sweeps = list(sweeps)
+    if not sweeps or any(s.get("learned") or not isinstance(s.get("load_rows"), Mapping)
+                         for s in sweeps):
+        return None
+    blas = {s.get("blas") for s in sweeps}
+    limits = {s.get("max_rows") for s in sweeps}
+    reached = [s.get("rows_reached") for s in sweeps]
+    if len(blas) != 1 or len(limits) != 1:
+        return None
+    b, m = blas.pop(), limits.pop()
+    tops = [r for r in reached if isinstance(r, int) and not isinstance(r, bool)]
+    if not isinstance(b, str) or not b or not isinstance(m, int) or isinstance(m, bool) \
+            or not 1 <= m <= MAX_ROW or len(tops) != len(sweeps) \
+            or not all(1 <= r <= m for r in tops):
+        return None
+    top = min(tops)
+    rows: dict[str, set[int]] = {}
+    for s in sweeps:
+        for key, xs in s["load_rows"].items():
+            rows.setdefault(str(key), set()).update(
+                x for x in (xs if isinstance(xs, list) else ()) if _is_int(x) and 1 <= x <= top)
+    return GemmRows(blas=b, max_rows=m, reached=top,
+                    rows={k: tuple(sorted(v)) for k, v in rows.items()})
 
 
 @dataclass(frozen=True)
@@ -98,6 +159,8 @@ class StepRecord:
     evidence: tuple[StepEvidence, ...] = ()
     #: the bake's server arguments as :func:`server_args_of` hashes them (empty: not compared)
     server_args: Mapping[str, str] = field(default_factory=dict)
+    #: the GEMM sweep's load rows in that start (None: not learned; the sweep runs whole)
+    gemm: GemmRows | None = None
 
     @property
     def quiet(self) -> int:
@@ -109,7 +172,8 @@ class StepRecord:
                 "steps": self.steps, "keep": list(self.keep), "ratio": self.ratio,
                 "min_ms": self.min_ms, "facts": dict(self.facts), "device": self.device,
                 "learned_at": self.learned_at, "server_args": dict(self.server_args),
-                "evidence": [e.to_json() for e in self.evidence]}
+                "evidence": [e.to_json() for e in self.evidence],
+                **({"gemm": self.gemm.to_json()} if self.gemm is not None else {})}
 
     def write(self, path: str | os.PathLike[str]) -> None:
         atomic.write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
@@ -257,7 +321,37 @@ def from_json(d: Any) -> StepRecord:
                       device=_text(d, "device", required=False),
                       learned_at=_number(d, "learned_at", 0.0, 1e11, required=False),
                       evidence=_evidence(d.get("evidence", []), steps),
-                      server_args=_hashes(d.get("server_args", {})))
+                      server_args=_hashes(d.get("server_args", {})),
+                      gemm=_gemm(d.get("gemm")))
+
+
+
+def _gemm(value: Any) -> GemmRows | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise StepsError(f"gemm: expected an object, not {shown(value)}", hint=_HINT)
+    rows = value.get("rows")
+    if not isinstance(rows, dict) or len(rows) > MAX_GEMM_SHAPES:
+        raise StepsError(f"gemm.rows: expected an object of at most {MAX_GEMM_SHAPES} shapes",
+                         hint=_HINT)
+    out: dict[str, tuple[int, ...]] = {}
+    for key, xs in rows.items():
+        if len(key) > 300 or not isinstance(xs, list) or len(xs) > MAX_GEMM_ROWS \
+                or not all(_is_int(x) and 1 <= x <= MAX_ROW for x in xs):
+            raise StepsError(f"gemm.rows.{shown(key[:300])}: expected a list of at most "
+                             f"{MAX_GEMM_ROWS:,} row counts from 1 to {MAX_ROW:,}", hint=_HINT)
+        out[key] = tuple(sorted(set(xs)))
+    blas, max_rows, reached = value.get("blas"), value.get("max_rows"), value.get("reached")
+    if not isinstance(blas, str) or len(blas) > 4096:
+        raise StepsError(f"gemm.blas: expected a text, not {shown(blas)}", hint=_HINT)
+    if not isinstance(max_rows, int) or isinstance(max_rows, bool) or not 1 <= max_rows <= MAX_ROW:
+        raise StepsError(f"gemm.max_rows: expected an integer from 1 to {MAX_ROW:,}, not "
+                         f"{shown(max_rows)}", hint=_HINT)
+    if not isinstance(reached, int) or isinstance(reached, bool) or not 1 <= reached <= max_rows:
+        raise StepsError(f"gemm.reached: expected an integer from 1 to {max_rows:,} (max_rows), "
+                         f"not {shown(reached)}", hint=_HINT)
+    return GemmRows(blas=blas, max_rows=max_rows, reached=reached, rows=out)
 
 
 def _evidence(value: Any, steps: int) -> tuple[StepEvidence, ...]:

@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -213,7 +213,7 @@ class PrebakePlan:
                 f"steps record", hint=f"{learn_failed.hint} (a server that cannot start from "
                 f"these caches is worth knowing before an image ships them; --no-learn-steps "
                 f"bakes with one start)") from learn_failed
-        steps, steps_line = self._keep_steps(warnings)
+        steps, steps_line = self._keep_steps(warnings, report)
         kept: Path | None = self.work_dir
         if self.temporary and not self.keep:
             shutil.rmtree(self.work_dir, ignore_errors=True)
@@ -243,14 +243,20 @@ class PrebakePlan:
                 say(f"sglang-warmup prebake: server stopped ({stopped_with})")
         return report, ready_s, stopped_with
 
-    def _keep_steps(self, warnings: list[str]) -> tuple[Path | None, str]:
+    def _keep_steps(self, warnings: list[str],
+                    cold: Mapping[str, Any]) -> tuple[Path | None, str]:
         """The steps record the second start learned, copied beside the archive (a missing or
-        unreadable one is a warning: the archive is good without it)."""
+        unreadable one is a warning: the archive is good without it), with the GEMM load rows
+        of both starts' sweeps (``cold``: the cold start's run report)."""
         if self.learn is None:
             return None, ""
         path = Path(self.learn.state_dir) / step_record.STATE_FILE
         try:
             record = step_record.read(path)
+            sweeps = cold.get("gemm_sweeps")
+            if record.gemm is not None and isinstance(sweeps, list):
+                record = replace(record, gemm=record.gemm.merged(step_record.gemm_rows(
+                    [s for s in sweeps if isinstance(s, Mapping)])))
             record.write(self.steps_path)
         except (WarmupError, OSError) as exc:
             warnings.append(f"no steps record: {exc}; a launch from this archive sends the "

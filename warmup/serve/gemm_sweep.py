@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from warmup import settings
+from warmup.errors import WarmupError
 
 logger = logging.getLogger("sglang_warmup.gemm_sweep")
 
@@ -53,6 +54,10 @@ DEFAULT_MAX_ROWS = 8192
 #: row counts past DENSE_ROWS between two waits for the GPU: the CPU queues the next GEMMs
 #: while the GPU runs these, and the budget still counts the GPU's time within that many rows
 SYNC_ROWS = 16
+#: a call that held the CPU this long (ms) loaded a kernel: cuBLAS's set-up of a new kernel
+#: takes 2-4 ms on an H100 or H200, a launch tens of microseconds; its row count is a *load
+#: row* of its shape (a false one, an allocation or a pause, only costs a call later)
+STALL_MS = 0.5
 _FLOATS = ("torch.bfloat16", "torch.float16", "torch.float32")
 
 
@@ -81,6 +86,16 @@ class Shape:
     dtype: Any
     run: Callable[[Any], Any]
     max_rows: int = 0
+    #: the only row counts to run up to ``learned_up_to`` (the load rows a start from the same
+    #: caches learned; every row count above); None: every row count of :func:`row_counts`
+    rows: frozenset[int] | None = None
+    learned_up_to: int = 0
+
+    @property
+    def key_text(self) -> str:
+        """The shape's key as a record names it: what, weight shape, dtype, bias, backend."""
+        return " ".join("x".join(map(str, k)) if isinstance(k, tuple) else str(k)
+                        for k in self.key)
 
 
 @dataclass
@@ -97,6 +112,10 @@ class SweepResult:
     capped_shape: str = ""
     #: shapes left out after their GEMM raised (``label: error``)
     failed: list[str] = field(default_factory=list)
+    #: per shape (``key_text``), the row counts whose call held the CPU STALL_MS or more
+    load_rows: dict[str, list[int]] = field(default_factory=dict)
+    #: shapes run only at the load rows a steps record named
+    learned: int = 0
 
     def summary(self) -> str:
         how = "stopped by its time budget" if self.stopped_by_budget else "complete"
@@ -104,7 +123,9 @@ class SweepResult:
                if self.capped_shape and self.capped_rows < self.rows_reached else "")
         failed = f"; {len(self.failed)} failed and left out: {self.failed[0]}" if self.failed \
             else ""
-        return (f"GEMM sweep: {len(self.shapes)} shapes, {self.calls} calls, rows 1-"
+        learned = (f", {self.learned} at the rows where a start from the same caches loaded "
+                   f"a kernel" if self.learned else "")
+        return (f"GEMM sweep: {len(self.shapes)} shapes{learned}, {self.calls} calls, rows 1-"
                 f"{self.rows_reached} of {self.max_rows}{cap}, {self.seconds:.2f} s ({how})"
                 f"{failed}")
 
@@ -191,7 +212,8 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
           device: Any = "cuda", clock: Callable[[], float] = time.monotonic,
           synchronize: Callable[[], None] | None = None,
           sync_rows: int = SYNC_ROWS) -> SweepResult:
-    """Run every shape at every row count of :func:`row_counts` until ``budget_s`` is spent.
+    """Run every shape at every row count of :func:`row_counts` (a shape with ``rows`` at those
+    only) until ``budget_s`` is spent, noting the calls that held the CPU ``STALL_MS``.
 
     One input buffer per dtype serves every shape (a contiguous view of its first
     ``rows * in_features`` elements), so the memory held is the largest shape's input plus one
@@ -200,7 +222,8 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
     ``DENSE_ROWS``, so the budget counts the GPU's time too."""
     import torch
 
-    result = SweepResult(shapes=[s.label for s in shapes], max_rows=max_rows)
+    result = SweepResult(shapes=[s.label for s in shapes], max_rows=max_rows,
+                         learned=sum(1 for s in shapes if s.rows is not None))
     started = clock()
     if not shapes or max_rows < 1 or budget_s <= 0:
         return result
@@ -213,6 +236,7 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
     smallest = min(shapes, key=lambda s: s.max_rows)
     if smallest.max_rows < max_rows:
         result.capped_rows, result.capped_shape = smallest.max_rows, smallest.label
+    result.load_rows = {s.key_text: [] for s in shapes}
     buffers: dict[Any, Any] = {}
     try:
         with torch.inference_mode():
@@ -223,18 +247,24 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
             for rows in row_counts(max_rows):
                 over = False
                 for s in list(active):
-                    if rows <= s.max_rows:
-                        try:
-                            s.run(buffers[s.dtype][:rows * s.in_features].view(rows,
-                                                                               s.in_features))
-                        except Exception as exc:  # noqa: BLE001 - that shape only, not the rest
-                            active.remove(s)
-                            result.failed.append(f"{s.label}: {type(exc).__name__}: {exc}"[:300])
-                            continue
-                        result.calls += 1
-                        if clock() - started > budget_s:
-                            over = True
-                            break
+                    if rows > s.max_rows or (s.rows is not None and rows <= s.learned_up_to
+                                             and rows not in s.rows):
+                        continue
+                    before = clock()
+                    try:
+                        s.run(buffers[s.dtype][:rows * s.in_features].view(rows, s.in_features))
+                    except Exception as exc:  # noqa: BLE001 - that shape only, not the rest
+                        active.remove(s)
+                        result.load_rows.pop(s.key_text, None)  # its rows are not all known
+                        result.failed.append(f"{s.label}: {type(exc).__name__}: {exc}"[:300])
+                        continue
+                    now = clock()
+                    result.calls += 1
+                    if (now - before) * 1e3 >= STALL_MS:
+                        result.load_rows.setdefault(s.key_text, []).append(rows)
+                    if now - started > budget_s:
+                        over = True
+                        break
                 past += rows > DENSE_ROWS
                 if synchronize is not None and past >= max(1, sync_rows):
                     synchronize()
@@ -314,7 +344,14 @@ def after_load(runner: Any) -> SweepResult | None:
         return None
     device = next((p.device for p in runner.model.parameters() if p.is_cuda),
                   torch.device("cuda", torch.cuda.current_device()))
-    result = sweep(shapes, max_rows_of(server_args), budget, device=device,
+    max_rows = max_rows_of(server_args)
+    blas = blas_id()
+    rows, reached, why = learned_rows(max_rows, blas)
+    for s in shapes:
+        s.rows, s.learned_up_to = rows.get(s.key_text), reached
+    if why:
+        logger.info("sglang-warmup: GEMM sweep at every row count: %s", why)
+    result = sweep(shapes, max_rows, budget, device=device,
                    synchronize=torch.cuda.synchronize, sync_rows=SYNC_ROWS)
     _done.update(s.key for s in shapes)
     _spent_s += result.seconds
@@ -323,11 +360,48 @@ def after_load(runner: Any) -> SweepResult | None:
     if clear is not None:       # the KV cache is sized from free memory after the load
         clear()
     (logger.warning if result.failed else logger.info)("sglang-warmup: %s", result.summary())
-    record(result)
+    record(result, blas)
     return result
 
 
-def record(result: SweepResult) -> None:
+def blas_id() -> str:
+    """What picks cuBLAS's kernels besides the shape: the GPU, torch and its CUDA, the BLAS
+    library torch prefers (load rows learned under another of them do not apply)."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    try:
+        lib = str(torch.backends.cuda.preferred_blas_library())
+    except Exception:  # noqa: BLE001 - a torch without the choice: cuBLAS
+        lib = "cublas"
+    return (f"{torch.cuda.get_device_name()} sm_{major}{minor}, torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda}, {lib}")
+
+
+def learned_rows(max_rows: int, blas: str) -> tuple[dict[str, frozenset[int]], int, str]:
+    """The load rows per shape that WARMUP_STEPS's record learned in a start from the same
+    caches and the row count they go up to, where they apply to this sweep (the same GPU and
+    libraries, ``blas``, the same row limit); else none, and why (empty without a record)."""
+    from warmup.plan import step_record
+
+    path = settings.STEPS.get()
+    if not path:
+        return {}, 0, ""
+    try:
+        gemm = step_record.read(path).gemm
+    except WarmupError as exc:  # the warm-up's hook says what is wrong with the record
+        return {}, 0, f"the steps record does not read ({exc.message})"
+    if gemm is None:
+        return {}, 0, f"{path} holds no GEMM load rows"
+    if gemm.blas != blas:
+        return {}, 0, f"{path}'s GEMM load rows were learned on {gemm.blas}, this is {blas}"
+    if gemm.max_rows != max_rows:
+        return {}, 0, (f"{path}'s GEMM load rows were learned for {gemm.max_rows} rows, this "
+                       f"sweep goes to {max_rows}")
+    return {k: frozenset(v) for k, v in gemm.rows.items()}, gemm.reached, ""
+
+
+def record(result: SweepResult, blas: str = "") -> None:
     """The sweep as a ``gemm_sweep`` record in this process's compile log (the run report
     shows it)."""
     from cache_tools import compile_log
@@ -337,7 +411,8 @@ def record(result: SweepResult) -> None:
                 rows_reached=result.rows_reached, max_rows=result.max_rows,
                 duration_s=round(result.seconds, 3), stopped_by_budget=result.stopped_by_budget,
                 capped_rows=result.capped_rows or None, capped_shape=result.capped_shape or None,
-                failed=result.failed[:8])
+                failed=result.failed[:8], learned=result.learned, blas=blas,
+                load_rows=result.load_rows)
 
 
 def _wrap(module: Any) -> None:

@@ -25,7 +25,8 @@ VERSION = 1
 SWEEP_WINDOW_S = 120.0
 #: what the report keeps of each ``gemm_sweep`` compile-log record
 _SWEEP_FIELDS = ("pid", "shapes", "calls", "rows_reached", "max_rows", "duration_s",
-                 "stopped_by_budget", "capped_rows", "capped_shape", "failed")
+                 "stopped_by_budget", "capped_rows", "capped_shape", "failed", "learned", "blas",
+                 "load_rows")
 
 
 @dataclass
@@ -304,8 +305,9 @@ def sweep_processes(sweeps: Iterable[Any]) -> list[dict[str, Any]]:
         pid = s.get("pid") if isinstance(s.get("pid"), int) else f"record {i}"
         p = procs.setdefault(pid, {"shapes": 0.0, "duration_s": 0.0, "rows_reached": 0.0,
                                    "max_rows": 0.0, "cut": False, "capped": None,
-                                   "failed": 0})
+                                   "failed": 0, "learned": 0.0})
         p["shapes"] += as_number(s.get("shapes"))
+        p["learned"] += as_number(s.get("learned"))
         p["duration_s"] += as_number(s.get("duration_s"))
         p["rows_reached"] = max(p["rows_reached"], as_number(s.get("rows_reached")))
         p["max_rows"] = max(p["max_rows"], as_number(s.get("max_rows")))

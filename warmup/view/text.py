@@ -127,8 +127,10 @@ def sweep_line(sweeps: Iterable[Any]) -> str:
     cut = sum(1 for p in procs if p["cut"])
     failed = sum(p["failed"] for p in procs)
     capped = worst["capped"]
+    learned = (f" ({worst['learned']:.0f} at the rows where the bake's start loaded a kernel)"
+               if worst["learned"] else "")
     return (f"GEMM sweep before the warm-up: {len(procs)} scheduler(s), {worst['shapes']:.0f} "
-            f"shapes, rows 1-{worst['rows_reached']:.0f} of {worst['max_rows']:.0f}"
+            f"shapes{learned}, rows 1-{worst['rows_reached']:.0f} of {worst['max_rows']:.0f}"
             + (f" ({capped[1]} to {capped[0]:.0f})" if capped else "")
             + f", {worst['duration_s']:.1f} s"
             + (f"; {cut} stopped by WARMUP_GEMM_SWEEP_S" if cut else "")

@@ -92,7 +92,36 @@ CORPUS = [
                                         "events], not [0, -5, 1.0, 0]"),
     (_with(evidence=[[0, 1.0, 1.0, -1]]), "evidence[0]: expected [index, first_ms, replay_ms, "
                                           "events], not [0, 1.0, 1.0, -1]"),
+    (_with(gemm=[]), "gemm: expected an object, not []"),
+    (_with(gemm={"blas": "b", "max_rows": 8, "reached": 8}), "gemm.rows: expected an object of "
+                                                             "at most 1024 shapes"),
+    (_with(gemm={"blas": "b", "max_rows": 8, "reached": 8, "rows": {"k": [0]}}),
+     "gemm.rows.'k': expected a list of at most 65,536 row counts from 1 to 16,777,216"),
+    (_with(gemm={"blas": "b", "max_rows": 8, "reached": 8, "rows": {"k": [True]}}),
+     "gemm.rows.'k': expected a list of at most 65,536 row counts from 1 to 16,777,216"),
+    (_with(gemm={"blas": "b", "max_rows": 8, "reached": 8,
+                      "rows": {"k": list(range(1, 70_000))}}),
+     "gemm.rows.'k': expected a list of at most 65,536 row counts from 1 to 16,777,216"),
+    (_with(gemm={"blas": 3, "max_rows": 8, "reached": 8, "rows": {}}),
+     "gemm.blas: expected a text, not 3"),
+    (_with(gemm={"blas": "b", "max_rows": 0, "reached": 8, "rows": {}}),
+     "gemm.max_rows: expected an integer from 1 to 16,777,216, not 0"),
+    (_with(gemm={"blas": "b", "max_rows": 8, "reached": 9, "rows": {}}),
+     "gemm.reached: expected an integer from 1 to 8 (max_rows), not 9"),
+    (_with(gemm={"blas": "b", "max_rows": 8, "rows": {}}),
+     "gemm.reached: expected an integer from 1 to 8 (max_rows), not None"),
 ]
+
+
+def test_the_gemm_load_rows_read_back_sorted_and_unique(tmp_path):
+    doc = _with(gemm={"blas": "H100 sm_90", "max_rows": 4096, "reached": 2048,
+                      "rows": {"linear 64x32 torch.bfloat16 False M": [9, 1, 9, 72], "b": []}})
+    record = step_record.from_json(doc)
+    assert record.gemm == step_record.GemmRows("H100 sm_90", 4096, 2048, {
+        "linear 64x32 torch.bfloat16 False M": (1, 9, 72), "b": ()})
+    record.write(tmp_path / "r.json")
+    assert step_record.read(tmp_path / "r.json") == record
+    assert step_record.from_json(GOOD).gemm is None          # a record of before: none
 
 
 @pytest.mark.parametrize("doc,message", CORPUS)
@@ -145,7 +174,8 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.dictionaries(st.sampled_from(sorted(GOOD)), JSON, max_size=len(GOOD)), st.data())
+@given(st.dictionaries(st.sampled_from(sorted({*GOOD, "gemm"})), JSON, max_size=len(GOOD)),
+       st.data())
 def test_any_document_is_a_record_or_one_refusal(changes, data):
     """Any mix of valid and arbitrary fields: a StepRecord whose keep indices are steps, or a
     StepsError of one line; never another exception."""

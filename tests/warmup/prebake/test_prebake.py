@@ -461,3 +461,30 @@ def test_the_environment_pins_every_cache_under_the_root(tmp_path, monkeypatch):
     finally:
         spec.discard()
     assert not spec.work_dir.exists()
+
+
+def test_the_record_beside_the_archive_has_both_starts_gemm_load_rows(tmp_path):
+    """cuBLAS loads the same kernels in every fresh process: the cold start's sweep and the
+    learning start's together name every load row either saw; a cold sweep on another GPU, or
+    at rows learned before, adds nothing."""
+    spec = prebake.prepare(PLAN, tmp_path / "a.tar", ["--model-path", "m"], port=free_port(),
+                           work_dir=tmp_path / "work")
+    learned = step_record.from_json({
+        "format": "sglang-warmup-steps", "version": 1, "plan": "p", "plan_sha256": "",
+        "expansion_digest": "d", "steps": 2, "keep": [1], "ratio": 1.2, "min_ms": 5.0,
+        "gemm": {"blas": "H100", "max_rows": 4096, "reached": 4096,
+                 "rows": {"a": [1, 9], "b": []}}})
+    learned.write(Path(spec.learn.state_dir) / step_record.STATE_FILE)
+
+    def cold(**changes):
+        return {"gemm_sweeps": [{"pid": 1, "blas": "H100", "max_rows": 4096, "learned": 0,
+                                 "rows_reached": 4096, "stopped_by_budget": False,
+                                 "load_rows": {"a": [9, 17], "b": [3], "c": []}, **changes}]}
+
+    warnings: list[str] = []
+    path, line = spec._keep_steps(warnings, cold())
+    assert warnings == [] and line.startswith("steps: 1 of 2 paid a first-time cost")
+    assert step_record.read(path).gemm.rows == {"a": (1, 9, 17), "b": (3,), "c": ()}
+    for other in (cold(blas="H200"), cold(learned=3), {"gemm_sweeps": "x"}, {}):
+        path, _ = spec._keep_steps(warnings, other)
+        assert step_record.read(path).gemm == learned.gemm

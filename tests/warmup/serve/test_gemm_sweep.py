@@ -15,6 +15,8 @@ from warmup.serve import gemm_sweep
 from warmup.serve.gemm_sweep import row_counts
 
 ROOT = Path(__file__).resolve().parents[3]
+#: what the faked CUDA names its GPU and libraries
+BLAS = "NVIDIA H100 80GB HBM3 sm_90, torch 2.11.0, CUDA 12.8, cublas"
 
 
 @pytest.mark.parametrize("max_rows", [1, 7, 64, 65, 72, 73, 100, 2048, 8192, 8190])
@@ -243,6 +245,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None, raising=False)
+    monkeypatch.setattr(gemm_sweep, "blas_id", lambda: BLAS)
     monkeypatch.setattr(gemm_sweep, "model_shapes",
                         lambda model, device_type="cuda", lm_head=True: _real_shapes(
                             model, "cpu", lm_head=lm_head))
@@ -250,9 +253,12 @@ def fake_cuda(monkeypatch):
 
     def sweep(shapes, max_rows, budget, **kwargs):
         calls.append(([s.label for s in shapes], max_rows, budget))
+        rows.append({s.key_text: (s.rows, s.learned_up_to) for s in shapes})
         return gemm_sweep.SweepResult(shapes=[s.label for s in shapes], seconds=1.5)
 
     monkeypatch.setattr(gemm_sweep, "sweep", sweep)
+    rows: list[dict] = []
+    monkeypatch.setattr(gemm_sweep, "_rows_seen", rows, raising=False)
     return calls
 
 
@@ -439,6 +445,10 @@ def test_a_shape_capped_by_the_buffer_limit_is_named_in_the_summary_and_the_repo
     draft["failed"] = ["extra (16, 32): RuntimeError: boom"]
     assert sweep_line([record, draft]).endswith(
         "0.3 s; 1 shape(s) failed (the scheduler log names them)")
+    record["learned"] = 4
+    assert sweep_line([record]).startswith(
+        "GEMM sweep before the warm-up: 1 scheduler(s), 5 shapes (4 at the rows where the "
+        "bake's start loaded a kernel), rows 1-80 of 80")
 
 
 def test_a_shape_whose_gemm_raises_is_left_out_and_the_others_go_on():
@@ -475,3 +485,94 @@ def test_a_budget_that_is_not_a_finite_number_is_refused_with_the_variable(monke
     assert gemm_sweep.MODEL_RUNNER not in finder().watched
     assert f"GEMM sweep not activated: environment variable WARMUP_GEMM_SWEEP_S={value!r}: " \
         in caplog.text
+
+
+def test_the_calls_that_held_the_cpu_are_the_load_rows_of_their_shape():
+    """A call that took STALL_MS or more (cuBLAS loading a kernel) names its row count for its
+    shape; every shape swept is listed, with no rows where it loaded nothing, and a shape that
+    failed is not (its rows are not all known)."""
+    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    now = [0.0]
+    slow = {("layers.0.qkv_proj (48, 32)", 1), ("layers.0.qkv_proj (48, 32)", 72),
+            ("lm_head (100, 32)", 9)}
+    for s in shapes:
+        def timed(x, run=s.run, label=s.label):
+            if label == "layers.0.gate (8, 32)" and x.shape[0] == 3:
+                raise RuntimeError("no kernel")
+            now[0] += 0.003 if (label, x.shape[0]) in slow else 0.0001
+            return run(x)
+        s.run = timed
+    result = gemm_sweep.sweep(shapes, 80, budget_s=60.0, device="cpu", clock=lambda: now[0])
+    keys = {s.label: s.key_text for s in shapes}
+    assert result.load_rows == {keys["layers.0.qkv_proj (48, 32)"]: [1, 72],
+                                keys["layers.0.o_proj (32, 32)"]: [],
+                                keys["layers.0.biased (32, 32)"]: [],
+                                keys["lm_head (100, 32)"]: [9]}
+    assert keys["lm_head (100, 32)"] == "linear 100x32 torch.bfloat16 False UnquantizedLinearMethod"
+    assert result.learned == 0 and "at the rows where" not in result.summary()
+
+
+def test_a_shape_with_learned_rows_runs_at_those_only_in_the_same_order():
+    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    order: list[tuple[str, int]] = []
+    for s in shapes:
+        s.run = lambda x, run=s.run, label=s.label: (order.append((label, x.shape[0])), run(x))[1]
+    shapes[0].rows = frozenset({1, 72, 79, 5000})      # 5,000 is past this sweep's rows
+    shapes[4].rows = frozenset()                        # it loaded nothing: not run up to 72
+    for s in shapes:
+        s.learned_up_to = 72                            # the learning sweep's budget ended there
+    result = gemm_sweep.sweep(shapes, 80, budget_s=60.0, device="cpu")
+    rows = list(row_counts(80))
+    above = [r for r in rows if r > 72]                 # every row count past where it learned
+    assert [r for label, r in order if label == shapes[0].label] == [1, 72, *above]
+    assert [r for label, r in order if label == shapes[4].label] == above
+    assert [r for label, r in order if label == shapes[1].label] == rows
+    assert order.index((shapes[0].label, 72)) < order.index((shapes[1].label, 72)) \
+        < order.index((shapes[1].label, 73))
+    assert result.learned == 2 and result.calls == 2 + 3 * len(rows) + 2 * len(above)
+    assert "5 shapes, 2 at the rows where a start from the same caches loaded a kernel" \
+        in result.summary()
+
+
+def _record(tmp_path, gemm):
+    """A steps record with ``gemm`` (the rest as a bake writes it)."""
+    import json
+
+    doc = {"format": "sglang-warmup-steps", "version": 1, "plan": "p", "plan_sha256": "",
+           "expansion_digest": "d", "steps": 1, "keep": [0], "ratio": 1.2, "min_ms": 5.0}
+    if gemm is not None:
+        doc["gemm"] = gemm
+    path = tmp_path / "a.tar.steps.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_launch_with_a_steps_record_sweeps_each_shape_at_its_learned_rows(
+        fake_cuda, tmp_path, monkeypatch, caplog):
+    """The record's rows apply per shape key on the same GPU and libraries and row limit; a
+    shape the record does not name is swept whole; otherwise every shape is, with a line."""
+    runner = _runner(chunked_prefill_size=8192)
+    shapes = gemm_sweep.model_shapes(runner.model, device_type="cpu")
+    qkv, lm = shapes[0].key_text, shapes[4].key_text
+    good = {"blas": BLAS, "max_rows": 8192, "reached": 2048,
+            "rows": {qkv: [1, 2, 65], lm: [], "gone x": [3]}}
+    monkeypatch.setenv("WARMUP_STEPS", str(_record(tmp_path, good)))
+    gemm_sweep.after_load(runner)
+    seen = gemm_sweep._rows_seen[-1]
+    assert seen[qkv] == (frozenset({1, 2, 65}), 2048) and seen[lm] == (frozenset(), 2048)
+    assert seen[shapes[1].key_text][0] is None                          # swept whole
+    for gemm, why in [
+        (dict(good, blas="NVIDIA H200 sm_90, torch 2.11.0, CUDA 12.8, cublas"),
+         "GEMM load rows were learned on NVIDIA H200"),
+        (dict(good, max_rows=4096, reached=4096), "learned for 4096 rows, this sweep goes to 8192"),
+        (None, "holds no GEMM load rows"),
+        (dict(good, rows={qkv: [0]}), "the steps record does not read"),
+    ]:
+        monkeypatch.setattr(gemm_sweep, "_done", set())          # a fresh process each
+        monkeypatch.setattr(gemm_sweep, "_spent_s", 0.0)
+        monkeypatch.setenv("WARMUP_STEPS", str(_record(tmp_path, gemm)))
+        with caplog.at_level(logging.INFO, logger="sglang_warmup.gemm_sweep"):
+            gemm_sweep.after_load(runner)
+        assert {r for r, _ in gemm_sweep._rows_seen[-1].values()} == {None}, why
+        assert "GEMM sweep at every row count: " in caplog.text and why in caplog.text, why
+        caplog.clear()
