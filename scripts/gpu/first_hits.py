@@ -40,6 +40,9 @@ A launch name is ``MODEL-GRAPHS-WARMUP``: MODEL ``dsv4`` or ``qwen``; GRAPHS ``e
 --plan``, the shipped plan for the model, or ``--plan``).  ``--seed-cache FROM`` starts a
 launch from the caches under ``/tmp/fh/cache-FROM`` (see ``unpack-caches``).
 
+``stop NAMES`` kills those launches; ``stop`` alone kills every launch but a running prebake
+(``stop NAME-prebake`` names one).
+
 Everything measured goes to ``$OUT/<launch>.json`` (rewritten as it goes).
 """
 
@@ -976,8 +979,9 @@ def main() -> None:
             log(f"{name}: alive={alive(s['pid'])} ready={ready(s)} ready_s={s.get('ready_s')}\n"
                 + tail(s, 8))
     elif a.phase == "stop":
+        # without names: every launch, never a prebake (named NAME-prebake, it is stopped too)
         state = load_state()
-        for name in names or list(state):
+        for name in names or [n for n, s in state.items() if not s.get("prebake")]:
             with contextlib_suppress():
                 os.killpg(state[name]["pid"], signal.SIGKILL)
 
