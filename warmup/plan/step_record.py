@@ -65,6 +65,7 @@ _OPERATIONAL = re.compile(
 MAX_GEMM_SHAPES = 1024
 MAX_GEMM_ROWS = 65_536
 MAX_ROW = 1 << 24
+MAX_KEY = 300
 _HINT = "learn it again: `sglang-warmup prebake` writes ARCHIVE.steps.json beside the archive"
 
 
@@ -103,41 +104,50 @@ class GemmRows:
     def merged(self, other: GemmRows | None) -> GemmRows:
         """These rows and ``other``'s (another start's sweep on the same GPU, libraries and row
         limit: cuBLAS loads the same kernels in every fresh process, and a call the timing
-        missed in one start is seen in the other); these alone where ``other`` differs."""
+        missed in one start is seen in the other), up to the row count both reached; these
+        alone where ``other`` differs."""
         if other is None or (other.blas, other.max_rows) != (self.blas, self.max_rows):
             return self
+        top = min(self.reached, other.reached)
         keys = dict.fromkeys([*self.rows, *other.rows])
-        return GemmRows(self.blas, self.max_rows, max(self.reached, other.reached), {
-            k: tuple(sorted({*self.rows.get(k, ()), *other.rows.get(k, ())})) for k in keys})
+        return GemmRows(self.blas, self.max_rows, top, {
+            k: tuple(sorted(x for x in {*self.rows.get(k, ()), *other.rows.get(k, ())}
+                            if x <= top)) for k in keys})
 
 
 def gemm_rows(sweeps: Iterable[Mapping[str, Any]]) -> GemmRows | None:
     """The GEMM sweeps' load rows of one start, every scheduler's together, up to the row count
     the shortest of them reached, when each swept every row count (none at rows learned before)
-    on the same libraries and row limit; None otherwise (a later start then sweeps whole)."""
+    on the same libraries and row limit; None otherwise (a later start then sweeps whole).  A
+    shape whose rows are not a list, or that a record could not hold (:data:`MAX_GEMM_SHAPES`,
+    :data:`MAX_GEMM_ROWS`, a key of more than :data:`MAX_KEY` characters), is left out: a
+    later start sweeps it whole."""
     sweeps = list(sweeps)
     if not sweeps or any(s.get("learned") or not isinstance(s.get("load_rows"), Mapping)
                          for s in sweeps):
         return None
-    blas = {s.get("blas") for s in sweeps}
-    limits = {s.get("max_rows") for s in sweeps}
-    reached = [s.get("rows_reached") for s in sweeps]
-    if len(blas) != 1 or len(limits) != 1:
-        return None
-    b, m = blas.pop(), limits.pop()
-    tops = [r for r in reached if isinstance(r, int) and not isinstance(r, bool)]
-    if not isinstance(b, str) or not b or not isinstance(m, int) or isinstance(m, bool) \
-            or not 1 <= m <= MAX_ROW or len(tops) != len(sweeps) \
+    b, m = sweeps[0].get("blas"), sweeps[0].get("max_rows")
+    tops = [r for r in (s.get("rows_reached") for s in sweeps)
+            if isinstance(r, int) and not isinstance(r, bool)]
+    if not isinstance(b, str) or not b or len(b) > 4096 or not isinstance(m, int) \
+            or isinstance(m, bool) or not 1 <= m <= MAX_ROW or len(tops) != len(sweeps) \
+            or not all(s.get("blas") == b and s.get("max_rows") == m for s in sweeps) \
             or not all(1 <= r <= m for r in tops):
         return None
     top = min(tops)
     rows: dict[str, set[int]] = {}
+    unknown: set[str] = set()
     for s in sweeps:
         for key, xs in s["load_rows"].items():
-            rows.setdefault(str(key), set()).update(
-                x for x in (xs if isinstance(xs, list) else ()) if _is_int(x) and 1 <= x <= top)
-    return GemmRows(blas=b, max_rows=m, reached=top,
-                    rows={k: tuple(sorted(v)) for k, v in rows.items()})
+            if not isinstance(xs, list):
+                unknown.add(str(key))
+                continue
+            rows.setdefault(str(key), set()).update(x for x in xs if _is_int(x) and 1 <= x <= top)
+    kept = {k: tuple(sorted(v)) for k, v in rows.items()
+            if k not in unknown and len(k) <= MAX_KEY and len(v) <= MAX_GEMM_ROWS}
+    if len(kept) > MAX_GEMM_SHAPES:
+        return None
+    return GemmRows(blas=b, max_rows=m, reached=top, rows=kept)
 
 
 @dataclass(frozen=True)
@@ -337,9 +347,12 @@ def _gemm(value: Any) -> GemmRows | None:
                          hint=_HINT)
     out: dict[str, tuple[int, ...]] = {}
     for key, xs in rows.items():
-        if len(key) > 300 or not isinstance(xs, list) or len(xs) > MAX_GEMM_ROWS \
+        if len(key) > MAX_KEY:
+            raise StepsError(f"gemm.rows: a shape key of {len(key):,} characters (limit "
+                             f"{MAX_KEY}): {shown(key[:MAX_KEY])}", hint=_HINT)
+        if not isinstance(xs, list) or len(xs) > MAX_GEMM_ROWS \
                 or not all(_is_int(x) and 1 <= x <= MAX_ROW for x in xs):
-            raise StepsError(f"gemm.rows.{shown(key[:300])}: expected a list of at most "
+            raise StepsError(f"gemm.rows.{shown(key)}: expected a list of at most "
                              f"{MAX_GEMM_ROWS:,} row counts from 1 to {MAX_ROW:,}", hint=_HINT)
         out[key] = tuple(sorted(set(xs)))
     blas, max_rows, reached = value.get("blas"), value.get("max_rows"), value.get("reached")

@@ -364,9 +364,17 @@ def after_load(runner: Any) -> SweepResult | None:
     return result
 
 
+#: the wheels a pip-installed torch takes cuBLAS from (one of them, whichever is installed)
+_CUBLAS_WHEELS = ("nvidia-cublas", "nvidia-cublas-cu12", "nvidia-cublas-cu13")
+
+
 def blas_id() -> str:
     """What picks cuBLAS's kernels besides the shape: the GPU, torch and its CUDA, the BLAS
-    library torch prefers (load rows learned under another of them do not apply)."""
+    library torch prefers, the cuBLAS wheel and its workspace setting (load rows learned under
+    another of them do not apply)."""
+    import os
+    from importlib import metadata
+
     import torch
 
     major, minor = torch.cuda.get_device_capability()
@@ -374,8 +382,16 @@ def blas_id() -> str:
         lib = str(torch.backends.cuda.preferred_blas_library())
     except Exception:  # noqa: BLE001 - a torch without the choice: cuBLAS
         lib = "cublas"
-    return (f"{torch.cuda.get_device_name()} sm_{major}{minor}, torch {torch.__version__}, "
-            f"CUDA {torch.version.cuda}, {lib}")
+    wheels = []
+    for name in _CUBLAS_WHEELS:
+        try:
+            wheels.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    return ", ".join([f"{torch.cuda.get_device_name()} sm_{major}{minor}",
+                      f"torch {torch.__version__}", f"CUDA {torch.version.cuda}", lib, *wheels,
+                      *([f"CUBLAS_WORKSPACE_CONFIG={workspace}"] if workspace else [])])
 
 
 def learned_rows(max_rows: int, blas: str) -> tuple[dict[str, frozenset[int]], int, str]:

@@ -127,7 +127,7 @@ def sweep_line(sweeps: Iterable[Any]) -> str:
     cut = sum(1 for p in procs if p["cut"])
     failed = sum(p["failed"] for p in procs)
     capped = worst["capped"]
-    learned = (f" ({worst['learned']:.0f} at the rows where the bake's start loaded a kernel)"
+    learned = (f" ({worst['learned']:.0f} at the rows where the bake's starts loaded a kernel)"
                if worst["learned"] else "")
     return (f"GEMM sweep before the warm-up: {len(procs)} scheduler(s), {worst['shapes']:.0f} "
             f"shapes{learned}, rows 1-{worst['rows_reached']:.0f} of {worst['max_rows']:.0f}"

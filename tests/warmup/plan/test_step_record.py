@@ -102,6 +102,8 @@ CORPUS = [
     (_with(gemm={"blas": "b", "max_rows": 8, "reached": 8,
                       "rows": {"k": list(range(1, 70_000))}}),
      "gemm.rows.'k': expected a list of at most 65,536 row counts from 1 to 16,777,216"),
+    (_with(gemm={"blas": "b", "max_rows": 8, "reached": 8, "rows": {"k" * 301: []}}),
+     "gemm.rows: a shape key of 301 characters (limit 300): 'kkkkkkkkkkkkkkk...kkkkkkkkkkkkkkkk'"),
     (_with(gemm={"blas": 3, "max_rows": 8, "reached": 8, "rows": {}}),
      "gemm.blas: expected a text, not 3"),
     (_with(gemm={"blas": "b", "max_rows": 0, "reached": 8, "rows": {}}),
@@ -111,6 +113,39 @@ CORPUS = [
     (_with(gemm={"blas": "b", "max_rows": 8, "rows": {}}),
      "gemm.reached: expected an integer from 1 to 8 (max_rows), not None"),
 ]
+
+
+def test_two_starts_rows_are_merged_up_to_where_both_reached():
+    """A shape one start names past where the other's sweep stopped is known there from one
+    start only, which may have failed it or run out of budget: those rows are left to the
+    launch's whole sweep above the smaller reach."""
+    learn = step_record.GemmRows("H100", 8192, 8192, {"a": (1, 9, 4000), "x": (1, 5, 600)})
+    cold = step_record.GemmRows("H100", 8192, 512, {"a": (9, 17), "y": (3,)})
+    assert learn.merged(cold) == step_record.GemmRows(
+        "H100", 8192, 512, {"a": (1, 9, 17), "x": (1, 5), "y": (3,)})
+    assert learn.merged(step_record.GemmRows("H200", 8192, 8192, {})) == learn
+    assert learn.merged(None) == learn
+
+
+def _sweep(**changes):
+    return {"blas": "H100", "max_rows": 4096, "rows_reached": 4096, "learned": 0,
+            "load_rows": {"a": [1, 9]}, **changes}
+
+
+@pytest.mark.parametrize("sweeps,rows", [
+    ([_sweep(blas=["H100"])], None),                          # unhashable: refused, no error
+    ([_sweep(), _sweep(max_rows={"x": 1})], None),
+    ([_sweep(rows_reached=True)], None),
+    ([_sweep(load_rows={"a": [1, 9], "b": "?"})], {"a": (1, 9)}),   # not a list: swept whole
+    ([_sweep(load_rows={"a": [1], "k" * 301: [2]})], {"a": (1,)}),  # no record could hold it
+    ([_sweep(load_rows={"a": [1, "2", 2.0, -3, 9999]})], {"a": (1,)}),
+    ([_sweep(load_rows={str(i): [] for i in range(1025)})], None),
+])
+def test_the_rows_a_start_learned_are_what_a_record_can_hold(sweeps, rows):
+    got = step_record.gemm_rows(sweeps)
+    assert (got.rows if got is not None else None) == rows
+    if got is not None:
+        assert step_record.from_json(_with(gemm=got.to_json())).gemm == got
 
 
 def test_the_gemm_load_rows_read_back_sorted_and_unique(tmp_path):

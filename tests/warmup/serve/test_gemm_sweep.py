@@ -448,7 +448,7 @@ def test_a_shape_capped_by_the_buffer_limit_is_named_in_the_summary_and_the_repo
     record["learned"] = 4
     assert sweep_line([record]).startswith(
         "GEMM sweep before the warm-up: 1 scheduler(s), 5 shapes (4 at the rows where the "
-        "bake's start loaded a kernel), rows 1-80 of 80")
+        "bake's starts loaded a kernel), rows 1-80 of 80")
 
 
 def test_a_shape_whose_gemm_raises_is_left_out_and_the_others_go_on():
@@ -576,3 +576,19 @@ def test_a_launch_with_a_steps_record_sweeps_each_shape_at_its_learned_rows(
         assert {r for r, _ in gemm_sweep._rows_seen[-1].values()} == {None}, why
         assert "GEMM sweep at every row count: " in caplog.text and why in caplog.text, why
         caplog.clear()
+
+
+def test_the_blas_id_names_what_picks_cublas_kernels(monkeypatch):
+    """The GPU, torch and its CUDA, the BLAS library, the cuBLAS wheel installed here, and a
+    workspace setting: load rows learned under other ones do not apply."""
+    from importlib import metadata
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    first = gemm_sweep.blas_id()
+    assert first.startswith(f"NVIDIA H100 80GB HBM3 sm_90, torch {torch.__version__}, CUDA ")
+    wheel = metadata.version("nvidia-cublas")           # the pinned CPU profile installs it
+    assert f"nvidia-cublas {wheel}" in first
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    assert gemm_sweep.blas_id() == first + ", CUBLAS_WORKSPACE_CONFIG=:4096:8"
