@@ -355,15 +355,9 @@ def _gemm(value: Any) -> GemmRows | None:
             raise StepsError(f"gemm.rows.{shown(key)}: expected a list of at most "
                              f"{MAX_GEMM_ROWS:,} row counts from 1 to {MAX_ROW:,}", hint=_HINT)
         out[key] = tuple(sorted(set(xs)))
-    blas, max_rows, reached = value.get("blas"), value.get("max_rows"), value.get("reached")
-    if not isinstance(blas, str) or len(blas) > 4096:
-        raise StepsError(f"gemm.blas: expected a text, not {shown(blas)}", hint=_HINT)
-    if not isinstance(max_rows, int) or isinstance(max_rows, bool) or not 1 <= max_rows <= MAX_ROW:
-        raise StepsError(f"gemm.max_rows: expected an integer from 1 to {MAX_ROW:,}, not "
-                         f"{shown(max_rows)}", hint=_HINT)
-    if not isinstance(reached, int) or isinstance(reached, bool) or not 1 <= reached <= max_rows:
-        raise StepsError(f"gemm.reached: expected an integer from 1 to {max_rows:,} (max_rows), "
-                         f"not {shown(reached)}", hint=_HINT)
+    blas = _text(value, "blas", where="gemm.")
+    max_rows = _int(value, "max_rows", 1, MAX_ROW, where="gemm.")
+    reached = _int(value, "reached", 1, max_rows, where="gemm.")
     return GemmRows(blas=blas, max_rows=max_rows, reached=reached, rows=out)
 
 
@@ -413,11 +407,11 @@ def _finite(v: Any, lo: float, hi: float) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
 
 
-def _int(d: dict, name: str, lo: int, hi: int) -> int:
+def _int(d: dict, name: str, lo: int, hi: int, *, where: str = "") -> int:
     v = d.get(name)
     if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-        raise StepsError(f"{name}: expected an integer from {lo} to {hi:,}, not {shown(v)}",
-                         hint=_HINT)
+        raise StepsError(f"{where}{name}: expected an integer from {lo} to {hi:,}, not "
+                         f"{shown(v)}", hint=_HINT)
     return v
 
 
@@ -431,10 +425,10 @@ def _number(d: dict, name: str, lo: float, hi: float, *, required: bool = True) 
     return float(v)
 
 
-def _text(d: dict, name: str, *, required: bool = True) -> str:
+def _text(d: dict, name: str, *, required: bool = True, where: str = "") -> str:
     v = d.get(name)
     if v is None and not required:
         return ""
     if not isinstance(v, str) or len(v) > 4096:
-        raise StepsError(f"{name}: expected a text, not {shown(v)}", hint=_HINT)
+        raise StepsError(f"{where}{name}: expected a text, not {shown(v)}", hint=_HINT)
     return v

@@ -386,6 +386,7 @@ def blas_id() -> str:
     for name in _CUBLAS_WHEELS:
         try:
             wheels.append(f"{name} {metadata.version(name)}")
+            break  # one is installed: the one torch loads
         except metadata.PackageNotFoundError:
             continue
     workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG")

@@ -109,9 +109,9 @@ CORPUS = [
     (_with(gemm={"blas": "b", "max_rows": 0, "reached": 8, "rows": {}}),
      "gemm.max_rows: expected an integer from 1 to 16,777,216, not 0"),
     (_with(gemm={"blas": "b", "max_rows": 8, "reached": 9, "rows": {}}),
-     "gemm.reached: expected an integer from 1 to 8 (max_rows), not 9"),
+     "gemm.reached: expected an integer from 1 to 8, not 9"),
     (_with(gemm={"blas": "b", "max_rows": 8, "rows": {}}),
-     "gemm.reached: expected an integer from 1 to 8 (max_rows), not None"),
+     "gemm.reached: expected an integer from 1 to 8, not None"),
 ]
 
 
