@@ -14,7 +14,11 @@ Probes, all outside the measured requests' path except the first:
   * every JIT cache directory listed before and after each step: new files by kind;
   * the compile log our plugin writes (``WARMUP_ENABLE=1``, no plan for ``A`` launches):
     records by phase and step window;
-  * GPU memory in use (nvidia-smi) before and after each step.
+  * GPU memory in use (nvidia-smi) before and after each step;
+  * the host around each step (``host``): CPU seconds the server's processes and everything
+    else on the machine used while it ran, the cores' mean clock, the load average and the
+    GPU's SM clock, so that a first pass slower throughout can be told apart as the host's
+    (other processes busy, clocks down) or the server's (more CPU for the same step).
 
 The script runs in phases, one device call each, on one machine kept warm between calls
 (servers run in their own sessions, so they outlive a call):
@@ -580,6 +584,51 @@ def gpu_mem() -> dict[int, int]:
         return {}
 
 
+def host_sample(pids: list[int]) -> dict:
+    """CPU jiffies of the machine (busy) and of ``pids``, the cores' mean MHz, the 1-minute load
+    and the GPU's SM clock, now."""
+    out: dict = {"t": time.time()}
+    try:
+        with open("/proc/stat") as f:
+            cpu = [int(x) for x in f.readline().split()[1:]]
+        out["busy"] = sum(cpu) - cpu[3] - (cpu[4] if len(cpu) > 4 else 0)  # less idle, iowait
+        with open("/proc/loadavg") as f:
+            out["load1"] = float(f.read().split()[0])
+        with open("/proc/cpuinfo") as f:
+            mhz = [float(line.split(":")[1]) for line in f if line.startswith("cpu MHz")]
+        out["cpu_mhz"] = round(sum(mhz) / len(mhz)) if mhz else None
+    except (OSError, ValueError, IndexError):
+        pass
+    server = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            server += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    out["server"] = server
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=10)
+        out["sm_mhz"] = int(p.stdout.split()[0])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+def host_delta(a: dict, b: dict) -> dict:
+    """What the host did between two samples of :func:`host_sample`."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict = {"load1": b.get("load1"), "cpu_mhz": [a.get("cpu_mhz"), b.get("cpu_mhz")],
+                 "sm_mhz": [a.get("sm_mhz"), b.get("sm_mhz")]}
+    if "busy" in a and "busy" in b:
+        server = (b["server"] - a["server"]) / tick
+        out["server_cpu_s"] = round(server, 3)
+        out["other_cpu_s"] = round((b["busy"] - a["busy"]) / tick - server, 3)
+    return out
+
+
 class Watcher:
     """New processes of one session while a step runs, every 50 ms."""
 
@@ -792,6 +841,8 @@ def run_traffic(name: str, steps_n: int, passes: int, seed: int, budget: float) 
                 continue
             before = listing(cache)
             mem0 = gpu_mem()
+            server_pids = list(session_pids(s["pid"]))
+            host0 = host_sample(server_pids)
             mark = log_mark(base / "state")
             w = Watcher(s["pid"])
             set_window(base, f"p{p}:s{i}")
@@ -799,6 +850,7 @@ def run_traffic(name: str, steps_n: int, passes: int, seed: int, budget: float) 
             row = {"i": i, "label": st.label, "t": round(t_wall - s["t0"], 2),
                    **send_step(tr, st.to_step(i))}
             set_window(base, "idle")
+            row["host"] = host_delta(host0, host_sample(server_pids))
             row["procs"] = w.stop()
             settle(base / "state")
             after = listing(cache)
@@ -848,7 +900,8 @@ def summarize(res: dict) -> None:
             ratio = a["ms"] / b["ms"]
             if ratio > 1.5:
                 log(f"SLOW {res['name']} s{a['i']:02d} {a['label']}: {a['ms']} vs {b['ms']} ms "
-                    f"({ratio:.1f}x) new={a.get('new_file_counts')} procs={len(a.get('procs') or [])}")
+                    f"({ratio:.1f}x) new={a.get('new_file_counts')} procs={len(a.get('procs') or [])}"
+                    f" host={a.get('host')} repeat host={b.get('host')}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import statistics
 import re
 import sys
 from pathlib import Path
@@ -100,6 +101,21 @@ def recorded(row: dict) -> str:
     return ", ".join(f"{k} x{v}" for k, v in sorted(events.items())) or "nothing"
 
 
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def host_text(row: dict) -> str:
+    """The server's and the rest of the host's CPU seconds, first against repeat (runs whose
+    harness sampled the host)."""
+    a, b = row.get("host") or {}, row.get("repeat_host") or {}
+    if "server_cpu_s" not in a or "server_cpu_s" not in b:
+        return ""
+    return (f"; server CPU {a['server_cpu_s']:.2f} / {b['server_cpu_s']:.2f} s, others "
+            f"{a['other_cpu_s']:.2f} / {b['other_cpu_s']:.2f} s, cores {a['cpu_mhz'][1]} / "
+            f"{b['cpu_mhz'][1]} MHz, SM {a['sm_mhz'][1]} / {b['sm_mhz'][1]} MHz")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("run")
@@ -125,10 +141,12 @@ def main() -> None:
                      "stack": top_frame(run.get("stacks") or [], f"p1:s{first['i']}"),
                      "new_file_counts": first.get("new_file_counts"),
                      "compilers": dict(compilers(first.get("procs") or [])),
-                     "gpu_mib": first.get("gpu_mib")})
+                     "gpu_mib": first.get("gpu_mib"),
+                     "host": first.get("host"), "repeat_host": repeat.get("host")})
     launch = run["launch"]
     print(f"{run['name']}: ready after {launch.get('ready_s')} s; pass 1 / pass 2 = "
           f"{total1 / max(total2, 1):.2f} ({total1:.0f} / {total2:.0f} ms); "
+          f"median step {median([r['ratio'] for r in rows]):.2f}x; "
           f"{sum(r['slow'] for r in rows)} of {len(rows)} steps above {a.ratio}x; "
           f"compiles after ready: pass 1 {by_compiler(p1) or 'none'}, "
           f"pass 2 {by_compiler(p2) or 'none'}\n")
@@ -141,7 +159,7 @@ def main() -> None:
             prompts = "+".join(map(str, r["prompts"]))
             late = f"; pass 2: {r['repeat_cause']}" if r["repeat_compiles"] else ""
             print(f"| {r['label']} | {prompts} | {r['first_ms']:.0f} / {r['repeat_ms']:.0f} | "
-                  f"{r['ratio']:.1f} | {r['cause']}{late} | {r['recorded']} |")
+                  f"{r['ratio']:.1f} | {r['cause']}{late}{host_text(r)} | {r['recorded']} |")
     if a.out:
         restored = launch.get("restored")
         if isinstance(restored, dict):  # the restore's answer lists every entry: keep its size
