@@ -26,6 +26,7 @@ import asyncio
 import json
 import logging
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,12 @@ VERSION = 1
 #: A first pass this much slower than the second (and by more than SLOW_MIN_MS) is a cold step.
 SLOW_RATIO = 1.5
 SLOW_MIN_MS = 5.0
+#: A first pass whose median step ran this much slower than its second ran slower throughout
+#: (the host or the server was slower for a while, which no first use explains): its cold steps
+#: may be cold by that much less.
+DRIFT_RATIO = 1.15
+#: ... over at least this many steps with nothing recorded (fewer say nothing of a whole pass)
+DRIFT_MIN_STEPS = 6
 #: Request features, in the words the audit names a first use with.
 FEATURE_WORDS = {"return_logprob": "logprobs", "logprob_start_len": "input logprobs",
                  "top_logprobs_num": "top logprobs", "token_ids_logprob": "token-id logprobs",
@@ -194,6 +201,32 @@ class AuditReport:
     def ok(self) -> bool:
         return self.misses <= self.max_misses
 
+    @property
+    def quiet_ratios(self) -> list[float]:
+        """First pass over second of the steps with nothing recorded (no compile, cache or
+        device load in either pass): what the pass's speed alone made of them."""
+        return [s.ratio for s in self.steps if s.ratio is not None and not s.misses
+                and not s.first.keys and not s.first.device_loads]
+
+    @property
+    def median_ratio(self) -> float | None:
+        """The median of :attr:`quiet_ratios` (None when no step has nothing recorded)."""
+        ratios = self.quiet_ratios
+        return statistics.median(ratios) if ratios else None
+
+    @property
+    def drift_note(self) -> str:
+        """What a first pass slower throughout (the median step with nothing recorded at
+        ``DRIFT_RATIO`` or more, over ``DRIFT_MIN_STEPS`` such steps) means for its cold steps;
+        empty otherwise."""
+        ratios = self.quiet_ratios
+        if len(ratios) < DRIFT_MIN_STEPS or statistics.median(ratios) < DRIFT_RATIO:
+            return ""
+        return (f"the first pass ran slower throughout: a median {statistics.median(ratios):.2f}x"
+                f" its second over the {len(ratios)} steps with nothing recorded; a cold step "
+                "whose cause is 'none found' or a first use may owe most of its ratio to that "
+                "(audit again on a quiet host to tell)")
+
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "created_at": self.created_at,
                 "url": self.url, "traffic": self.traffic, "mode": self.mode,
@@ -203,6 +236,8 @@ class AuditReport:
                 "slow_first": [s.index for s in self.steps if s.slow_first],
                 "pass1_ms": round(sum(s.first.ms for s in self.steps), 1),
                 "pass2_ms": round(sum(s.second.ms for s in self.steps), 1),
+                "median_ratio": (None if self.median_ratio is None
+                                 else round(self.median_ratio, 3)),
                 "steps": [s.to_json() for s in self.steps],
                 "unattributed": [k.to_json() for k in self.unattributed],
                 "unseen_events": self.unseen_events, "flushes": list(self.flushes),

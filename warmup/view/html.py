@@ -335,6 +335,8 @@ def audit(report: AuditReport, path: str, level: int = 2) -> tuple[str, str, str
          "bad" if slow else "ok"),
         (f"{num(sum(s.first.ms for s in report.steps))} / "
          f"{num(sum(s.second.ms for s in report.steps))}", "ms, pass 1 / pass 2", ""),
+        ("–" if report.median_ratio is None else f"{report.median_ratio:.2f}x",
+         "median quiet step, pass 1 / pass 2", "bad" if report.drift_note else ""),
     ])]
     body.append(terms([("pass 1 (first hit)", ORANGE), ("pass 2 (repeat)", GREEN)],
                       ["pass 1", "pass 2", "cold step", "Triton compile", "disk hit",
@@ -357,9 +359,9 @@ def audit(report: AuditReport, path: str, level: int = 2) -> tuple[str, str, str
     if keys:
         body.append(section("Compiles after ready, by key", table(
             ["step", "pass", "compiler", "kernel", "events"], keys, "nn"), level=level))
-    if report.notes:
-        body.append(section("Notes", table(["note"], [(n,) for n in report.notes]),
-                            level=level))
+    notes = [n for n in report.notes + (report.drift_note,) if n]
+    if notes:
+        body.append(section("Notes", table(["note"], [(n,) for n in notes]), level=level))
     meta = f"{report.url} · traffic {report.traffic} · {report.mode_note} · {path}"
     return "Audit of a ready server", meta, "".join(body)
 

@@ -321,6 +321,38 @@ def test_a_slow_first_pass_is_given_the_cause_the_audit_can_see():
     assert fast.cause == "" and fast.to_json()["ratio"] == 1.2
 
 
+def test_a_first_pass_slower_throughout_is_named_beside_its_cold_steps():
+    from dataclasses import replace
+
+    from warmup.coverage.audit import AuditReport
+    from warmup.coverage.classes import KeyEvents
+
+    compiled = KeyEvents("triton", "k", "m", "h", "", compiled=1)
+
+    def report(steps):
+        return AuditReport(url="u", traffic="t", mode="compile_log", mode_note="", facts={},
+                           steps=tuple(replace(s, index=i) for i, s in enumerate(steps)),
+                           max_misses=0, created_at=0.0)
+
+    drifting = [_step_audit(121.0, 100.0) for _ in range(6)] + [_step_audit(170.0, 100.0)]
+    slow = report(drifting)
+    assert slow.median_ratio == pytest.approx(1.21)
+    assert "a median 1.21x its second over the 7 steps with nothing recorded" in slow.drift_note
+    assert slow.to_json()["median_ratio"] == 1.21
+    from warmup.view import html, text
+    said = text.audit(slow, width=200).splitlines()
+    assert "median step with nothing recorded, pass 1 over pass 2: 1.21x (7 steps)" in said
+    assert any(line.startswith("note: the first pass ran slower throughout") for line in said)
+    assert "slower throughout" in "".join(html.audit(slow, "a.json"))
+    # steps that compiled say nothing of the pass's speed: not counted
+    cold = report(drifting[:5] + [_step_audit(900.0, 100.0, keys=[compiled])] * 4)
+    assert len(cold.quiet_ratios) == 5 and cold.drift_note == ""
+    # a pass at its usual speed, and too few steps to tell, say nothing
+    assert report([_step_audit(105.0, 100.0)] * 6 + [_step_audit(170.0, 100.0)]).drift_note == ""
+    assert report(drifting[:5]).drift_note == ""
+    assert report([]).median_ratio is None
+
+
 def test_collections_count_where_they_overlap_a_step():
     from warmup.coverage.audit import gc_overlap_ms
 

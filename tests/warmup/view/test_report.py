@@ -221,6 +221,8 @@ def test_audit_and_coverage_documents(tmp_path, capsys):
         "ms, pass 2 60 ms)"]
     assert "compiled after ready: 0 compile event(s); --max-misses 0: ok" in out.splitlines()
     assert "first use of input logprobs, logprobs" in out
+    assert "median step with nothing recorded, pass 1 over pass 2: 2.75x (2 steps)" in out
+    assert "slower throughout" not in out  # two steps say nothing of a whole pass
     page = html.render(documents.load(audit))
     assert "first use of input logprobs, logprobs" in page
     assert "compiled after ready" in page
