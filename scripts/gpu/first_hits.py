@@ -16,9 +16,10 @@ Probes, all outside the measured requests' path except the first:
     records by phase and step window;
   * GPU memory in use (nvidia-smi) before and after each step;
   * the host around each step (``host``): CPU seconds the server's processes and everything
-    else on the machine used while it ran, the cores' mean clock, the load average and the
-    GPU's SM clock, so that a first pass slower throughout can be told apart as the host's
-    (other processes busy, clocks down) or the server's (more CPU for the same step).
+    else on the machine (this harness left out) used while it ran, the time the hypervisor
+    stole, the cores' mean clock, the load average and the GPU's SM clock, so that a first
+    pass slower throughout can be told apart as the host's (other processes busy, time stolen,
+    clocks down) or the server's (more CPU for the same step).
 
 The script runs in phases, one device call each, on one machine kept warm between calls
 (servers run in their own sessions, so they outlive a call):
@@ -585,13 +586,22 @@ def gpu_mem() -> dict[int, int]:
 
 
 def host_sample(pids: list[int]) -> dict:
-    """CPU jiffies of the machine (busy) and of ``pids``, the cores' mean MHz, the 1-minute load
-    and the GPU's SM clock, now."""
+    """The GPU's SM clock, then the machine's CPU jiffies (busy, steal) and those of each of
+    ``pids`` (with their reaped children: a JIT build's compiler), the cores' mean MHz and the
+    1-minute load, now.  nvidia-smi runs first, so its own CPU falls outside the step."""
     out: dict = {"t": time.time()}
     try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=10)
+        out["sm_mhz"] = int(p.stdout.split()[0])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        pass
+    try:
         with open("/proc/stat") as f:
-            cpu = [int(x) for x in f.readline().split()[1:]]
-        out["busy"] = sum(cpu) - cpu[3] - (cpu[4] if len(cpu) > 4 else 0)  # less idle, iowait
+            cpu = [int(x) for x in f.readline().split()[1:9]]  # guest is inside user already
+        cpu += [0] * (8 - len(cpu))
+        out["busy"] = sum(cpu) - cpu[3] - cpu[4] - cpu[7]  # less idle, iowait and steal
+        out["steal"] = cpu[7]
         with open("/proc/loadavg") as f:
             out["load1"] = float(f.read().split()[0])
         with open("/proc/cpuinfo") as f:
@@ -599,33 +609,32 @@ def host_sample(pids: list[int]) -> dict:
         out["cpu_mhz"] = round(sum(mhz) / len(mhz)) if mhz else None
     except (OSError, ValueError, IndexError):
         pass
-    server = 0
+    procs = {}
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            server += int(fields[11]) + int(fields[12])  # utime, stime
+            procs[pid] = sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
         except (OSError, IndexError, ValueError):
             continue
-    out["server"] = server
-    try:
-        p = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=10)
-        out["sm_mhz"] = int(p.stdout.split()[0])
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        pass
+    out["procs"] = procs
+    out["own"] = sum(os.times()[:4])  # this harness (seconds)
     return out
 
 
 def host_delta(a: dict, b: dict) -> dict:
-    """What the host did between two samples of :func:`host_sample`."""
+    """What the host did between two samples of :func:`host_sample`: the server's CPU seconds
+    (processes present in both), the rest of the machine's less this harness's, steal."""
     tick = os.sysconf("SC_CLK_TCK")
     out: dict = {"load1": b.get("load1"), "cpu_mhz": [a.get("cpu_mhz"), b.get("cpu_mhz")],
                  "sm_mhz": [a.get("sm_mhz"), b.get("sm_mhz")]}
     if "busy" in a and "busy" in b:
-        server = (b["server"] - a["server"]) / tick
+        server = sum(b["procs"][pid] - v for pid, v in a["procs"].items()
+                     if pid in b["procs"]) / tick
         out["server_cpu_s"] = round(server, 3)
-        out["other_cpu_s"] = round((b["busy"] - a["busy"]) / tick - server, 3)
+        out["other_cpu_s"] = round((b["busy"] - a["busy"]) / tick - server
+                                   - (b["own"] - a["own"]), 3)
+        out["steal_s"] = round((b["steal"] - a["steal"]) / tick, 3)
     return out
 
 

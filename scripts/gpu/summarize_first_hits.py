@@ -112,7 +112,8 @@ def host_text(row: dict) -> str:
     if "server_cpu_s" not in a or "server_cpu_s" not in b:
         return ""
     return (f"; server CPU {a['server_cpu_s']:.2f} / {b['server_cpu_s']:.2f} s, others "
-            f"{a['other_cpu_s']:.2f} / {b['other_cpu_s']:.2f} s, cores {a['cpu_mhz'][1]} / "
+            f"{a['other_cpu_s']:.2f} / {b['other_cpu_s']:.2f} s, stolen "
+            f"{a.get('steal_s', 0):.2f} / {b.get('steal_s', 0):.2f} s, cores {a['cpu_mhz'][1]} / "
             f"{b['cpu_mhz'][1]} MHz, SM {a['sm_mhz'][1]} / {b['sm_mhz'][1]} MHz")
 
 

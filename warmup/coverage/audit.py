@@ -206,7 +206,7 @@ class AuditReport:
         """First pass over second of the steps with nothing recorded (no compile, cache or
         device load in either pass): what the pass's speed alone made of them."""
         return [s.ratio for s in self.steps if s.ratio is not None and not s.misses
-                and not s.first.keys and not s.first.device_loads]
+                and not any(p.keys or p.device_loads for p in (s.first, s.second))]
 
     @property
     def median_ratio(self) -> float | None:
@@ -238,6 +238,7 @@ class AuditReport:
                 "pass2_ms": round(sum(s.second.ms for s in self.steps), 1),
                 "median_ratio": (None if self.median_ratio is None
                                  else round(self.median_ratio, 3)),
+                "drift_note": self.drift_note,
                 "steps": [s.to_json() for s in self.steps],
                 "unattributed": [k.to_json() for k in self.unattributed],
                 "unseen_events": self.unseen_events, "flushes": list(self.flushes),

@@ -336,7 +336,7 @@ def audit(report: AuditReport, path: str, level: int = 2) -> tuple[str, str, str
         (f"{num(sum(s.first.ms for s in report.steps))} / "
          f"{num(sum(s.second.ms for s in report.steps))}", "ms, pass 1 / pass 2", ""),
         ("–" if report.median_ratio is None else f"{report.median_ratio:.2f}x",
-         "median quiet step, pass 1 / pass 2", "bad" if report.drift_note else ""),
+         "median step with nothing recorded, pass 1 / pass 2", "bad" if report.drift_note else ""),
     ])]
     body.append(terms([("pass 1 (first hit)", ORANGE), ("pass 2 (repeat)", GREEN)],
                       ["pass 1", "pass 2", "cold step", "Triton compile", "disk hit",

@@ -351,6 +351,12 @@ def test_a_first_pass_slower_throughout_is_named_beside_its_cold_steps():
     assert report([_step_audit(105.0, 100.0)] * 6 + [_step_audit(170.0, 100.0)]).drift_note == ""
     assert report(drifting[:5]).drift_note == ""
     assert report([]).median_ratio is None
+    # a step whose second pass took no time has no ratio: left out, not a division by zero
+    assert report(drifting + [_step_audit(5.0, 0.0)]).quiet_ratios == slow.quiet_ratios
+    assert slow.to_json()["drift_note"] == slow.drift_note
+    loaded = _step_audit(121.0, 100.0)
+    loaded = replace(loaded, second=replace(loaded.second, device_loads=1))
+    assert len(report(drifting + [loaded]).quiet_ratios) == 7  # a load in either pass: left out
 
 
 def test_collections_count_where_they_overlap_a_step():
