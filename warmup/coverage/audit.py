@@ -219,13 +219,18 @@ class AuditReport:
         """What a first pass slower throughout (the median step with nothing recorded at
         ``DRIFT_RATIO`` or more, over ``DRIFT_MIN_STEPS`` such steps) means for its cold steps;
         empty otherwise."""
-        ratios = self.quiet_ratios
-        if len(ratios) < DRIFT_MIN_STEPS or statistics.median(ratios) < DRIFT_RATIO:
+        steps, median = len(self.quiet_ratios), self.median_ratio
+        if median is None or steps < DRIFT_MIN_STEPS or median < DRIFT_RATIO:
             return ""
-        return (f"the first pass ran slower throughout: a median {statistics.median(ratios):.2f}x"
-                f" its second over the {len(ratios)} steps with nothing recorded; a cold step "
-                "whose cause is 'none found' or a first use may owe most of its ratio to that "
-                "(audit again on a quiet host to tell)")
+        return (f"the first pass ran slower throughout: a median {median:.2f}x its second over "
+                f"the {steps} steps with nothing recorded; a cold step whose cause is 'none "
+                "found' or a first use may owe most of its ratio to that (audit again on a "
+                "quiet host to tell)")
+
+    @property
+    def all_notes(self) -> tuple[str, ...]:
+        """The notes the audit wrote, then the drift note when there is one."""
+        return self.notes + ((self.drift_note,) if self.drift_note else ())
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "created_at": self.created_at,

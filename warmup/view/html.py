@@ -359,9 +359,9 @@ def audit(report: AuditReport, path: str, level: int = 2) -> tuple[str, str, str
     if keys:
         body.append(section("Compiles after ready, by key", table(
             ["step", "pass", "compiler", "kernel", "events"], keys, "nn"), level=level))
-    notes = [n for n in report.notes + (report.drift_note,) if n]
-    if notes:
-        body.append(section("Notes", table(["note"], [(n,) for n in notes]), level=level))
+    if report.all_notes:
+        body.append(section("Notes", table(["note"], [(n,) for n in report.all_notes]),
+                            level=level))
     meta = f"{report.url} · traffic {report.traffic} · {report.mode_note} · {path}"
     return "Audit of a ready server", meta, "".join(body)
 

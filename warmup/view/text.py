@@ -259,7 +259,7 @@ def audit(report: AuditReport, *, width: int | None = None) -> str:
     if report.median_ratio is not None:
         out.append(f"median step with nothing recorded, pass 1 over pass 2: "
                    f"{report.median_ratio:.2f}x ({len(report.quiet_ratios)} steps)")
-    out += [f"note: {note}" for note in report.notes + (report.drift_note,) if note]
+    out += [f"note: {note}" for note in report.all_notes]
     if report.file:
         out.append(f"audit file: {report.file}")
     return lines(out, width)

@@ -354,6 +354,8 @@ def test_a_first_pass_slower_throughout_is_named_beside_its_cold_steps():
     # a step whose second pass took no time has no ratio: left out, not a division by zero
     assert report(drifting + [_step_audit(5.0, 0.0)]).quiet_ratios == slow.quiet_ratios
     assert slow.to_json()["drift_note"] == slow.drift_note
+    assert replace(slow, notes=("kept",)).all_notes == ("kept", slow.drift_note)
+    assert cold.all_notes == ()
     loaded = _step_audit(121.0, 100.0)
     loaded = replace(loaded, second=replace(loaded.second, device_loads=1))
     assert len(report(drifting + [loaded]).quiet_ratios) == 7  # a load in either pass: left out
