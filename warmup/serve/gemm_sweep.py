@@ -21,11 +21,13 @@ time budget (``WARMUP_GEMM_SWEEP_S``, per process: a speculative-decoding draft 
 the target left, and skips the shapes already swept) stops it; the small row counts come first
 because a load costs most, relatively, on a small GEMM.  Layers are not called through
 ``forward``, so no collective runs and every tensor-parallel rank sweeps its own shards.
-Buffers are bounded (``MAX_BUFFER_BYTES``: one input buffer per dtype, one output at a time) and
-freed; the caching allocator and cuBLAS's workspaces are emptied afterwards, so the KV cache is
-sized as without the sweep but for the loaded kernels' code.  Not swept: quantized layers (FP8,
-DeepGEMM: their kernels are not cuBLAS's), an fp32 LM head (``torch.mm`` with an fp32 output),
-and nothing at all under deterministic inference (batch-invariant kernels replace cuBLAS's).
+Buffers are bounded (``MAX_BUFFER_BYTES``: one input buffer per dtype, one output at a time,
+each carved from one block of the largest that the caching allocator holds, so that no call
+waits for ``cudaMalloc``) and freed; the caching allocator and cuBLAS's workspaces are emptied
+afterwards, so the KV cache is sized as without the sweep but for the loaded kernels' code.
+Not swept: quantized layers (FP8, DeepGEMM: their kernels are not cuBLAS's), an fp32 LM head
+(``torch.mm`` with an fp32 output), and nothing at all under deterministic inference
+(batch-invariant kernels replace cuBLAS's).
 
 It never raises into SGLang: a failure is logged and the server starts as without it.
 """
@@ -56,7 +58,8 @@ DEFAULT_MAX_ROWS = 8192
 SYNC_ROWS = 16
 #: a call that held the CPU this long (ms) loaded a kernel: cuBLAS's set-up of a new kernel
 #: takes 2-4 ms on an H100 or H200, a launch tens of microseconds; its row count is a *load
-#: row* of its shape (a false one, an allocation or a pause, only costs a call later)
+#: row* of its shape (a false one, a pause of the process, only costs a call later; no output
+#: waits for an allocation: :func:`reserve_output`)
 STALL_MS = 0.5
 _FLOATS = ("torch.bfloat16", "torch.float16", "torch.float32")
 
@@ -228,11 +231,13 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
     if not shapes or max_rows < 1 or budget_s <= 0:
         return result
     elements: dict[Any, int] = {}
+    output_bytes = 0
     for s in shapes:
         size = torch.empty((), dtype=s.dtype).element_size()
         s.max_rows = max(1, min(max_rows, MAX_BUFFER_BYTES // ((s.in_features + s.out_features)
                                                                * size)))
         elements[s.dtype] = max(elements.get(s.dtype, 0), s.max_rows * s.in_features)
+        output_bytes = max(output_bytes, s.max_rows * s.out_features * size)
     smallest = min(shapes, key=lambda s: s.max_rows)
     if smallest.max_rows < max_rows:
         result.capped_rows, result.capped_shape = smallest.max_rows, smallest.label
@@ -242,6 +247,7 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
         with torch.inference_mode():
             for dtype, n in elements.items():
                 buffers[dtype] = torch.zeros(n, dtype=dtype, device=device)
+            reserve_output(output_bytes, device)
             active = list(shapes)
             past = 0  # row counts past DENSE_ROWS since the last wait
             for rows in row_counts(max_rows):
@@ -280,6 +286,21 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
         buffers.clear()
     result.seconds = clock() - started
     return result
+
+
+def reserve_output(nbytes: int, device: Any) -> None:
+    """Have PyTorch's caching allocator hold one free block of ``nbytes``, the largest output
+    of the sweep, so that every output comes out of it.
+
+    Without it each output larger than all before it waits for ``cudaMalloc`` (the allocator
+    rounds large blocks to 2 MiB): 0.5 ms or more, which the sweep took for a kernel load.  An
+    LM head of 65,600 columns grows by 2 MiB every 16 rows, so most of its load rows were
+    allocations, swept again at every start from a steps record and warming nothing."""
+    import torch
+
+    if nbytes > 0:
+        block = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        del block                   # freed into the allocator's cache, not to the device
 
 
 #: the server settings the sweep reads

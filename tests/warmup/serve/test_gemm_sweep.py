@@ -487,6 +487,34 @@ def test_a_budget_that_is_not_a_finite_number_is_refused_with_the_variable(monke
         in caplog.text
 
 
+def test_the_largest_output_is_reserved_before_the_first_call_and_holds_every_output(
+        monkeypatch):
+    """Outputs are carved from one block the caching allocator holds, so no call waits for
+    ``cudaMalloc`` and the sweep never takes an allocation for a kernel load: the block is
+    asked for once, before any GEMM, at the largest output any shape makes within its row
+    limit (the fp32 gate counts four bytes an element)."""
+    events: list[tuple[str, int]] = []
+    real = gemm_sweep.reserve_output
+    monkeypatch.setattr(gemm_sweep, "reserve_output",
+                        lambda n, device: (events.append(("reserve", n)), real(n, device)))
+    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    for s in shapes:
+        def timed(x, run=s.run):
+            out = run(x)
+            events.append(("out", out.numel() * out.element_size()))
+            return out
+        s.run = timed
+    gemm_sweep.sweep(shapes, 80, budget_s=60.0, device="cpu")
+    assert events[0] == ("reserve", 80 * 100 * 2)            # the LM head at 80 rows, bf16
+    assert [e for e in events if e[0] == "reserve"] == [events[0]]
+    assert max(n for kind, n in events if kind == "out") == events[0][1]
+    monkeypatch.setattr(gemm_sweep, "MAX_BUFFER_BYTES", (100 + 32) * 2 * 40)
+    events.clear()
+    gemm_sweep.sweep(gemm_sweep.model_shapes(_model(), device_type="cpu"), 80, budget_s=60.0,
+                     device="cpu")
+    assert events[0] == ("reserve", 40 * 100 * 2)            # capped by the buffer limit
+
+
 def test_the_calls_that_held_the_cpu_are_the_load_rows_of_their_shape():
     """A call that took STALL_MS or more (cuBLAS loading a kernel) names its row count for its
     shape; every shape swept is listed, with no rows where it loaded nothing, and a shape that
