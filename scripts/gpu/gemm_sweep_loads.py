@@ -13,9 +13,19 @@ shapes of ``gemm_sweep_smoke.py`` (the tiny rig's sizes), rows up to 4,096:
 * ``full`` / ``learned`` / ``threads`` / ``none``: the full sweep, only the load rows, the full
   sweep with each shape on its own thread (cuBLAS's loads overlapping, if they can), or nothing; then the
   probe: 300 random row counts per shape, each timed first and again (the GPU waited for around
-  each call); a first call more than 1 ms over its repeat paid a first-time cost.
+  each call; every process first has the caching allocator hold one block of the largest
+  output, as the product's sweep does, so that a first call pays a kernel load and not a
+  ``cudaMalloc``); a first call more than 1 ms over its repeat paid a first-time cost.
 
     python3 scripts/gpu/gemm_sweep_loads.py --runs 2 --stall-ms 0.5
+
+``--compare-reserve``: whether the sweep's reserved output block (``gemm_sweep.reserve_output``)
+takes the allocator's growth out of the load rows.  ``learn`` with the block (the product) and
+without it, each ``--runs`` times; then ``none`` and ``learned`` at each union of load rows,
+every probe after the block too, so that a first call pays a kernel load and not a ``cudaMalloc``:
+fewer load rows with the block, and as few paid calls after them, is the answer.
+
+    python3 scripts/gpu/gemm_sweep_loads.py --compare-reserve --runs 2
 
 Prints one JSON document: per mode the sweep's seconds and calls, and the probe's paid calls.
 """
@@ -60,13 +70,20 @@ def rows_of(shape) -> int:
                                                                 + shape.out_features) * size)))
 
 
-def child(mode: str, stall_ms: float, loads: dict[str, list[int]]) -> dict:
+def child(mode: str, stall_ms: float, loads: dict[str, list[int]], reserve: bool = False) -> dict:
+    """One mode in this process.  ``reserve``: the sweep keeps its output block (the product's
+    default), and the probe runs after one block of the largest output too; without it the
+    sweep's outputs grow through ``cudaMalloc`` (the sweep before the block)."""
     import torch
 
     from warmup.serve import gemm_sweep
 
     ss = shapes()
     x = torch.zeros(MAX_ROWS * 1024, device="cuda", dtype=torch.bfloat16)
+    if not reserve:
+        gemm_sweep.reserve_output = lambda nbytes, device: None
+    else:
+        gemm_sweep.reserve_output(max(rows_of(s) * s.out_features * 2 for s in ss), "cuda")
     torch.cuda.synchronize()
     found: dict[str, list[int]] = {s.label: [] for s in ss}
     calls = 0
@@ -124,24 +141,45 @@ def child(mode: str, stall_ms: float, loads: dict[str, list[int]]) -> dict:
     return out
 
 
-def run(mode: str, stall_ms: float, loads: dict | None = None) -> dict:
+def run(mode: str, stall_ms: float, loads: dict | None = None, reserve: bool = True) -> dict:
     arg = json.dumps(loads or {})
-    done = subprocess.run([sys.executable, __file__, "--child", mode, str(stall_ms), arg],
+    done = subprocess.run([sys.executable, __file__, "--child", mode, str(stall_ms), arg,
+                           "reserve" if reserve else "grow"],
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def union(learned: list[dict]) -> dict[str, list[int]]:
+    return {k: sorted(set().union(*(set(r["load_rows"][k]) for r in learned)))
+            for k in learned[0]["load_rows"]}
+
+
+def compare_reserve(runs: int, stall: float) -> dict:
+    """Load rows learned with and without the reserved output block, and what each leaves."""
+    out: dict = {"stall_ms": stall}
+    for name, reserve in (("with_block", True), ("without_block", False)):
+        learned = [run("learn", stall, reserve=reserve) for _ in range(runs)]
+        loads = union(learned)
+        out[name] = {"learn": [{k: v for k, v in r.items() if k != "load_rows"} for r in learned],
+                     "load_rows": {k: len(v) for k, v in loads.items()}, "rows": loads,
+                     "learned": [run("learned", stall, loads, reserve=True) for _ in range(runs)]}
+    out["none"] = [run("none", stall, reserve=True) for _ in range(runs)]
+    return out
 
 
 def main() -> None:
     if "--child" in sys.argv:
         at = sys.argv.index("--child")
         mode, stall, loads = sys.argv[at + 1], float(sys.argv[at + 2]), json.loads(sys.argv[at + 3])
-        print(json.dumps(child(mode, stall, loads)))
+        print(json.dumps(child(mode, stall, loads, reserve=sys.argv[at + 4] == "reserve")))
         return
     runs = int(sys.argv[sys.argv.index("--runs") + 1]) if "--runs" in sys.argv else 2
     stall = float(sys.argv[sys.argv.index("--stall-ms") + 1]) if "--stall-ms" in sys.argv else 0.5
+    if "--compare-reserve" in sys.argv:
+        print(json.dumps(compare_reserve(runs, stall), indent=1))
+        return
     learned = [run("learn", stall) for _ in range(runs)]
-    loads = {k: sorted(set().union(*(set(r["load_rows"][k]) for r in learned)))
-             for k in learned[0]["load_rows"]}
+    loads = union(learned)
     result = {"stall_ms": stall, "learn": [{k: v for k, v in r.items() if k != "load_rows"}
                                            for r in learned],
               "load_rows": {k: len(v) for k, v in loads.items()},
