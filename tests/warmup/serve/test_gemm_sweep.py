@@ -515,6 +515,21 @@ def test_the_largest_output_is_reserved_before_the_first_call_and_holds_every_ou
     assert events[0] == ("reserve", 40 * 100 * 2)            # capped by the buffer limit
 
 
+def test_a_block_that_cannot_be_reserved_leaves_the_sweep_to_allocate_as_it_goes(monkeypatch,
+                                                                                   caplog):
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 504.00 MiB")
+
+    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: no_room() if k.get("dtype") is
+                        torch.uint8 else real_empty(*a, **k))
+    with caplog.at_level(logging.INFO, logger="sglang_warmup.gemm_sweep"):
+        result = gemm_sweep.sweep(shapes, 80, budget_s=60.0, device="cpu")
+    assert result.calls == len(list(row_counts(80))) * len(shapes) and not result.failed
+    assert "no block of 16000 bytes reserved: CUDA out of memory" in caplog.text
+
+
 def test_the_calls_that_held_the_cpu_are_the_load_rows_of_their_shape():
     """A call that took STALL_MS or more (cuBLAS loading a kernel) names its row count for its
     shape; every shape swept is listed, with no rows where it loaded nothing, and a shape that
