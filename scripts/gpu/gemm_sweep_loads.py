@@ -15,11 +15,12 @@ shapes of ``gemm_sweep_smoke.py`` (the tiny rig's sizes), rows up to 4,096:
   probe: 300 random row counts per shape, each timed first and again (the GPU waited for around
   each call; every process first has the caching allocator hold one block of the largest
   output, as the product's sweep does, so that a first call pays a kernel load and not a
-  ``cudaMalloc``); a first call more than 1 ms over its repeat paid a first-time cost.
+  ``cudaMalloc``: ``threads`` holds several outputs at once and may still allocate); a first
+  call more than 1 ms over its repeat paid a first-time cost.
 
     python3 scripts/gpu/gemm_sweep_loads.py --runs 2 --stall-ms 0.5
 
-``--compare-reserve``: whether the sweep's reserved output block (``gemm_sweep.reserve_output``)
+``--compare-reserve``: whether the sweep's reserved output block (``allocator.reserve``)
 takes the allocator's growth out of the load rows.  ``learn`` with the block (the product) and
 without it, each ``--runs`` times; then ``none`` and ``learned`` at each union of load rows,
 every probe after the block too, so that a first call pays a kernel load and not a ``cudaMalloc``:
@@ -70,20 +71,22 @@ def rows_of(shape) -> int:
                                                                 + shape.out_features) * size)))
 
 
-def child(mode: str, stall_ms: float, loads: dict[str, list[int]], reserve: bool = False) -> dict:
+def child(mode: str, stall_ms: float, loads: dict[str, list[int]], reserve: bool = True) -> dict:
     """One mode in this process.  ``reserve``: the sweep keeps its output block (the product's
-    default), and the probe runs after one block of the largest output too; without it the
-    sweep's outputs grow through ``cudaMalloc`` (the sweep before the block)."""
+    default), and the other modes run after one block of the largest output too (cuBLAS's
+    workspace allocated first, as the sweep's first GEMMs do); without it the sweep's outputs
+    grow through ``cudaMalloc`` (the sweep before the block)."""
     import torch
 
-    from warmup.serve import gemm_sweep
+    from warmup.serve import allocator, gemm_sweep
 
     ss = shapes()
     x = torch.zeros(MAX_ROWS * 1024, device="cuda", dtype=torch.bfloat16)
     if not reserve:
-        gemm_sweep.reserve_output = lambda nbytes, device: None
-    else:
-        gemm_sweep.reserve_output(max(rows_of(s) * s.out_features * 2 for s in ss), "cuda")
+        allocator.reserve = lambda nbytes, device: None
+    elif mode not in ("learn", "full"):     # the sweep reserves its own after its first GEMMs
+        torch.cuda.current_blas_handle()
+        allocator.reserve(max(rows_of(s) * s.out_features * 2 for s in ss), "cuda")
     torch.cuda.synchronize()
     found: dict[str, list[int]] = {s.label: [] for s in ss}
     calls = 0
@@ -162,6 +165,8 @@ def compare_reserve(runs: int, stall: float) -> dict:
         loads = union(learned)
         out[name] = {"learn": [{k: v for k, v in r.items() if k != "load_rows"} for r in learned],
                      "load_rows": {k: len(v) for k, v in loads.items()}, "rows": loads,
+                     "same_rows_in_every_learn": all(r["load_rows"] == learned[0]["load_rows"]
+                                                     for r in learned),
                      "learned": [run("learned", stall, loads, reserve=True) for _ in range(runs)]}
     out["none"] = [run("none", stall, reserve=True) for _ in range(runs)]
     return out

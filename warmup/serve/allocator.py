@@ -1,4 +1,5 @@
-"""The device allocator's blocks across the warm-up's flush.
+"""The device allocator's blocks: kept across the warm-up's flush, and one reserved for the
+GEMM sweep's outputs (:func:`reserve`).
 
 SGLang's ``Scheduler.flush_cache`` resets the radix cache and the KV pools and then, by default,
 empties PyTorch's caching allocator (``current_platform.empty_cache()``).  After a warm-up that
@@ -198,3 +199,29 @@ def arm() -> None:
         from warmup.observe.importer import finder
 
         finder().watch(FLUSH_WRAPPER, _wrap)
+
+
+def reserve(nbytes: int, device: Any) -> None:
+    """Have PyTorch's caching allocator hold one free block of ``nbytes``, the largest output
+    of the GEMM sweep (warmup/serve/gemm_sweep.py), so that every output over 1 MiB is carved
+    from it (the allocator splits a larger free block; outputs of 1 MiB or less come from its
+    small pool's 2 MiB segments).
+
+    Without it an output that outgrew every free block waited for ``cudaMalloc`` (a new
+    segment: 20 MiB for 1-10 MiB, from 10 MiB the size rounded up to a multiple of 2 MiB),
+    0.5 ms or more, which the sweep took for a kernel load.  An LM head of 65,600 bf16 columns
+    outgrows its segment every 16 rows past 159 (20 MiB), so most of its load rows were
+    allocations, swept again at every start from a steps record and warming nothing.  Called
+    after the first GEMMs, whose cuBLAS and cuBLASLt workspaces would otherwise be carved from
+    the block.  With ``PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb`` below the block's size the
+    allocator does not split it, and outputs are allocated as they come, as without it."""
+    import torch
+
+    if nbytes <= 0:
+        return
+    try:
+        block = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    except Exception as exc:  # noqa: BLE001 - no room: each output is allocated as it comes
+        logger.info("sglang-warmup: GEMM sweep: no block of %d bytes reserved: %s", nbytes, exc)
+        return
+    del block                       # freed into the allocator's cache, not to the device

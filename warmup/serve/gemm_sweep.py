@@ -22,8 +22,8 @@ the target left, and skips the shapes already swept) stops it; the small row cou
 because a load costs most, relatively, on a small GEMM.  Layers are not called through
 ``forward``, so no collective runs and every tensor-parallel rank sweeps its own shards.
 Buffers are bounded (``MAX_BUFFER_BYTES``: one input buffer per dtype, one output at a time,
-each carved from one block of the largest that the caching allocator holds, so that no call
-waits for ``cudaMalloc``) and freed; the caching allocator and cuBLAS's workspaces are emptied
+carved from one block of the largest that the caching allocator holds after the first GEMMs,
+so that no call waits for ``cudaMalloc``) and freed; the caching allocator and cuBLAS's workspaces are emptied
 afterwards, so the KV cache is sized as without the sweep but for the loaded kernels' code.
 Not swept: quantized layers (FP8, DeepGEMM: their kernels are not cuBLAS's), an fp32 LM head
 (``torch.mm`` with an fp32 output), and nothing at all under deterministic inference
@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator
 
 from warmup import settings
 from warmup.errors import WarmupError
+from warmup.serve import allocator
 
 logger = logging.getLogger("sglang_warmup.gemm_sweep")
 
@@ -58,8 +59,8 @@ DEFAULT_MAX_ROWS = 8192
 SYNC_ROWS = 16
 #: a call that held the CPU this long (ms) loaded a kernel: cuBLAS's set-up of a new kernel
 #: takes 2-4 ms on an H100 or H200, a launch tens of microseconds; its row count is a *load
-#: row* of its shape (a false one, a pause of the process, only costs a call later; no output
-#: waits for an allocation: :func:`reserve_output`)
+#: row* of its shape (a false one, a pause of the process or an allocation, only costs a call
+#: later; :func:`warmup.serve.allocator.reserve` keeps the allocations of its outputs out)
 STALL_MS = 0.5
 _FLOATS = ("torch.bfloat16", "torch.float16", "torch.float32")
 
@@ -231,13 +232,11 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
     if not shapes or max_rows < 1 or budget_s <= 0:
         return result
     elements: dict[Any, int] = {}
-    output_bytes = 0
     for s in shapes:
         size = torch.empty((), dtype=s.dtype).element_size()
         s.max_rows = max(1, min(max_rows, MAX_BUFFER_BYTES // ((s.in_features + s.out_features)
                                                                * size)))
         elements[s.dtype] = max(elements.get(s.dtype, 0), s.max_rows * s.in_features)
-        output_bytes = max(output_bytes, s.max_rows * s.out_features * size)
     smallest = min(shapes, key=lambda s: s.max_rows)
     if smallest.max_rows < max_rows:
         result.capped_rows, result.capped_shape = smallest.max_rows, smallest.label
@@ -247,11 +246,11 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
         with torch.inference_mode():
             for dtype, n in elements.items():
                 buffers[dtype] = torch.zeros(n, dtype=dtype, device=device)
-            reserve_output(output_bytes, device)
             active = list(shapes)
             past = 0  # row counts past DENSE_ROWS since the last wait
+            reserved = False
             for rows in row_counts(max_rows):
-                over = False
+                over, calls = False, result.calls
                 for s in list(active):
                     if rows > s.max_rows or (s.rows is not None and rows <= s.learned_up_to
                                              and rows not in s.rows):
@@ -271,6 +270,9 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
                     if now - started > budget_s:
                         over = True
                         break
+                if not reserved and result.calls > calls:   # cuBLAS's workspaces exist now
+                    allocator.reserve(largest_output(shapes), device)
+                    reserved = True
                 past += rows > DENSE_ROWS
                 if synchronize is not None and past >= max(1, sync_rows):
                     synchronize()
@@ -288,24 +290,18 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
     return result
 
 
-def reserve_output(nbytes: int, device: Any) -> None:
-    """Have PyTorch's caching allocator hold one free block of ``nbytes``, the largest output
-    of the sweep, so that every output comes out of it.
-
-    Without it each output larger than all before it waits for ``cudaMalloc`` (the allocator
-    rounds large blocks to 2 MiB): 0.5 ms or more, which the sweep took for a kernel load.  An
-    LM head of 65,600 columns grows by 2 MiB every 16 rows, so most of its load rows were
-    allocations, swept again at every start from a steps record and warming nothing."""
+def largest_output(shapes: list[Shape]) -> int:
+    """The bytes of the largest output the sweep makes: each shape's at the most rows it runs
+    (its ``max_rows``, or its largest learned row where the learned rows cover its range)."""
     import torch
 
-    if nbytes <= 0:
-        return
-    try:
-        block = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    except Exception as exc:  # noqa: BLE001 - no room: each output is allocated as it comes
-        logger.info("sglang-warmup: GEMM sweep: no block of %d bytes reserved: %s", nbytes, exc)
-        return
-    del block                       # freed into the allocator's cache, not to the device
+    top = 0
+    for s in shapes:
+        rows = s.max_rows
+        if s.rows is not None and s.learned_up_to >= s.max_rows:
+            rows = max((r for r in s.rows if r <= s.max_rows), default=0)
+        top = max(top, rows * s.out_features * torch.empty((), dtype=s.dtype).element_size())
+    return top
 
 
 #: the server settings the sweep reads
@@ -377,14 +373,16 @@ def after_load(runner: Any) -> SweepResult | None:
         s.rows, s.learned_up_to = rows.get(s.key_text), reached
     if why:
         logger.info("sglang-warmup: GEMM sweep at every row count: %s", why)
-    result = sweep(shapes, max_rows, budget, device=device,
-                   synchronize=torch.cuda.synchronize, sync_rows=SYNC_ROWS)
+    try:
+        result = sweep(shapes, max_rows, budget, device=device,
+                       synchronize=torch.cuda.synchronize, sync_rows=SYNC_ROWS)
+    finally:                    # the KV cache is sized from free memory after the load
+        torch.cuda.empty_cache()
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
     _done.update(s.key for s in shapes)
     _spent_s += result.seconds
-    torch.cuda.empty_cache()
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:       # the KV cache is sized from free memory after the load
-        clear()
     (logger.warning if result.failed else logger.info)("sglang-warmup: %s", result.summary())
     record(result, blas)
     return result

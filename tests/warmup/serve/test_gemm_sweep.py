@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from warmup.serve import gemm_sweep
+from warmup.serve import allocator, gemm_sweep
 from warmup.serve.gemm_sweep import row_counts
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -487,32 +487,58 @@ def test_a_budget_that_is_not_a_finite_number_is_refused_with_the_variable(monke
         in caplog.text
 
 
-def test_the_largest_output_is_reserved_before_the_first_call_and_holds_every_output(
-        monkeypatch):
-    """Outputs are carved from one block the caching allocator holds, so no call waits for
-    ``cudaMalloc`` and the sweep never takes an allocation for a kernel load: the block is
-    asked for once, before any GEMM, at the largest output any shape makes within its row
-    limit (the fp32 gate counts four bytes an element)."""
-    events: list[tuple[str, int]] = []
-    real = gemm_sweep.reserve_output
-    monkeypatch.setattr(gemm_sweep, "reserve_output",
+def _outputs_and_reserves(monkeypatch, shapes, max_rows=80):
+    """The sweep's events in order: ("out", bytes, rows) per GEMM, ("reserve", bytes)."""
+    events: list[tuple] = []
+    real = allocator.reserve
+    monkeypatch.setattr(allocator, "reserve",
                         lambda n, device: (events.append(("reserve", n)), real(n, device)))
-    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
     for s in shapes:
         def timed(x, run=s.run):
             out = run(x)
-            events.append(("out", out.numel() * out.element_size()))
+            events.append(("out", out.numel() * out.element_size(), x.shape[0]))
             return out
         s.run = timed
-    gemm_sweep.sweep(shapes, 80, budget_s=60.0, device="cpu")
-    assert events[0] == ("reserve", 80 * 100 * 2)            # the LM head at 80 rows, bf16
-    assert [e for e in events if e[0] == "reserve"] == [events[0]]
-    assert max(n for kind, n in events if kind == "out") == events[0][1]
+    gemm_sweep.sweep(shapes, max_rows, budget_s=60.0, device="cpu")
+    return events
+
+
+def test_the_largest_output_is_reserved_after_the_first_gemms_and_holds_every_output(
+        monkeypatch):
+    """Outputs are carved from one block the caching allocator holds, so no call waits for
+    ``cudaMalloc`` and the sweep never takes an allocation for a kernel load.  The block is
+    asked for once, after the first row count's GEMMs (cuBLAS's workspaces are allocated by
+    then, not carved from it) and before any other, at the largest output any shape makes:
+    an fp32 layer counts four bytes an element."""
+    model = _model()
+    lin = model.layers[0].o_proj.quant_method
+    model.layers[0].wide = _Linear(lin, 200, 32, dtype=torch.float32)
+    shapes = gemm_sweep.model_shapes(model, device_type="cpu")
+    events = _outputs_and_reserves(monkeypatch, shapes)
+    at = events.index(("reserve", 80 * 200 * 4))             # the fp32 layer at 80 rows
+    assert [e for e in events if e[0] == "reserve"] == [events[at]]
+    assert at == len(shapes) and {e[2] for e in events[:at]} == {1}
+    assert max(e[1] for e in events if e[0] == "out") == events[at][1]
     monkeypatch.setattr(gemm_sweep, "MAX_BUFFER_BYTES", (100 + 32) * 2 * 40)
-    events.clear()
-    gemm_sweep.sweep(gemm_sweep.model_shapes(_model(), device_type="cpu"), 80, budget_s=60.0,
-                     device="cpu")
-    assert events[0] == ("reserve", 40 * 100 * 2)            # capped by the buffer limit
+    events = _outputs_and_reserves(monkeypatch, gemm_sweep.model_shapes(_model(),
+                                                                        device_type="cpu"))
+    assert ("reserve", 40 * 100 * 2) in events               # capped by the buffer limit
+
+
+def test_the_block_is_the_largest_output_of_the_rows_a_learned_sweep_runs(monkeypatch):
+    """A shape whose learned rows cover its range runs no row count above the largest of
+    them, and the block is no larger than that; a shape learned only part of the way runs
+    every row count above, up to its limit."""
+    shapes = [s for s in gemm_sweep.model_shapes(_model(), device_type="cpu")
+              if s.label.startswith(("layers.0.qkv_proj", "lm_head"))]
+    for s in shapes:
+        s.rows, s.learned_up_to = frozenset({2, 9, 33}), 80
+    events = _outputs_and_reserves(monkeypatch, shapes)
+    assert ("reserve", 33 * 100 * 2) in events and max(e[2] for e in events if e[0] == "out") == 33
+    for s in shapes:
+        s.rows, s.learned_up_to = frozenset({2, 9, 33}), 40
+    events = _outputs_and_reserves(monkeypatch, shapes)
+    assert ("reserve", 80 * 100 * 2) in events
 
 
 def test_a_block_that_cannot_be_reserved_leaves_the_sweep_to_allocate_as_it_goes(monkeypatch,
@@ -524,7 +550,7 @@ def test_a_block_that_cannot_be_reserved_leaves_the_sweep_to_allocate_as_it_goes
     real_empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **k: no_room() if k.get("dtype") is
                         torch.uint8 else real_empty(*a, **k))
-    with caplog.at_level(logging.INFO, logger="sglang_warmup.gemm_sweep"):
+    with caplog.at_level(logging.INFO, logger="sglang_warmup.allocator"):
         result = gemm_sweep.sweep(shapes, 80, budget_s=60.0, device="cpu")
     assert result.calls == len(list(row_counts(80))) * len(shapes) and not result.failed
     assert "no block of 16000 bytes reserved: CUDA out of memory" in caplog.text
