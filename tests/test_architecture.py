@@ -59,6 +59,11 @@ def modules() -> dict[str, Path]:
 
 
 MODULES = modules()
+#: every module's text and syntax tree, read once at collection: CPython 3.11's ``ast.parse``
+#: can fail with "AST constructor recursion depth mismatch" while a thread that an earlier test
+#: left behind compiles code, so nothing here parses once tests have started
+TEXTS = {name: path.read_text(encoding="utf-8") for name, path in MODULES.items()}
+TREES = {name: ast.parse(text) for name, text in TEXTS.items()}
 
 
 def group(name: str) -> str:
@@ -75,7 +80,7 @@ def group(name: str) -> str:
 def imports(name: str, *, annotations: bool = False) -> set[str]:
     """The project modules ``name`` imports, at module level or inside functions (with
     ``annotations``, under ``if TYPE_CHECKING:`` too)."""
-    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    tree = TREES[name]
     is_pkg = MODULES[name].name == "__init__.py"
     found: set[str] = set()
     for node in (ast.walk(tree) if annotations else _runtime_nodes(tree)):
@@ -210,11 +215,10 @@ def test_no_import_circles():
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_a_long_module_says_why(name):
-    text = MODULES[name].read_text(encoding="utf-8")
-    lines = text.count("\n")
+    lines = TEXTS[name].count("\n")
     if lines <= LONG:
         return
-    doc = ast.get_docstring(ast.parse(text)) or ""
+    doc = ast.get_docstring(TREES[name]) or ""
     assert "Longer than 500 lines" in doc, (
         f"{MODULES[name].relative_to(REPO)} has {lines} lines: split it, or say at its top why "
         "not (\"Longer than 500 lines: ...\")")
@@ -228,10 +232,9 @@ def test_no_long_function_without_a_reason():
     """A function above MAX_FUNCTION_LINES lines (decorators and docstring included) says why
     in a comment right above it, starting ``# Longer than 80 lines:``."""
     long = []
-    for path in MODULES.values():
-        text = path.read_text(encoding="utf-8")
-        lines = text.splitlines()
-        for node in ast.walk(ast.parse(text)):
+    for name, path in MODULES.items():
+        lines = TEXTS[name].splitlines()
+        for node in ast.walk(TREES[name]):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
@@ -250,7 +253,7 @@ BROAD = ("Exception", "BaseException")
 _NOQA = re.compile(r"noqa(:\s*[A-Z]+[0-9]+(\s*,\s*[A-Z]+[0-9]+)*)?", re.IGNORECASE)
 
 
-def broad_excepts_without_a_reason(text: str) -> list[int]:
+def broad_excepts_without_a_reason(text: str, tree: ast.AST | None = None) -> list[int]:
     """The lines of ``except Exception`` / ``except BaseException`` (alone or in a tuple, or a
     bare ``except:``) that carry no reason: a comment on the ``except`` line with words besides
     a ``noqa`` code."""
@@ -261,7 +264,7 @@ def broad_excepts_without_a_reason(text: str) -> list[int]:
                 for tok in tokenize.generate_tokens(io.StringIO(text).readline)
                 if tok.type == tokenize.COMMENT}
     silent = []
-    for node in ast.walk(ast.parse(text)):
+    for node in ast.walk(tree if tree is not None else ast.parse(text)):
         if not isinstance(node, ast.ExceptHandler):
             continue
         types = node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]
@@ -298,10 +301,9 @@ def test_a_broad_except_says_why_on_its_line():
     reason in a comment on the ``except`` line; where the exceptions are known, catch those
     (bugs surface instead of being swallowed)."""
     silent = []
-    for path in MODULES.values():
-        text = path.read_text(encoding="utf-8")
-        lines = text.splitlines()
+    for name, path in MODULES.items():
+        lines = TEXTS[name].splitlines()
         silent += [f"{path.relative_to(REPO)}:{n}: {lines[n - 1].strip()}"
-                   for n in broad_excepts_without_a_reason(text)]
+                   for n in broad_excepts_without_a_reason(TEXTS[name], TREES[name])]
     assert not silent, ("catch what you expect, or say on the line why everything must be "
                         "caught here:\n" + "\n".join(silent))
