@@ -41,6 +41,7 @@ from warmup.coverage.counts import (COMPILE_METRIC, LOAD_METRIC, ServingCounts, 
                                     gc_overlap_ms, parse_metrics, serving_counts)
 from warmup.coverage.traffic import STEP_FIELDS, TrafficStep, parse_step
 from warmup.errors import TransportError, WarmupError
+from warmup.plan import step_record
 
 if TYPE_CHECKING:  # an annotation only: the transport is imported when an audit runs
     from warmup.serve.transport import HttpTransport
@@ -52,12 +53,6 @@ VERSION = 1
 #: A first pass this much slower than the second (and by more than SLOW_MIN_MS) is a cold step.
 SLOW_RATIO = 1.5
 SLOW_MIN_MS = 5.0
-#: A first pass whose median step ran this much slower than its second ran slower throughout
-#: (the host or the server was slower for a while, which no first use explains): its cold steps
-#: may be cold by that much less.
-DRIFT_RATIO = 1.15
-#: ... over at least this many steps with nothing recorded (fewer say nothing of a whole pass)
-DRIFT_MIN_STEPS = 6
 #: Request features, in the words the audit names a first use with.
 FEATURE_WORDS = {"return_logprob": "logprobs", "logprob_start_len": "input logprobs",
                  "top_logprobs_num": "top logprobs", "token_ids_logprob": "token-id logprobs",
@@ -216,11 +211,10 @@ class AuditReport:
 
     @property
     def drift_note(self) -> str:
-        """What a first pass slower throughout (the median step with nothing recorded at
-        ``DRIFT_RATIO`` or more, over ``DRIFT_MIN_STEPS`` such steps) means for its cold steps;
-        empty otherwise."""
-        steps, median = len(self.quiet_ratios), self.median_ratio
-        if median is None or steps < DRIFT_MIN_STEPS or median < DRIFT_RATIO:
+        """What a first pass slower throughout (:func:`step_record.slower_throughout` of the
+        steps with nothing recorded) means for its cold steps; empty otherwise."""
+        steps, median = len(self.quiet_ratios), step_record.slower_throughout(self.quiet_ratios)
+        if median is None:
             return ""
         return (f"the first pass ran slower throughout: a median {median:.2f}x its second over "
                 f"the {steps} steps with nothing recorded; a cold step whose cause is 'none "

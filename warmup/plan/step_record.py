@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,23 @@ MAX_GEMM_ROWS = 65_536
 MAX_ROW = 1 << 24
 MAX_KEY = 300
 _HINT = "learn it again: `sglang-warmup prebake` writes ARCHIVE.steps.json beside the archive"
+#: A first pass ran slower throughout when the median first-over-second ratio of its steps
+#: with nothing recorded is this or more (a slower stretch of the host: steps with no cost of
+#: their own then look like first hits) ...
+DRIFT_RATIO = 1.15
+#: ... over at least this many such steps (fewer say nothing of a whole pass)
+DRIFT_MIN_STEPS = 6
+
+
+def slower_throughout(ratios: Iterable[float]) -> float | None:
+    """The median of ``ratios`` (first pass over second, of the steps with nothing recorded)
+    where it says the whole first pass ran slower: ``DRIFT_RATIO`` or more over
+    ``DRIFT_MIN_STEPS`` steps or more; None otherwise."""
+    values = list(ratios)
+    if len(values) < DRIFT_MIN_STEPS:
+        return None
+    median = statistics.median(values)
+    return median if median >= DRIFT_RATIO else None
 
 
 @dataclass(frozen=True)
@@ -175,6 +193,26 @@ class StepRecord:
     @property
     def quiet(self) -> int:
         return self.steps - len(self.keep)
+
+    @property
+    def drift(self) -> float | None:
+        """How much slower the learning start's first pass ran throughout than its replay
+        (:func:`slower_throughout` of the steps with nothing recorded); None: not slower."""
+        return slower_throughout(e.first_ms / e.replay_ms for e in self.evidence
+                                 if not e.events and e.first_ms and e.replay_ms)
+
+    @property
+    def drift_notes(self) -> tuple[str, ...]:
+        """What a learning start slower throughout (:attr:`drift`) means for this record."""
+        if self.drift is None:
+            return ()
+        quiet = {e.index for e in self.evidence if not e.events}
+        timed = sum(1 for i in self.keep if i in quiet)
+        return (f"the start that learned the steps record ran its first pass slower throughout "
+                f"(a median {self.drift:.2f}x its replay over the steps with nothing recorded), "
+                f"so steps kept on timing alone ({timed} of the {len(self.keep)} kept) may be "
+                f"kept for the host's speed rather than a first-time cost, which makes the "
+                f"warm-up longer; bake on a quieter host for a shorter record",)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "plan": self.plan,

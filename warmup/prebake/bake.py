@@ -262,6 +262,7 @@ class PrebakePlan:
             warnings.append(f"no steps record: {exc}; a launch from this archive sends the "
                             f"whole plan")
             return None, ""
+        warnings.extend(record.drift_notes)
         again = _compiled_again(self.launch.state_dir, self.learn.state_dir)
         if again:
             warnings.append(f"the start from the baked caches compiled {len(again)} kernel(s) "

@@ -349,3 +349,46 @@ def test_a_chained_prompt_keeps_the_prompt_it_hits(tmp_path):
     assert all(h.source in keep for (i, _), h in hits.items() if i in keep)
     # down the chain: the longest width alone keeps every width it stands on
     assert step_record.prefix_closure(exp, {224}) == {224, 222, 220, 218, 216, 214}
+
+
+def _evidence(ratios, events=0, start=0):
+    return [step_record.StepEvidence(start + i, 100.0 * r, 100.0, events)
+            for i, r in enumerate(ratios)]
+
+
+def test_a_learning_start_slower_throughout_is_named_with_the_steps_kept_on_timing():
+    """The median first-over-replay of the steps with nothing recorded: 1.15x or more over six
+    such steps says the whole first pass ran slower, and the record says what that means."""
+    quiet = _evidence([1.1, 1.2, 1.2, 1.25, 1.3, 1.4, 2.0])          # median 1.25
+    loud = _evidence([3.0, 0.5], events=2, start=7)                   # recorded: left out
+    record = step_record.from_json({**GOOD, "steps": 9, "keep": [6, 7, 8], "evidence": [
+        e.to_json() for e in quiet + loud]})
+    assert record.drift == pytest.approx(1.25)
+    assert record.drift_notes == (
+        "the start that learned the steps record ran its first pass slower throughout (a "
+        "median 1.25x its replay over the steps with nothing recorded), so steps kept on "
+        "timing alone (1 of the 3 kept) may be kept for the host's speed rather than a "
+        "first-time cost, which makes the warm-up longer; bake on a quieter host for a shorter "
+        "record",)
+    usual = step_record.from_json({**GOOD, "steps": 7, "keep": [6], "evidence": [
+        e.to_json() for e in _evidence([0.9, 1.0, 1.0, 1.05, 1.1, 1.3, 2.0])]})
+    assert usual.drift is None and usual.drift_notes == ()
+    few = step_record.from_json({**GOOD, "steps": 5, "keep": [], "evidence": [
+        e.to_json() for e in _evidence([1.3] * 5)]})
+    assert few.drift is None                                           # five steps say nothing
+    assert step_record.from_json(GOOD).drift is None                  # failed sends left out
+
+
+@pytest.mark.parametrize("name, drift", [("dsv4-eager-C-steps.json", 1.186),
+                                         ("dsv4-eager-C-steps-learned-on-restart.json", 1.193),
+                                         ("dsv4-eager-C-chained-steps.json", None),
+                                         ("dsv4-eager-C-learned-rows-steps.json", None),
+                                         ("dsv4-eager-C-host-probe-steps.json", None)])
+def test_the_gpu_records_learned_on_a_slower_host_say_so(name, drift):
+    """The two records of the slower H100 host (124-125 kept steps) drift; those of the hosts
+    whose record kept 49 and 77 steps do not (docs/benchmarks.md)."""
+    from pathlib import Path
+
+    record = step_record.read(Path(__file__).parents[3] / "docs" / "data" / name)
+    assert record.drift == (None if drift is None else pytest.approx(drift, abs=5e-4))
+    assert bool(record.drift_notes) == (drift is not None)

@@ -261,6 +261,26 @@ def test_kernels_the_start_from_the_baked_caches_compiled_again_are_a_warning(en
                         f"({tmp_path / 'work' / 'learn-report.json'} names them)"]
 
 
+def test_a_learning_start_slower_throughout_is_a_warning(env, tmp_path):
+    """A host slower while the record was learned makes steps with no cost of their own look
+    like first hits: the bake says so, with how many steps were kept on timing alone."""
+    env["FAKE_SGLANG_MODE"] = "slow-first-pass"
+    plan = tmp_path / "div16.yaml"          # sixteen prompts of one kernel class
+    plan.write_text("version: 1\nname: div16\nphases:\n  - name: extends\n    shapes:\n"
+                    "      - class: div16\n        kind: extend\n        why: one kernel\n"
+                    f"        lengths: {list(range(16, 257, 16))}\n")
+    out = tmp_path / "a.tar"
+    r = subprocess.run([PY, "-m", "warmup", "prebake", "--plan", str(plan), "--out", str(out),
+                        "--port", str(free_port()), "--format", "json", "--work-dir",
+                        str(tmp_path / "work"), "--", "--model-path", "/models/stand-in",
+                        "--host", "127.0.0.1"], env=env, capture_output=True, text=True,
+                       timeout=120, cwd=str(REPO))
+    assert r.returncode == 0, r.stderr
+    record = step_record.read(str(out) + ".steps.json")
+    assert record.drift is not None and record.drift >= step_record.DRIFT_RATIO, record.evidence
+    assert json.loads(r.stdout)["warnings"] == list(record.drift_notes)
+
+
 def test_a_start_from_the_baked_caches_that_fails_keeps_the_archive_and_fails_the_bake(
         env, tmp_path):
     env["FAKE_SGLANG_MODE"] = "exit-on-restart"

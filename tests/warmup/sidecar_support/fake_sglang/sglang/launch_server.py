@@ -14,7 +14,9 @@ FAKE_SGLANG_MODE selects a fault: ``exit`` (exit 3 before listening), ``never-re
 but answer 503 forever), ``ignore-term`` (ignore SIGTERM, child too), ``no-report`` (write no
 run report, as when the plugin is not loaded), ``forget-cache`` (a start with the second pass on
 compiles into a fresh Triton cache: kernels that do not persist), ``exit-on-restart`` (a start
-with the second pass on exits 3 before listening).  The child's pid goes to
+with the second pass on exits 3 before listening), ``slow-first-pass`` (a start with the second
+pass on takes 10 ms a send and 30 ms a step's first: a host slower for a while).  The child's
+pid goes to
 ``$WARMUP_STATE_DIR/child.pid``.
 """
 
@@ -40,17 +42,21 @@ import standin  # noqa: E402
 class CompilingTransport:
     """Runs each warm-up step as the scheduler would: one kernel per prompt-length class."""
 
-    def __init__(self) -> None:
+    def __init__(self, send_s: float = 0.0, first_send_s: float = 0.0) -> None:
         from warmup.serve.transport import TokenMaker
 
         self.tokens = TokenMaker(32000)
         self.kernels: dict[int, object] = {}
+        self.send_s, self.first_send_s, self.sent = send_s, first_send_s, set()
 
     async def send(self, step):
         import triton
         from triton.backends.compiler import GPUTarget
 
         from warmup.serve.transport import Outcome
+
+        await asyncio.sleep(self.send_s if step.index in self.sent else self.first_send_s)
+        self.sent.add(step.index)
 
         outs = []
         for r in list(step.requests) + list(step.background):
@@ -110,7 +116,9 @@ def main() -> None:
     if warning:
         exp = dataclasses.replace(exp, warnings=exp.warnings + (warning,))
     t0 = time.perf_counter()
-    driver = Driver(CompilingTransport(), state_dir=str(state), skip_steps=skip, steps_note=note)
+    slow = mode == "slow-first-pass" and env.get("WARMUP_SECOND_PASS") == "1"
+    driver = Driver(CompilingTransport(*((0.01, 0.03) if slow else ())), state_dir=str(state),
+                    skip_steps=skip, steps_note=note)
     result = asyncio.run(second_pass.run(driver, exp))
     print(f"fake sglang: warm-up {plan.name}: {result.run.requests} requests in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
