@@ -23,8 +23,9 @@ because a load costs most, relatively, on a small GEMM.  Layers are not called t
 ``forward``, so no collective runs and every tensor-parallel rank sweeps its own shards.
 Buffers are bounded (``MAX_BUFFER_BYTES``: one input buffer per dtype, one output at a time,
 carved from one block of the largest that the caching allocator holds after the first GEMMs,
-so that no call waits for ``cudaMalloc``) and freed; the caching allocator and cuBLAS's workspaces are emptied
-afterwards, so the KV cache is sized as without the sweep but for the loaded kernels' code.
+so that the calls do not wait for ``cudaMalloc``) and freed; the caching allocator and
+cuBLAS's workspaces are emptied afterwards, so the KV cache is sized as without the sweep but
+for the loaded kernels' code.
 Not swept: quantized layers (FP8, DeepGEMM: their kernels are not cuBLAS's), an fp32 LM head
 (``torch.mm`` with an fp32 output), and nothing at all under deterministic inference
 (batch-invariant kernels replace cuBLAS's).
