@@ -19,7 +19,8 @@ import time
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from cache_tools.compile_log import ALLOCATOR, GEMM_SWEEP
-from warmup.plan.step_record import StepEvidence, StepRecord, gemm_rows, prefix_closure
+from warmup.plan.step_record import (StepEvidence, StepRecord, gemm_rows, prefix_closure,
+                                     slower)
 
 if TYPE_CHECKING:
     from warmup.plan.model import Expansion
@@ -62,14 +63,10 @@ def loud(evidence: Iterable[StepEvidence], *, ratio: float = RATIO, min_ms: floa
     (``hitting``) is loud too when its replay ran ``ratio`` times and ``min_ms`` slower than its
     first send: the replay met a colder cache (its prefix gone), so the timing cannot tell."""
     hits = set(hitting)
-
-    def slower(a: float, b: float) -> bool:
-        return a > ratio * b and a - b >= min_ms
-
     return {e.index for e in evidence
             if e.events or e.first_ms is None or e.replay_ms is None
-            or slower(e.first_ms, e.replay_ms)
-            or (e.index in hits and slower(e.replay_ms, e.first_ms))}
+            or slower(e.first_ms, e.replay_ms, ratio, min_ms)
+            or (e.index in hits and slower(e.replay_ms, e.first_ms, ratio, min_ms))}
 
 
 def hitting(exp: Expansion) -> set[int]:

@@ -76,6 +76,12 @@ DRIFT_RATIO = 1.15
 DRIFT_MIN_STEPS = 6
 
 
+def slower(a: float, b: float, ratio: float, min_ms: float) -> bool:
+    """The timing rule of a record: ``a`` ms took ``ratio`` times and ``min_ms`` more than
+    ``b`` ms."""
+    return a > ratio * b and a - b >= min_ms
+
+
 def slower_throughout(ratios: Iterable[float]) -> float | None:
     """The median of ``ratios`` (first pass over second, of the steps with nothing recorded)
     where it says the whole first pass ran slower: ``DRIFT_RATIO`` or more over
@@ -199,18 +205,22 @@ class StepRecord:
         """How much slower the learning start's first pass ran throughout than its replay
         (:func:`slower_throughout` of the steps with nothing recorded); None: not slower."""
         return slower_throughout(e.first_ms / e.replay_ms for e in self.evidence
-                                 if not e.events and e.first_ms and e.replay_ms)
+                                 if not e.events and e.first_ms is not None and e.replay_ms)
 
     @property
     def drift_notes(self) -> tuple[str, ...]:
-        """What a learning start slower throughout (:attr:`drift`) means for this record."""
-        if self.drift is None:
+        """What a learning start slower throughout (:attr:`drift`) means for this record: how
+        many of its kept steps the timing rule alone kept."""
+        drift = self.drift
+        if drift is None:
             return ()
-        quiet = {e.index for e in self.evidence if not e.events}
-        timed = sum(1 for i in self.keep if i in quiet)
+        kept = set(self.keep)
+        timed = sum(1 for e in self.evidence if e.index in kept and not e.events
+                    and e.first_ms is not None and e.replay_ms is not None
+                    and slower(e.first_ms, e.replay_ms, self.ratio, self.min_ms))
         return (f"the start that learned the steps record ran its first pass slower throughout "
-                f"(a median {self.drift:.2f}x its replay over the steps with nothing recorded), "
-                f"so steps kept on timing alone ({timed} of the {len(self.keep)} kept) may be "
+                f"(a median {drift:.2f}x its replay over the steps with nothing recorded), so "
+                f"the {timed} steps of the {len(self.keep)} kept for their timing alone may be "
                 f"kept for the host's speed rather than a first-time cost, which makes the "
                 f"warm-up longer; bake on a quieter host for a shorter record",)
 

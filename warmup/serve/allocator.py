@@ -211,9 +211,10 @@ def reserve(nbytes: int, device: Any) -> None:
     segment: 20 MiB for 1-10 MiB, from 10 MiB the size rounded up to a multiple of 2 MiB),
     0.5 ms or more, which the sweep took for a kernel load.  An LM head of 65,600 bf16 columns
     outgrows its segment every 16 rows past 159 (20 MiB), so most of its load rows were
-    allocations, swept again at every start from a steps record and warming nothing.  Called
-    after the first GEMMs, whose cuBLAS and cuBLASLt workspaces would otherwise be carved from
-    the block.  With ``PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb`` below the block's size the
+    allocations, swept again at every start from a steps record and warming nothing.  The
+    sweep asks for cuBLAS's workspace first (32 MiB on Hopper), which would otherwise be carved
+    from the block; cuBLASLt's (1 MiB unless ``CUBLASLT_WORKSPACE_SIZE`` says more) comes from
+    the small pool.  With ``PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb`` below the block's size the
     allocator does not split it, and outputs are allocated as they come, as without it."""
     import torch
 
@@ -222,6 +223,8 @@ def reserve(nbytes: int, device: Any) -> None:
     try:
         block = torch.empty(nbytes, dtype=torch.uint8, device=device)
     except Exception as exc:  # noqa: BLE001 - no room: each output is allocated as it comes
-        logger.info("sglang-warmup: GEMM sweep: no block of %d bytes reserved: %s", nbytes, exc)
+        logger.info("sglang-warmup: GEMM sweep: no %.3g MiB block reserved for its outputs "
+                    "(%s); they are allocated as they come, and some load rows may be "
+                    "allocations", nbytes / (1 << 20), exc)
         return
     del block                       # freed into the allocator's cache, not to the device

@@ -22,10 +22,10 @@ the target left, and skips the shapes already swept) stops it; the small row cou
 because a load costs most, relatively, on a small GEMM.  Layers are not called through
 ``forward``, so no collective runs and every tensor-parallel rank sweeps its own shards.
 Buffers are bounded (``MAX_BUFFER_BYTES``: one input buffer per dtype, one output at a time,
-carved from one block of the largest that the caching allocator holds after the first GEMMs,
-so that the calls do not wait for ``cudaMalloc``) and freed; the caching allocator and
-cuBLAS's workspaces are emptied afterwards, so the KV cache is sized as without the sweep but
-for the loaded kernels' code.
+carved from one block of the largest that the caching allocator holds from the start, with
+cuBLAS's workspace allocated before it, so that the calls do not wait for ``cudaMalloc``) and
+freed; the caching allocator and cuBLAS's workspaces are emptied afterwards, so the KV cache is
+sized as without the sweep but for the loaded kernels' code.
 Not swept: quantized layers (FP8, DeepGEMM: their kernels are not cuBLAS's), an fp32 LM head
 (``torch.mm`` with an fp32 output), and nothing at all under deterministic inference
 (batch-invariant kernels replace cuBLAS's).
@@ -247,11 +247,13 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
         with torch.inference_mode():
             for dtype, n in elements.items():
                 buffers[dtype] = torch.zeros(n, dtype=dtype, device=device)
+            if torch.device(device).type == "cuda":  # its workspace: not carved from the block
+                torch.cuda.current_blas_handle()
+            allocator.reserve(largest_output(shapes), device)
             active = list(shapes)
             past = 0  # row counts past DENSE_ROWS since the last wait
-            reserved = False
             for rows in row_counts(max_rows):
-                over, calls = False, result.calls
+                over = False
                 for s in list(active):
                     if rows > s.max_rows or (s.rows is not None and rows <= s.learned_up_to
                                              and rows not in s.rows):
@@ -271,9 +273,6 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
                     if now - started > budget_s:
                         over = True
                         break
-                if not reserved and result.calls > calls:   # cuBLAS's workspaces exist now
-                    allocator.reserve(largest_output(shapes), device)
-                    reserved = True
                 past += rows > DENSE_ROWS
                 if synchronize is not None and past >= max(1, sync_rows):
                     synchronize()
@@ -378,15 +377,24 @@ def after_load(runner: Any) -> SweepResult | None:
         result = sweep(shapes, max_rows, budget, device=device,
                        synchronize=torch.cuda.synchronize, sync_rows=SYNC_ROWS)
     finally:                    # the KV cache is sized from free memory after the load
-        torch.cuda.empty_cache()
-        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-        if clear is not None:
-            clear()
+        _give_back(torch)
     _done.update(s.key for s in shapes)
     _spent_s += result.seconds
     (logger.warning if result.failed else logger.info)("sglang-warmup: %s", result.summary())
     record(result, blas)
     return result
+
+
+def _give_back(torch: Any) -> None:
+    """Empty the caching allocator and free cuBLAS's workspaces, each on its own: a failure of
+    one is logged and never hides the sweep's own error."""
+    for what in ("empty_cache", "_cuda_clearCublasWorkspaces"):
+        free = getattr(torch.cuda if what == "empty_cache" else torch._C, what, None)
+        try:
+            if free is not None:
+                free()
+        except Exception as exc:  # noqa: BLE001 - cleanup must not replace the sweep's error
+            logger.warning("sglang-warmup: GEMM sweep: %s failed: %s", what, exc)
 
 
 #: the wheels a pip-installed torch takes cuBLAS from (one of them, whichever is installed)

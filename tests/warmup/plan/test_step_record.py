@@ -366,8 +366,8 @@ def test_a_learning_start_slower_throughout_is_named_with_the_steps_kept_on_timi
     assert record.drift == pytest.approx(1.25)
     assert record.drift_notes == (
         "the start that learned the steps record ran its first pass slower throughout (a "
-        "median 1.25x its replay over the steps with nothing recorded), so steps kept on "
-        "timing alone (1 of the 3 kept) may be kept for the host's speed rather than a "
+        "median 1.25x its replay over the steps with nothing recorded), so the 1 steps of the "
+        "3 kept for their timing alone may be kept for the host's speed rather than a "
         "first-time cost, which makes the warm-up longer; bake on a quieter host for a shorter "
         "record",)
     usual = step_record.from_json({**GOOD, "steps": 7, "keep": [6], "evidence": [
@@ -385,8 +385,8 @@ def test_a_learning_start_slower_throughout_is_named_with_the_steps_kept_on_timi
                                          ("dsv4-eager-C-learned-rows-steps.json", None),
                                          ("dsv4-eager-C-host-probe-steps.json", None)])
 def test_the_gpu_records_learned_on_a_slower_host_say_so(name, drift):
-    """The two records of the slower H100 host (124-125 kept steps) drift; those of the hosts
-    whose record kept 49 and 77 steps do not (docs/benchmarks.md)."""
+    """The records that kept 124-125 steps (an H200 and a slower H100 host) drift; those of the
+    hosts whose record kept 49 and 77 steps do not (docs/benchmarks.md)."""
     from pathlib import Path
 
     record = step_record.read(Path(__file__).parents[3] / "docs" / "data" / name)

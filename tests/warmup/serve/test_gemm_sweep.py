@@ -286,6 +286,32 @@ def test_a_draft_runner_sweeps_only_new_shapes_within_what_the_target_left(fake_
     assert len(fake_cuda) == 2
 
 
+def test_the_allocator_is_emptied_when_the_sweep_fails_and_its_error_is_kept(
+        fake_cuda, monkeypatch, caplog):
+    """The KV cache is sized from free memory after the load: a sweep that raises still gives
+    the block and cuBLAS's workspaces back, and a cleanup that fails too is logged without
+    replacing the sweep's error (the wrapped ``load_model`` logs that one)."""
+    freed: list[str] = []
+
+    def empty_cache():
+        freed.append("empty_cache")
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces",
+                        lambda: freed.append("workspaces"), raising=False)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(gemm_sweep, "sweep", broken)
+    with caplog.at_level(logging.WARNING, logger="sglang_warmup.gemm_sweep"), \
+            pytest.raises(RuntimeError, match="^boom$"):
+        gemm_sweep.after_load(_runner(chunked_prefill_size=64))
+    assert freed == ["empty_cache", "workspaces"]
+    assert "GEMM sweep: empty_cache failed: CUDA error: an illegal memory access" in caplog.text
+
+
 def test_deterministic_inference_and_an_fp32_lm_head_are_not_swept(fake_cuda, caplog):
     with caplog.at_level(logging.INFO, logger="sglang_warmup.gemm_sweep"):
         assert gemm_sweep.after_load(_runner(enable_deterministic_inference=True)) is None
@@ -503,22 +529,20 @@ def _outputs_and_reserves(monkeypatch, shapes, max_rows=80):
     return events
 
 
-def test_the_largest_output_is_reserved_after_the_first_gemms_and_holds_every_output(
+def test_the_largest_output_is_reserved_before_the_first_gemm_and_holds_every_output(
         monkeypatch):
-    """Outputs are carved from one block the caching allocator holds, so no call waits for
-    ``cudaMalloc`` and the sweep never takes an allocation for a kernel load.  The block is
-    asked for once, after the first row count's GEMMs (cuBLAS's workspaces are allocated by
-    then, not carved from it) and before any other, at the largest output any shape makes:
-    an fp32 layer counts four bytes an element."""
+    """Outputs are carved from one block the caching allocator holds, so the calls do not
+    wait for ``cudaMalloc`` and the sweep does not take an allocation for a kernel load.  The
+    block is asked for once, before any GEMM, at the largest output any shape makes: an fp32
+    layer counts four bytes an element."""
     model = _model()
     lin = model.layers[0].o_proj.quant_method
     model.layers[0].wide = _Linear(lin, 200, 32, dtype=torch.float32)
     shapes = gemm_sweep.model_shapes(model, device_type="cpu")
     events = _outputs_and_reserves(monkeypatch, shapes)
-    at = events.index(("reserve", 80 * 200 * 4))             # the fp32 layer at 80 rows
-    assert [e for e in events if e[0] == "reserve"] == [events[at]]
-    assert at == len(shapes) and {e[2] for e in events[:at]} == {1}
-    assert max(e[1] for e in events if e[0] == "out") == events[at][1]
+    assert events[0] == ("reserve", 80 * 200 * 4)            # the fp32 layer at 80 rows
+    assert [e for e in events if e[0] == "reserve"] == [events[0]]
+    assert max(e[1] for e in events if e[0] == "out") == events[0][1]
     monkeypatch.setattr(gemm_sweep, "MAX_BUFFER_BYTES", (100 + 32) * 2 * 40)
     events = _outputs_and_reserves(monkeypatch, gemm_sweep.model_shapes(_model(),
                                                                         device_type="cpu"))
@@ -553,7 +577,8 @@ def test_a_block_that_cannot_be_reserved_leaves_the_sweep_to_allocate_as_it_goes
     with caplog.at_level(logging.INFO, logger="sglang_warmup.allocator"):
         result = gemm_sweep.sweep(shapes, 80, budget_s=60.0, device="cpu")
     assert result.calls == len(list(row_counts(80))) * len(shapes) and not result.failed
-    assert "no block of 16000 bytes reserved: CUDA out of memory" in caplog.text
+    assert ("GEMM sweep: no 0.0153 MiB block reserved for its outputs (CUDA out of memory. "
+            "Tried to allocate 504.00 MiB); they are allocated as they come") in caplog.text
 
 
 def test_the_calls_that_held_the_cpu_are_the_load_rows_of_their_shape():
