@@ -32,6 +32,12 @@ The script runs in phases, one device call each, on one machine kept warm betwee
     python3 scripts/gpu/first_hits.py traffic dsv4-eager-A,dsv4-bcg-A --pause-others --budget 580
     python3 scripts/gpu/first_hits.py caches dsv4-eager-A                # JIT caches to $OUT
 
+A finished prebake's archive and record can come back too (``keep-bake dsv4-eager-C``: xz
+parts ``bake-NAME.partN`` under $OUT) and be carried into a later run, where ``unpack-bake
+dsv4-eager-C --from DIR`` puts them back as ``/tmp/fh/dsv4-eager-C.tar`` (and its
+``.steps.json``) for ``launch --restore``, without baking again.  They hold compiled kernels for
+the GPU they were baked on: launch them on the same kind.
+
 Operators' way (docs/benchmarks.md, "DeepSeek-V4 prebaked, restored under another path"):
 ``prebake dsv4-eager-C`` runs ``sglang-warmup prebake`` from empty caches in a session of its
 own (``wait-prebake`` waits for it and keeps its answer), and ``launch NAMES --restore
@@ -917,31 +923,46 @@ def summarize(res: dict) -> None:
 # caches in and out
 # --------------------------------------------------------------------------------------------
 
-def pack_caches(name: str, part_mb: int = 15) -> None:
-    """The launch's JIT caches as xz parts of at most ``part_mb`` MB under $OUT."""
-    state = load_state()
-    cache = Path(state[name]["cache"])
+def pack_parts(directory: Path, members: list[str], prefix: str, part_mb: int = 15) -> None:
+    """``members`` of ``directory`` as one tar.xz in parts of at most ``part_mb`` MB under $OUT
+    (``PREFIX.partN``: what comes back from the GPU, at most 8 files of 16 MiB)."""
     OUT.mkdir(parents=True, exist_ok=True)
-    tmp = WORK / "caches.tar.xz"
-    subprocess.run(f"tar -C {cache} -cf - . | xz -6 -T0 > {tmp}", shell=True, check=True)
+    tmp = WORK / f"{prefix}.tar.xz"
+    subprocess.run(["tar", "-C", str(directory), "-cJf", str(tmp), *members], check=True,
+                   env={**os.environ, "XZ_OPT": "-6 -T0"})
     data = tmp.read_bytes()
     size = part_mb * 1024 * 1024
     for i in range(0, len(data), size):
-        (OUT / f"cache-{name}.part{i // size}").write_bytes(data[i:i + size])
-    log(f"caches of {name}: {len(data) / 1e6:.1f} MB in {math.ceil(len(data) / size)} parts")
+        (OUT / f"{prefix}.part{i // size}").write_bytes(data[i:i + size])
+    log(f"{prefix}: {len(data) / 1e6:.1f} MB in {math.ceil(len(data) / size)} parts")
 
 
-def unpack_caches(name: str, src: Path) -> None:
-    parts = sorted(src.glob(f"cache-{name}.part*"), key=lambda p: int(p.suffix[5:]))
-    dest = WORK / f"cache-{name}"
+def unpack_parts(prefix: str, src: Path, dest: Path) -> None:
+    """The parts :func:`pack_parts` wrote, carried back under ``src``, unpacked into ``dest``."""
+    parts = sorted(src.glob(f"{prefix}.part*"), key=lambda p: int(p.suffix[5:]))
+    if not parts:
+        raise SystemExit(f"no {prefix}.part* under {src}")
     dest.mkdir(parents=True, exist_ok=True)
     p = subprocess.Popen(["tar", "-xJf", "-", "-C", str(dest)], stdin=subprocess.PIPE)
     for part in parts:
         p.stdin.write(part.read_bytes())
     p.stdin.close()
     if p.wait():
-        raise SystemExit("unpacking the caches failed")
-    log(f"caches of {name} unpacked to {dest}")
+        raise SystemExit(f"unpacking {prefix} failed")
+    log(f"{prefix}: {len(parts)} parts unpacked to {dest}")
+
+
+def pack_caches(name: str) -> None:
+    """The launch's JIT caches (``cache-NAME.partN`` under $OUT)."""
+    pack_parts(Path(load_state()[name]["cache"]), ["."], f"cache-{name}")
+
+
+def keep_bake(name: str) -> None:
+    """A finished prebake's archive and steps record (``bake-NAME.partN`` under $OUT), so that a
+    later run can carry them in and launch from them without baking again (``unpack-bake``)."""
+    members = [f"{name}.tar"] + ([f"{name}.tar.steps.json"]
+                                 if (WORK / f"{name}.tar.steps.json").exists() else [])
+    pack_parts(WORK, members, f"bake-{name}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -973,8 +994,8 @@ def restrict(record_path: str, ratio: float, min_ms: float, out: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("phase", choices=("setup", "launch", "prebake", "wait-prebake", "wait",
-                                      "traffic", "caches", "restrict",
-                                      "unpack-caches", "status", "stop"))
+                                      "traffic", "caches", "restrict", "unpack-caches",
+                                      "keep-bake", "unpack-bake", "status", "stop"))
     ap.add_argument("names", nargs="?", default="")
     ap.add_argument("--models", default="qwen,dsv4")
     ap.add_argument("--budget", type=float, default=560)
@@ -1034,7 +1055,13 @@ def main() -> None:
             pack_caches(name)
     elif a.phase == "unpack-caches":
         for name in names:
-            unpack_caches(name, Path(a.src))
+            unpack_parts(f"cache-{name}", Path(a.src), WORK / f"cache-{name}")
+    elif a.phase == "keep-bake":
+        for name in names:
+            keep_bake(name)
+    elif a.phase == "unpack-bake":              # WORK/NAME.tar and its record, as prebake left
+        for name in names:
+            unpack_parts(f"bake-{name}", Path(a.src), WORK)
     elif a.phase == "status":
         state = load_state()
         for name, s in state.items():
