@@ -11,8 +11,8 @@ shapes of ``gemm_sweep_smoke.py`` (the tiny rig's sizes), rows up to 4,096:
 * ``learn``: the product's sweep (``gemm_sweep.sweep``), each call timed on the CPU; the calls
   above ``--stall-ms`` are the *load rows* of their shape.
 * ``full`` / ``learned`` / ``threads`` / ``none``: the full sweep, only the load rows, the full
-  sweep with each shape on its own thread (cuBLAS's loads overlapping, if they can), or nothing; then the
-  probe: 300 random row counts per shape, each timed first and again (the GPU waited for around
+  sweep with each shape on its own thread (cuBLAS's loads overlapping, if they can), or
+  nothing; then the probe: 300 random row counts per shape, each timed first and again (the GPU waited for around
   each call; every process first has the caching allocator hold one block of the largest
   output, as the product's sweep does, so that a first call pays a kernel load and not a
   ``cudaMalloc``: ``threads`` holds several outputs at once and may still allocate); a first
@@ -74,8 +74,8 @@ def rows_of(shape) -> int:
 def child(mode: str, stall_ms: float, loads: dict[str, list[int]], reserve: bool = True) -> dict:
     """One mode in this process.  ``reserve``: the sweep keeps its output block (the product's
     default), and the other modes run after one block of the largest output too (cuBLAS's
-    workspace allocated first, as the sweep's first GEMMs do); without it the sweep's outputs
-    grow through ``cudaMalloc`` (the sweep before the block)."""
+    workspace allocated first, as the sweep does); without it the sweep's outputs grow through
+    ``cudaMalloc`` (the sweep before the block)."""
     import torch
 
     from warmup.serve import allocator, gemm_sweep
@@ -84,7 +84,7 @@ def child(mode: str, stall_ms: float, loads: dict[str, list[int]], reserve: bool
     x = torch.zeros(MAX_ROWS * 1024, device="cuda", dtype=torch.bfloat16)
     if not reserve:
         allocator.reserve = lambda nbytes, device: None
-    elif mode not in ("learn", "full"):     # the sweep reserves its own after its first GEMMs
+    elif mode not in ("learn", "full"):     # the sweep reserves its own
         torch.cuda.current_blas_handle()
         allocator.reserve(max(rows_of(s) * s.out_features * 2 for s in ss), "cuda")
     torch.cuda.synchronize()
@@ -152,22 +152,24 @@ def run(mode: str, stall_ms: float, loads: dict | None = None, reserve: bool = T
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def union(learned: list[dict]) -> dict[str, list[int]]:
-    return {k: sorted(set().union(*(set(r["load_rows"][k]) for r in learned)))
+def summary(learned: list[dict]) -> dict:
+    """Some ``learn`` runs: each run's seconds and calls, the union of their load rows (``rows``)
+    and its size per shape, and whether every run found the same rows."""
+    rows = {k: sorted(set().union(*(set(r["load_rows"][k]) for r in learned)))
             for k in learned[0]["load_rows"]}
+    return {"learn": [{k: v for k, v in r.items() if k != "load_rows"} for r in learned],
+            "load_rows": {k: len(v) for k, v in rows.items()},
+            "same_rows_in_every_learn": all(r["load_rows"] == learned[0]["load_rows"]
+                                            for r in learned),
+            "rows": rows}
 
 
 def compare_reserve(runs: int, stall: float) -> dict:
     """Load rows learned with and without the reserved output block, and what each leaves."""
     out: dict = {"stall_ms": stall}
     for name, reserve in (("with_block", True), ("without_block", False)):
-        learned = [run("learn", stall, reserve=reserve) for _ in range(runs)]
-        loads = union(learned)
-        out[name] = {"learn": [{k: v for k, v in r.items() if k != "load_rows"} for r in learned],
-                     "load_rows": {k: len(v) for k, v in loads.items()}, "rows": loads,
-                     "same_rows_in_every_learn": all(r["load_rows"] == learned[0]["load_rows"]
-                                                     for r in learned),
-                     "learned": [run("learned", stall, loads, reserve=True) for _ in range(runs)]}
+        out[name] = summary([run("learn", stall, reserve=reserve) for _ in range(runs)])
+        out[name]["learned"] = [run("learned", stall, out[name]["rows"]) for _ in range(runs)]
     out["none"] = [run("none", stall, reserve=True) for _ in range(runs)]
     return out
 
@@ -183,14 +185,8 @@ def main() -> None:
     if "--compare-reserve" in sys.argv:
         print(json.dumps(compare_reserve(runs, stall), indent=1))
         return
-    learned = [run("learn", stall) for _ in range(runs)]
-    loads = union(learned)
-    result = {"stall_ms": stall, "learn": [{k: v for k, v in r.items() if k != "load_rows"}
-                                           for r in learned],
-              "load_rows": {k: len(v) for k, v in loads.items()},
-              "same_rows_in_every_learn": all(r["load_rows"] == learned[0]["load_rows"]
-                                              for r in learned),
-              "rows": loads}
+    result = {"stall_ms": stall, **summary([run("learn", stall) for _ in range(runs)])}
+    loads = result["rows"]
     for _ in range(runs):
         for mode in ("none", "full", "learned", "threads"):
             result.setdefault(mode, []).append(run(mode, stall, loads))

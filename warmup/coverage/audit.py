@@ -213,11 +213,12 @@ class AuditReport:
     def drift_note(self) -> str:
         """What a first pass slower throughout (:func:`step_record.slower_throughout` of the
         steps with nothing recorded) means for its cold steps; empty otherwise."""
-        steps, median = len(self.quiet_ratios), step_record.slower_throughout(self.quiet_ratios)
+        ratios = self.quiet_ratios
+        median = step_record.slower_throughout(ratios)
         if median is None:
             return ""
         return (f"the first pass ran slower throughout: a median {median:.2f}x its second over "
-                f"the {steps} steps with nothing recorded; a cold step whose cause is 'none "
+                f"the {len(ratios)} steps with nothing recorded; a cold step whose cause is 'none "
                 "found' or a first use may owe most of its ratio to that (audit again on a "
                 "quiet host to tell)")
 

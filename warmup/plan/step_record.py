@@ -67,6 +67,8 @@ MAX_GEMM_SHAPES = 1024
 MAX_GEMM_ROWS = 65_536
 MAX_ROW = 1 << 24
 MAX_KEY = 300
+#: the longest text a record holds (a device name, a BLAS id)
+MAX_TEXT = 4096
 _HINT = "learn it again: `sglang-warmup prebake` writes ARCHIVE.steps.json beside the archive"
 #: A first pass ran slower throughout when the median first-over-second ratio of its steps
 #: with nothing recorded is this or more (a slower stretch of the host: steps with no cost of
@@ -153,7 +155,7 @@ def gemm_rows(sweeps: Iterable[Mapping[str, Any]]) -> GemmRows | None:
     b, m = sweeps[0].get("blas"), sweeps[0].get("max_rows")
     tops = [r for r in (s.get("rows_reached") for s in sweeps)
             if isinstance(r, int) and not isinstance(r, bool)]
-    if not isinstance(b, str) or not b or len(b) > 4096 or not isinstance(m, int) \
+    if not isinstance(b, str) or not b or len(b) > MAX_TEXT or not isinstance(m, int) \
             or isinstance(m, bool) or not 1 <= m <= MAX_ROW or len(tops) != len(sweeps) \
             or not all(s.get("blas") == b and s.get("max_rows") == m for s in sweeps) \
             or not all(1 <= r <= m for r in tops):
@@ -383,7 +385,6 @@ def from_json(d: Any) -> StepRecord:
                       gemm=_gemm(d.get("gemm")))
 
 
-
 def _gemm(value: Any) -> GemmRows | None:
     if value is None:
         return None
@@ -477,6 +478,6 @@ def _text(d: dict, name: str, *, required: bool = True, where: str = "") -> str:
     v = d.get(name)
     if v is None and not required:
         return ""
-    if not isinstance(v, str) or len(v) > 4096:
+    if not isinstance(v, str) or len(v) > MAX_TEXT:
         raise StepsError(f"{where}{name}: expected a text, not {shown(v)}", hint=_HINT)
     return v

@@ -388,8 +388,8 @@ def after_load(runner: Any) -> SweepResult | None:
 def _give_back(torch: Any) -> None:
     """Empty the caching allocator and free cuBLAS's workspaces, each on its own: a failure of
     one is logged and never hides the sweep's own error."""
-    for what in ("empty_cache", "_cuda_clearCublasWorkspaces"):
-        free = getattr(torch.cuda if what == "empty_cache" else torch._C, what, None)
+    for owner, what in ((torch.cuda, "empty_cache"), (torch._C, "_cuda_clearCublasWorkspaces")):
+        free = getattr(owner, what, None)
         try:
             if free is not None:
                 free()
