@@ -66,9 +66,9 @@ def shapes():
 def rows_of(shape) -> int:
     from warmup.serve import gemm_sweep
 
-    size = 2  # bf16
     return max(1, min(MAX_ROWS, gemm_sweep.MAX_BUFFER_BYTES // ((shape.in_features
-                                                                + shape.out_features) * size)))
+                                                                + shape.out_features)
+                                                               * shape.itemsize)))
 
 
 def child(mode: str, stall_ms: float, loads: dict[str, list[int]], reserve: bool = True) -> dict:
@@ -86,7 +86,9 @@ def child(mode: str, stall_ms: float, loads: dict[str, list[int]], reserve: bool
         allocator.reserve = lambda nbytes, device: None
     elif mode not in ("learn", "full"):     # the sweep reserves its own
         torch.cuda.current_blas_handle()
-        allocator.reserve(max(rows_of(s) * s.out_features * 2 for s in ss), "cuda")
+        for s in ss:                        # the rows the sweep gives each (it sets them again)
+            s.max_rows = rows_of(s)
+        allocator.reserve(gemm_sweep.largest_output(ss), "cuda")
     torch.cuda.synchronize()
     found: dict[str, list[int]] = {s.label: [] for s in ss}
     calls = 0

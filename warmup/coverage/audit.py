@@ -225,7 +225,8 @@ class AuditReport:
     @property
     def all_notes(self) -> tuple[str, ...]:
         """The notes the audit wrote, then the drift note when there is one."""
-        return self.notes + ((self.drift_note,) if self.drift_note else ())
+        drift = self.drift_note
+        return self.notes + ((drift,) if drift else ())
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "created_at": self.created_at,

@@ -102,6 +102,11 @@ class Shape:
         return " ".join("x".join(map(str, k)) if isinstance(k, tuple) else str(k)
                         for k in self.key)
 
+    @property
+    def itemsize(self) -> int:
+        """The bytes of one element of its dtype."""
+        return self.dtype.itemsize
+
 
 @dataclass
 class SweepResult:
@@ -234,9 +239,8 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
         return result
     elements: dict[Any, int] = {}
     for s in shapes:
-        size = torch.empty((), dtype=s.dtype).element_size()
         s.max_rows = max(1, min(max_rows, MAX_BUFFER_BYTES // ((s.in_features + s.out_features)
-                                                               * size)))
+                                                               * s.itemsize)))
         elements[s.dtype] = max(elements.get(s.dtype, 0), s.max_rows * s.in_features)
     smallest = min(shapes, key=lambda s: s.max_rows)
     if smallest.max_rows < max_rows:
@@ -293,14 +297,12 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
 def largest_output(shapes: list[Shape]) -> int:
     """The bytes of the largest output the sweep makes: each shape's at the most rows it runs
     (its ``max_rows``, or its largest learned row where the learned rows cover its range)."""
-    import torch
-
     top = 0
     for s in shapes:
         rows = s.max_rows
         if s.rows is not None and s.learned_up_to >= s.max_rows:
             rows = max((r for r in s.rows if r <= s.max_rows), default=0)
-        top = max(top, rows * s.out_features * torch.empty((), dtype=s.dtype).element_size())
+        top = max(top, rows * s.out_features * s.itemsize)
     return top
 
 
