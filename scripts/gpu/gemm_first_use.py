@@ -91,10 +91,10 @@ def child(mode: str, blas: str, sweep: int, probes: int, max_rows: int) -> dict:
         out["inside_sweep"] = probe(rng.sample(swept, probes))
     elif mode == "product":
         sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-        from warmup.serve import gemm_sweep
+        from warmup.serve import gemm_shapes, gemm_sweep
 
-        shapes = [gemm_sweep.Shape((name,), name, k, n, torch.bfloat16,
-                                   lambda x, name=name: torch.matmul(x, weights[name].t()))
+        shapes = [gemm_shapes.Shape((name,), name, k, n, torch.bfloat16,
+                                    lambda x, name=name: torch.matmul(x, weights[name].t()))
                   for name, (k, n) in SHAPES.items()]
         result = gemm_sweep.sweep(shapes, max_rows, 1e9, device=dev,
                                   synchronize=torch.cuda.synchronize)

@@ -48,7 +48,7 @@ MAX_ROWS = 4096
 def shapes():
     import torch
 
-    from warmup.serve import gemm_sweep
+    from warmup.serve.gemm_shapes import Shape
 
     def linear(out_f, in_f):
         return torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -57,18 +57,16 @@ def shapes():
                "gate": linear(128, 1024), "lm_head": linear(65600, 1024)}
     out = []
     for name, w in weights.items():
-        out.append(gemm_sweep.Shape(key=(name,), label=name, in_features=w.shape[1],
-                                    out_features=w.shape[0], dtype=w.dtype,
-                                    run=lambda x, w=w: torch.nn.functional.linear(x, w)))
+        out.append(Shape(key=(name,), label=name, in_features=w.shape[1],
+                         out_features=w.shape[0], dtype=w.dtype,
+                         run=lambda x, w=w: torch.nn.functional.linear(x, w)))
     return out
 
 
 def rows_of(shape) -> int:
     from warmup.serve import gemm_sweep
 
-    return max(1, min(MAX_ROWS, gemm_sweep.MAX_BUFFER_BYTES // ((shape.in_features
-                                                                + shape.out_features)
-                                                               * shape.itemsize)))
+    return max(1, min(MAX_ROWS, gemm_sweep.MAX_BUFFER_BYTES // shape.row_bytes()))
 
 
 def child(mode: str, stall_ms: float, loads: dict[str, list[int]], reserve: bool = True) -> dict:

@@ -113,7 +113,7 @@ class StepEvidence:
 @dataclass(frozen=True)
 class GemmRows:
     """Where the GEMM sweep of a start from the baked caches met cuBLAS loading a kernel: per
-    dense GEMM shape (:attr:`warmup.serve.gemm_sweep.Shape.key_text`), the row counts up to
+    dense GEMM shape (:attr:`warmup.serve.gemm_shapes.Shape.key_text`), the row counts up to
     ``reached`` (where the sweep's budget stopped it, or its row limit) whose call held the CPU
     while it loaded one.  A later start on the same GPU and libraries (``blas``) with the same
     row limit (``max_rows``) sweeps only those up to ``reached``: the others loaded nothing."""

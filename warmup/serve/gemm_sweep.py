@@ -12,11 +12,11 @@ a load.  No warm-up request can send every row count, but the process can run ea
 GEMM at those row counts directly.
 
 What runs: after ``ModelRunner.load_model`` (before the KV cache is sized and before CUDA-graph
-capture), every distinct ``(weight shape, dtype, bias)`` of the model's unquantized linear
-layers goes through the layer's own ``quant_method.apply`` (the backend SGLang would use, with
-the bias its forward would pass), and each ``lm_head`` through ``torch.matmul(x, W.T)`` as the
-logits processor does, at row counts 1-64 and then ``8k``, ``8k + 1`` in increasing order up to
-the server's largest prefill chunk, all shapes at one row count before the next row count.  A
+capture), every distinct dense GEMM of the model, each through the call its forward makes
+(:mod:`warmup.serve.gemm_shapes`: a linear layer's ``quant_method.apply``, an ``lm_head``'s
+``torch.matmul``, the GEMMs SGLang's model code runs on a layer's weight itself), at row
+counts 1-64 and then ``8k``, ``8k + 1`` in increasing order up to the server's largest prefill
+chunk, all shapes at one row count before the next row count.  A
 time budget (``WARMUP_GEMM_SWEEP_S``, per process: a speculative-decoding draft runner gets what
 the target left, and skips the shapes already swept) stops it; the small row counts come first
 because a load costs most, relatively, on a small GEMM.  Layers are not called through
@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterator
 from warmup import settings
 from warmup.errors import WarmupError
 from warmup.serve import allocator
+from warmup.serve.gemm_shapes import Shape, model_shapes
 
 logger = logging.getLogger("sglang_warmup.gemm_sweep")
 
@@ -63,7 +64,6 @@ SYNC_ROWS = 16
 #: row* of its shape (a false one, a pause of the process or an allocation, only costs a call
 #: later; :func:`warmup.serve.allocator.reserve` keeps the allocations of its outputs out)
 STALL_MS = 0.5
-_FLOATS = ("torch.bfloat16", "torch.float16", "torch.float32")
 
 
 def row_counts(max_rows: int) -> Iterator[int]:
@@ -78,34 +78,6 @@ def row_counts(max_rows: int) -> Iterator[int]:
         k += 1
     if 8 * k == max_rows and max_rows > DENSE_ROWS:
         yield max_rows
-
-
-@dataclass
-class Shape:
-    """One distinct GEMM of the model: how to run it at ``rows`` rows."""
-
-    key: tuple
-    label: str
-    in_features: int
-    out_features: int
-    dtype: Any
-    run: Callable[[Any], Any]
-    max_rows: int = 0
-    #: the only row counts to run up to ``learned_up_to`` (the load rows a start from the same
-    #: caches learned; every row count above); None: every row count of :func:`row_counts`
-    rows: frozenset[int] | None = None
-    learned_up_to: int = 0
-
-    @property
-    def key_text(self) -> str:
-        """The shape's key as a record names it: what, weight shape, dtype, bias, backend."""
-        return " ".join("x".join(map(str, k)) if isinstance(k, tuple) else str(k)
-                        for k in self.key)
-
-    @property
-    def itemsize(self) -> int:
-        """The bytes of one element of its dtype."""
-        return self.dtype.itemsize
 
 
 @dataclass
@@ -140,84 +112,6 @@ class SweepResult:
                 f"{failed}")
 
 
-def _is_unquantized(module: Any) -> bool:
-    method = getattr(module, "quant_method", None)
-    return method is not None and type(method).__name__ == "UnquantizedLinearMethod"
-
-
-def _floating_weight(module: Any) -> Any:
-    w = getattr(module, "weight", None)
-    if w is None or getattr(w, "dim", lambda: 0)() != 2 or str(w.dtype) not in _FLOATS:
-        return None
-    return w
-
-
-def _tp_rank(module: Any) -> int:
-    rank = getattr(module, "tp_rank", None)
-    if isinstance(rank, int):
-        return rank
-    group = getattr(module, "tp_group", None)
-    if group is not None:
-        try:
-            from sglang.srt.layers.linear import get_group_rank_size
-
-            return int(get_group_rank_size(group)[0])
-        except Exception:  # noqa: BLE001 - an SGLang without it: rank 0's bias
-            pass
-    return 0
-
-
-def _bias(module: Any) -> Any:
-    """The bias SGLang's forward hands to the GEMM: none with ``skip_bias_add``, and none on a
-    row-parallel layer's ranks above 0 (rank 0 adds it once); a GEMM with a bias is another
-    cuBLAS kernel."""
-    bias = getattr(module, "bias", None)
-    if bias is None or getattr(module, "skip_bias_add", False):
-        return None
-    if type(module).__name__ == "RowParallelLinear" and _tp_rank(module) > 0:
-        return None
-    return bias
-
-
-def model_shapes(model: Any, device_type: str = "cuda", *, lm_head: bool = True) -> list[Shape]:
-    """The distinct dense GEMMs of ``model`` on ``device_type``: unquantized linear layers
-    (through their ``quant_method``) and LM heads (``lm_head`` modules at any depth, as the
-    logits processor runs them: ``torch.matmul(x, W.T)``)."""
-    import torch
-
-    shapes: dict[tuple, Shape] = {}
-    # every name of a shared module: a tied LM head is also ``model.embed_tokens``
-    for name, module in model.named_modules(remove_duplicate=False):
-        w = _floating_weight(module)
-        if w is None or w.device.type != device_type:
-            continue
-        if _is_unquantized(module):
-            bias = _bias(module)
-            key = ("linear", tuple(w.shape), str(w.dtype), bias is not None,
-                   type(module.quant_method).__qualname__)
-
-            def run_linear(x, module=module, bias=bias):
-                return module.quant_method.apply(module, x, bias)
-            run: Callable[[Any], Any] = run_linear
-        elif lm_head and name.rpartition(".")[2] == "lm_head" and not _quantized_head(module):
-            key = ("linear", tuple(w.shape), str(w.dtype), False, "UnquantizedLinearMethod")
-
-            def run_head(x, w=w):
-                return torch.matmul(x, w.T)
-            run = run_head
-        else:
-            continue
-        shapes.setdefault(key, Shape(key, f"{name} {tuple(w.shape)}", w.shape[1], w.shape[0],
-                                     w.dtype, run))
-    return list(shapes.values())
-
-
-def _quantized_head(head: Any) -> bool:
-    method = getattr(head, "quant_method", None)
-    return method is not None and type(method).__name__ not in ("UnquantizedEmbeddingMethod",
-                                                                "UnquantizedLinearMethod")
-
-
 def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
           device: Any = "cuda", clock: Callable[[], float] = time.monotonic,
           synchronize: Callable[[], None] | None = None,
@@ -239,8 +133,7 @@ def sweep(shapes: list[Shape], max_rows: int, budget_s: float, *,
         return result
     elements: dict[Any, int] = {}
     for s in shapes:
-        s.max_rows = max(1, min(max_rows, MAX_BUFFER_BYTES // ((s.in_features + s.out_features)
-                                                               * s.itemsize)))
+        s.max_rows = max(1, min(max_rows, MAX_BUFFER_BYTES // s.row_bytes()))
         elements[s.dtype] = max(elements.get(s.dtype, 0), s.max_rows * s.in_features)
     smallest = min(shapes, key=lambda s: s.max_rows)
     if smallest.max_rows < max_rows:
@@ -302,7 +195,7 @@ def largest_output(shapes: list[Shape]) -> int:
         rows = s.max_rows
         if s.rows is not None and s.learned_up_to >= s.max_rows:
             rows = max((r for r in s.rows if r <= s.max_rows), default=0)
-        top = max(top, rows * s.out_features * s.itemsize)
+        top = max(top, rows * s.out_features * s.out_itemsize)
     return top
 
 

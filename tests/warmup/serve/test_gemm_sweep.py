@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from warmup.serve import allocator, gemm_sweep
+from warmup.serve import allocator, gemm_shapes, gemm_sweep
 from warmup.serve.gemm_sweep import row_counts
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -70,17 +70,17 @@ def _model():
 
 
 def test_the_model_shapes_are_the_distinct_unquantized_gemms_and_the_lm_head():
-    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    shapes = gemm_shapes.model_shapes(_model(), device_type="cpu")
     labels = [s.label for s in shapes]
     assert labels == ["layers.0.qkv_proj (48, 32)", "layers.0.o_proj (32, 32)",
                       "layers.0.gate (8, 32)", "layers.0.biased (32, 32)",
                       "lm_head (100, 32)"], labels
-    assert gemm_sweep.model_shapes(_model(), device_type="cuda") == []  # weights on the CPU
+    assert gemm_shapes.model_shapes(_model(), device_type="cuda") == []  # weights on the CPU
 
 
 def test_the_sweep_runs_every_shape_at_every_row_count_through_the_layers_own_method():
     model = _model()
-    shapes = gemm_sweep.model_shapes(model, device_type="cpu")
+    shapes = gemm_shapes.model_shapes(model, device_type="cpu")
     seen: dict[str, list[tuple[int, ...]]] = {}
     for s in shapes:
         run = s.run
@@ -103,7 +103,7 @@ def test_the_sweep_runs_every_shape_at_every_row_count_through_the_layers_own_me
 
 def test_the_budget_stops_the_sweep_at_the_call_that_spends_it():
     """The clock is read after every call: here a call takes one second."""
-    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    shapes = gemm_shapes.model_shapes(_model(), device_type="cpu")
     calls = [0]
     for s in shapes:
         s.run = lambda x, run=s.run: (calls.__setitem__(0, calls[0] + 1), run(x))[1]
@@ -119,7 +119,7 @@ def test_the_budget_stops_the_sweep_at_the_call_that_spends_it():
 def test_the_gpu_is_waited_for_every_sync_rows_row_counts_past_the_dense_ones(sync_rows):
     """The small row counts queue freely; past them the sweep waits for the GPU every
     ``sync_rows`` row counts (the CPU queues the next GEMMs meanwhile), and once at the end."""
-    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    shapes = gemm_shapes.model_shapes(_model(), device_type="cpu")
     at: list[int] = []
     calls = [0]
     for s in shapes:
@@ -136,7 +136,7 @@ def test_the_gpu_is_waited_for_every_sync_rows_row_counts_past_the_dense_ones(sy
 def test_the_budget_still_stops_the_sweep_between_two_waits():
     """The clock is read after every call, waits or not: a budget spent between two waits
     stops the sweep at that call, and the GPU is waited for once more before it returns."""
-    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    shapes = gemm_shapes.model_shapes(_model(), device_type="cpu")
     calls, waits = [0], []
     for s in shapes:
         s.run = lambda x, run=s.run: (calls.__setitem__(0, calls[0] + 1), run(x))[1]
@@ -150,7 +150,7 @@ def test_the_budget_still_stops_the_sweep_between_two_waits():
 
 def test_a_shape_too_large_for_the_buffer_limit_stops_at_fewer_rows(monkeypatch):
     monkeypatch.setattr(gemm_sweep, "MAX_BUFFER_BYTES", (48 + 32) * 2 * 20)
-    shapes = [s for s in gemm_sweep.model_shapes(_model(), device_type="cpu")
+    shapes = [s for s in gemm_shapes.model_shapes(_model(), device_type="cpu")
               if s.label.startswith(("layers.0.qkv_proj", "layers.0.o_proj"))]
     result = gemm_sweep.sweep(shapes, 64, budget_s=60.0, device="cpu")
     # qkv (48 x 32) fits 20 rows, o_proj (32 x 32) 25; they share one input buffer
@@ -262,7 +262,7 @@ def fake_cuda(monkeypatch):
     return calls
 
 
-_real_shapes = gemm_sweep.model_shapes
+_real_shapes = gemm_shapes.model_shapes
 
 
 def _runner(**server_args):
@@ -337,7 +337,7 @@ def test_the_bias_is_what_the_layers_forward_would_pass():
     model.rank1.tp_rank = 1
     model.skipped = _Linear(lin, 16, 32, bias=True)
     model.skipped.skip_bias_add = True
-    shapes = {s.label.split()[0]: s for s in gemm_sweep.model_shapes(model, device_type="cpu")}
+    shapes = {s.label.split()[0]: s for s in gemm_shapes.model_shapes(model, device_type="cpu")}
     assert [shapes[n].key[3] for n in ("rank0", "rank1", "skipped")] == [True, False, False]
     assert tuple(shapes["rank1"].run(torch.zeros(3, 32, dtype=torch.bfloat16)).shape) == (3, 24)
 
@@ -351,9 +351,9 @@ def test_lm_heads_at_any_depth_and_never_a_quantized_one():
     model.vision_lm_head = _Linear(_FP8Method(), 50, 32)  # not named lm_head: not one
     model.draft = torch.nn.Module()
     model.draft.lm_head = _Linear(_FP8Method(), 60, 32)   # quantized: not cuBLAS's
-    labels = [s.label for s in gemm_sweep.model_shapes(model, device_type="cpu")]
+    labels = [s.label for s in gemm_shapes.model_shapes(model, device_type="cpu")]
     assert labels == ["language_model.lm_head (100, 32)"]
-    assert gemm_sweep.model_shapes(model, device_type="cpu", lm_head=False) == []
+    assert gemm_shapes.model_shapes(model, device_type="cpu", lm_head=False) == []
 
 
 @pytest.mark.parametrize("site", [
@@ -406,7 +406,7 @@ def test_the_sweep_is_a_compile_log_record_that_the_run_report_shows(tmp_path, m
     try:
         phase.set_phase("init", state_dir=str(tmp_path))
         events.install(registry=CollectorRegistry(), state_dir=tmp_path)
-        shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+        shapes = gemm_shapes.model_shapes(_model(), device_type="cpu")
         gemm_sweep.record(gemm_sweep.sweep(shapes, 80, budget_s=60.0, device="cpu"))
     finally:
         events.uninstall()
@@ -451,7 +451,7 @@ def test_a_tied_lm_head_is_swept_under_its_own_name():
     model.model = torch.nn.Module()
     model.model.embed_tokens = _Linear(UnquantizedEmbeddingMethod(), 100, 32)
     model.lm_head = model.model.embed_tokens
-    assert [s.label for s in gemm_sweep.model_shapes(model, device_type="cpu")] == [
+    assert [s.label for s in gemm_shapes.model_shapes(model, device_type="cpu")] == [
         "lm_head (100, 32)"]
 
 
@@ -459,7 +459,7 @@ def test_a_shape_capped_by_the_buffer_limit_is_named_in_the_summary_and_the_repo
     from warmup.view.text import sweep_line
 
     monkeypatch.setattr(gemm_sweep, "MAX_BUFFER_BYTES", (100 + 32) * 2 * 40)
-    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    shapes = gemm_shapes.model_shapes(_model(), device_type="cpu")
     result = gemm_sweep.sweep(shapes, 80, budget_s=60.0, device="cpu")
     assert (result.capped_rows, result.capped_shape) == (40, "lm_head (100, 32)")
     assert "rows 1-80 of 80; lm_head (100, 32) to 40 rows (buffer limit)" in result.summary()
@@ -478,7 +478,7 @@ def test_a_shape_capped_by_the_buffer_limit_is_named_in_the_summary_and_the_repo
 
 
 def test_a_shape_whose_gemm_raises_is_left_out_and_the_others_go_on():
-    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    shapes = gemm_shapes.model_shapes(_model(), device_type="cpu")
 
     def broken(x):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -538,13 +538,13 @@ def test_the_largest_output_is_reserved_before_the_first_gemm_and_holds_every_ou
     model = _model()
     lin = model.layers[0].o_proj.quant_method
     model.layers[0].wide = _Linear(lin, 200, 32, dtype=torch.float32)
-    shapes = gemm_sweep.model_shapes(model, device_type="cpu")
+    shapes = gemm_shapes.model_shapes(model, device_type="cpu")
     events = _outputs_and_reserves(monkeypatch, shapes)
     assert events[0] == ("reserve", 80 * 200 * 4)            # the fp32 layer at 80 rows
     assert [e for e in events if e[0] == "reserve"] == [events[0]]
     assert max(e[1] for e in events if e[0] == "out") == events[0][1]
     monkeypatch.setattr(gemm_sweep, "MAX_BUFFER_BYTES", (100 + 32) * 2 * 40)
-    events = _outputs_and_reserves(monkeypatch, gemm_sweep.model_shapes(_model(),
+    events = _outputs_and_reserves(monkeypatch, gemm_shapes.model_shapes(_model(),
                                                                         device_type="cpu"))
     assert ("reserve", 40 * 100 * 2) in events               # capped by the buffer limit
 
@@ -553,7 +553,7 @@ def test_the_block_is_the_largest_output_of_the_rows_a_learned_sweep_runs(monkey
     """A shape whose learned rows cover its range runs no row count above the largest of
     them, and the block is no larger than that; a shape learned only part of the way runs
     every row count above, up to its limit."""
-    shapes = [s for s in gemm_sweep.model_shapes(_model(), device_type="cpu")
+    shapes = [s for s in gemm_shapes.model_shapes(_model(), device_type="cpu")
               if s.label.startswith(("layers.0.qkv_proj", "lm_head"))]
     for s in shapes:
         s.rows, s.learned_up_to = frozenset({2, 9, 33}), 80
@@ -570,7 +570,7 @@ def test_a_block_that_cannot_be_reserved_leaves_the_sweep_to_allocate_as_it_goes
     def no_room(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 504.00 MiB")
 
-    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    shapes = gemm_shapes.model_shapes(_model(), device_type="cpu")
     real_empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **k: no_room() if k.get("dtype") is
                         torch.uint8 else real_empty(*a, **k))
@@ -585,7 +585,7 @@ def test_the_calls_that_held_the_cpu_are_the_load_rows_of_their_shape():
     """A call that took STALL_MS or more (cuBLAS loading a kernel) names its row count for its
     shape; every shape swept is listed, with no rows where it loaded nothing, and a shape that
     failed is not (its rows are not all known)."""
-    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    shapes = gemm_shapes.model_shapes(_model(), device_type="cpu")
     now = [0.0]
     slow = {("layers.0.qkv_proj (48, 32)", 1), ("layers.0.qkv_proj (48, 32)", 72),
             ("lm_head (100, 32)", 9)}
@@ -607,7 +607,7 @@ def test_the_calls_that_held_the_cpu_are_the_load_rows_of_their_shape():
 
 
 def test_a_shape_with_learned_rows_runs_at_those_only_in_the_same_order():
-    shapes = gemm_sweep.model_shapes(_model(), device_type="cpu")
+    shapes = gemm_shapes.model_shapes(_model(), device_type="cpu")
     order: list[tuple[str, int]] = []
     for s in shapes:
         s.run = lambda x, run=s.run, label=s.label: (order.append((label, x.shape[0])), run(x))[1]
@@ -646,7 +646,7 @@ def test_a_launch_with_a_steps_record_sweeps_each_shape_at_its_learned_rows(
     """The record's rows apply per shape key on the same GPU and libraries and row limit; a
     shape the record does not name is swept whole; otherwise every shape is, with a line."""
     runner = _runner(chunked_prefill_size=8192)
-    shapes = gemm_sweep.model_shapes(runner.model, device_type="cpu")
+    shapes = gemm_shapes.model_shapes(runner.model, device_type="cpu")
     qkv, lm = shapes[0].key_text, shapes[4].key_text
     good = {"blas": BLAS, "max_rows": 8192, "reached": 2048,
             "rows": {qkv: [1, 2, 65], lm: [], "gone x": [3]}}
