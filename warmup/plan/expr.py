@@ -216,12 +216,30 @@ class Expr:
         return self.text
 
 
+#: parses of one expression before a spurious AST error is let through (below)
+_PARSE_TRIES = 3
+
+
+def _syntax_tree(text: str) -> ast.Expression:
+    """``ast.parse(text, mode="eval")``, again where CPython 3.11 raised its spurious
+    ``SystemError: AST constructor recursion depth mismatch``: its AST builder keeps one depth
+    counter per interpreter, which another thread's parse can move while this one runs
+    (python/cpython#106905); the text is the same, so a second parse gives its tree."""
+    for attempt in range(_PARSE_TRIES):
+        try:
+            return ast.parse(text, mode="eval")
+        except SystemError as exc:
+            if "recursion depth mismatch" not in str(exc) or attempt == _PARSE_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def parse(text: str, known_names: frozenset[str] | set[str]) -> Expr:
     """Check ``text`` against the plan language and the names it may read."""
     if len(text) > MAX_LENGTH:
         raise ExprSyntaxError(f"expression is {len(text)} characters long (limit {MAX_LENGTH})")
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = _syntax_tree(text.strip())
     except SyntaxError as exc:
         raise ExprSyntaxError(f"not a valid expression: {exc.msg}") from None
     names: set[str] = set()

@@ -151,3 +151,38 @@ def test_pow2_classes_meets_every_key_of_its_range_at_its_smallest_size(lo, cap)
     assert got == sorted(set(got)) and all(lo <= x <= cap for x in got)
     assert {_key(x) for x in got} == {_key(x) for x in sizes} and len(got) == len(set(map(_key, got)))
     assert all(x == min(y for y in sizes if _key(y) == _key(x)) for x in got)
+
+
+def test_a_spurious_ast_error_of_cpython_3_11_is_parsed_again(monkeypatch):
+    """CPython 3.11's AST builder can raise ``AST constructor recursion depth mismatch`` when
+    another thread parses at the same moment: the same text parses again; any other
+    ``SystemError``, or the mismatch every time, goes through."""
+    import ast as real_ast
+
+    from warmup.plan import expr
+
+    real = real_ast.parse
+    raised: list[str] = []
+
+    def flaky(text, mode="exec"):
+        if not raised:
+            raised.append(text)
+            raise SystemError("AST constructor recursion depth mismatch (before=174, after=226)")
+        return real(text, mode=mode)
+
+    monkeypatch.setattr(expr.ast, "parse", flaky)
+    assert expr.parse("2 * x", {"x"}).evaluate({"x": 3}) == 6 and raised == ["2 * x"]
+
+    def always(text, mode="exec"):
+        raise SystemError("AST constructor recursion depth mismatch (before=1, after=2)")
+
+    monkeypatch.setattr(expr.ast, "parse", always)
+    with pytest.raises(SystemError, match="depth mismatch"):
+        expr.parse("1", set())
+
+    def other(text, mode="exec"):
+        raise SystemError("something else")
+
+    monkeypatch.setattr(expr.ast, "parse", other)
+    with pytest.raises(SystemError, match="something else"):
+        expr.parse("1", set())
