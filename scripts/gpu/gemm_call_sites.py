@@ -32,10 +32,8 @@ calls per call site.
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -65,6 +63,8 @@ def forward_form(kind: str, w):
 def child(mode: str) -> dict:
     import torch
 
+    import gemm_sweep_loads  # this folder's: the same probe
+
     from warmup.serve import allocator, gemm_sweep
     from warmup.serve.gemm_shapes import Shape
 
@@ -92,22 +92,7 @@ def child(mode: str) -> dict:
     allocator.reserve(gemm_sweep.largest_output(sites), "cuda")
     x = torch.zeros(MAX_ROWS * max(s.in_features for s in sites), device="cuda",
                     dtype=torch.bfloat16)
-    rng = random.Random(7)
-
-    def timed(s, rows):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        with torch.inference_mode():
-            s.run(x[:rows * s.in_features].view(rows, s.in_features))
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t) * 1e3
-
-    paid = {}
-    for s in sites:
-        probe = rng.sample(range(1, s.max_rows + 1), 300)
-        extra = [timed(s, r) - timed(s, r) for r in probe]
-        paid[s.label] = sum(1 for e in extra if e > 1.0)
-    out["paid_of_300"] = paid
+    out["paid_of_300"] = gemm_sweep_loads.paid_calls(sites, x, lambda s: s.max_rows)
     return out
 
 

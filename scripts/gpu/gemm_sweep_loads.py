@@ -126,22 +126,32 @@ def child(mode: str, stall_ms: float, loads: dict[str, list[int]], reserve: bool
     if mode == "learn":
         out["load_rows"] = found
         return out
+    out["paid_of_300"] = paid_calls(ss, x, rows_of)
+    return out
+
+
+def paid_calls(shapes, x, rows_of, n: int = 300) -> dict[str, int]:
+    """The probe: ``n`` random row counts per shape (up to ``rows_of(shape)``), each timed first
+    and again with the GPU waited for around each call; per shape, how many first calls ran
+    more than 1 ms over their repeat (paid a first-time cost).  ``x`` is the input buffer."""
+    import torch
+
     rng = random.Random(7)
 
     def timed(s, rows):
         torch.cuda.synchronize()
         t = time.perf_counter()
-        s.run(x[:rows * s.in_features].view(rows, s.in_features))
+        with torch.inference_mode():
+            s.run(x[:rows * s.in_features].view(rows, s.in_features))
         torch.cuda.synchronize()
         return (time.perf_counter() - t) * 1e3
 
     paid = {}
-    for s in ss:
-        probe = rng.sample(range(1, rows_of(s) + 1), 300)
+    for s in shapes:
+        probe = rng.sample(range(1, rows_of(s) + 1), n)
         extra = [timed(s, r) - timed(s, r) for r in probe]
         paid[s.label] = sum(1 for e in extra if e > 1.0)
-    out["paid_of_300"] = paid
-    return out
+    return paid
 
 
 def run(mode: str, stall_ms: float, loads: dict | None = None, reserve: bool = True) -> dict:

@@ -225,13 +225,13 @@ def _syntax_tree(text: str) -> ast.Expression:
     ``SystemError: AST constructor recursion depth mismatch``: its AST builder keeps one depth
     counter per interpreter, which another thread's parse can move while this one runs
     (python/cpython#106905); the text is the same, so a second parse gives its tree."""
-    for attempt in range(_PARSE_TRIES):
+    for _ in range(_PARSE_TRIES - 1):
         try:
             return ast.parse(text, mode="eval")
         except SystemError as exc:
-            if "recursion depth mismatch" not in str(exc) or attempt == _PARSE_TRIES - 1:
+            if "recursion depth mismatch" not in str(exc):
                 raise
-    raise AssertionError("unreachable")
+    return ast.parse(text, mode="eval")
 
 
 def parse(text: str, known_names: frozenset[str] | set[str]) -> Expr:

@@ -160,9 +160,23 @@ def test_the_sweep_sizes_an_fp32_output_by_its_own_bytes(monkeypatch):
     assert set(result.load_rows) == {"kv_score 16x32 torch.bfloat16 False Compressor"}
 
 
-def _classes(path: Path) -> dict[str, ast.ClassDef]:
-    tree = ast.parse(path.read_text())
-    return {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+_FILES = ("sglang/srt/layers/attention/dsv4/compressor.py", "sglang/srt/models/deepseek_v4.py",
+          "sglang/srt/models/deepseek_v2.py")
+
+
+def _read(path: Path) -> tuple[str, ast.Module]:
+    text = path.read_text()
+    return text, ast.parse(text)
+
+
+#: the SGLang sources the call sites rely on, per release: (text, syntax tree), read and parsed
+#: once at collection (CPython 3.11's ``ast.parse`` can fail spuriously while a thread another
+#: test left behind parses too: tests/test_architecture.py)
+SOURCES = {site: {f: _read(site / f) for f in _FILES} for site in SITES}
+
+
+def _classes(site: Path, file: str) -> dict[str, ast.ClassDef]:
+    return {n.name: n for n in ast.walk(SOURCES[site][file][1]) if isinstance(n, ast.ClassDef)}
 
 
 def _assigned(cls: ast.ClassDef) -> set[str]:
@@ -176,16 +190,14 @@ def test_what_the_call_sites_read_is_in_sglangs_source(site):
     """The compressor class holds ``wkv_gate`` and ``compute_kv_score``, and the scores come
     from ``linear_bf16_fp32``; the attention holding ``wo_a`` holds its group count and rank, and
     its module multiplies ``wo_a`` with the einsum the sweep runs."""
-    compressor = site / "sglang/srt/layers/attention/dsv4/compressor.py"
-    cls = _classes(compressor)["Compressor"]
+    cls = _classes(site, _FILES[0])["Compressor"]
     methods = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
     assert "compute_kv_score" in methods and "wkv_gate" in _assigned(cls)
-    assert "linear_bf16_fp32(x, " in compressor.read_text()
-    model = site / "sglang/srt/models/deepseek_v4.py"
-    owners = [c for c in _classes(model).values()
+    assert "linear_bf16_fp32(x, " in SOURCES[site][_FILES[0]][0]
+    owners = [c for c in _classes(site, _FILES[1]).values()
               if {"wo_a", "n_local_groups", "o_lora_rank"} <= _assigned(c)]
     assert owners, "no class holds wo_a with its group count and rank"
-    assert 'torch.einsum("tgd,grd->tgr", o, wo_a)' in model.read_text()
+    assert 'torch.einsum("tgd,grd->tgr", o, wo_a)' in SOURCES[site][_FILES[1]][0]
 
 
 @pytest.fixture
@@ -248,11 +260,10 @@ def test_a_gate_of_another_name_or_a_forward_that_needs_more_is_not_one():
 
 @pytest.mark.parametrize("site", SITES, ids=["0.5.22", "0.5.23"])
 def test_deepseeks_router_gate_is_a_gemm_on_its_own_weight_in_sglangs_source(site):
-    path = site / "sglang/srt/models/deepseek_v2.py"
-    gate = _classes(path)["MoEGate"]
+    gate = _classes(site, _FILES[2])["MoEGate"]
     forward = next(n for n in gate.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
     args = forward.args
     assert [a.arg for a in args.args[:2]] == ["self", "hidden_states"]
     assert len(args.defaults) == len(args.args) - 2          # the rest have defaults
     assert "weight" in _assigned(gate) and "linear_bf16_fp32(hidden_states, self.weight)" in \
-        ast.get_source_segment(path.read_text(), forward)
+        ast.get_source_segment(SOURCES[site][_FILES[2]][0], forward)
