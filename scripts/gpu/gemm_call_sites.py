@@ -25,8 +25,8 @@ and not a ``cudaMalloc``); a first call more than 1 ms over its repeat paid a fi
 
     PYTHONPATH=/tmp/site python3 scripts/gpu/gemm_call_sites.py --runs 2
 
-Prints one JSON document: per mode and run, the sweep's calls and seconds and the probe's paid
-calls per call site.
+Prints one JSON document: the call sites (``call_sites``), then under ``runs`` per mode and
+run the sweep's calls and seconds and the probe's paid calls per call site.
 """
 
 from __future__ import annotations
@@ -101,12 +101,13 @@ def main() -> None:
         print(json.dumps(child(sys.argv[sys.argv.index("--child") + 1])))
         return
     runs = int(sys.argv[sys.argv.index("--runs") + 1]) if "--runs" in sys.argv else 2
-    result: dict = {"max_rows": MAX_ROWS, "sites": [s[0] for s in SITES]}
+    result: dict = {"max_rows": MAX_ROWS, "call_sites": [s[0] for s in SITES], "runs": {}}
     for _ in range(runs):
         for mode in ("none", "linear", "sites"):
             done = subprocess.run([sys.executable, __file__, "--child", mode],
                                   capture_output=True, text=True, check=True)
-            result.setdefault(mode, []).append(json.loads(done.stdout.strip().splitlines()[-1]))
+            result["runs"].setdefault(mode, []).append(
+                json.loads(done.stdout.strip().splitlines()[-1]))
     print(json.dumps(result, indent=1))
 
 

@@ -296,7 +296,8 @@ EMBEDDED = {"buckets-lo1-eager.json": 1, "dsv4-h200-abc.json": 3, "dsv4-h200-c12
             "dsv4-bcg-C-cold-reports.json": 1, "dsv4-eager-steps-reports.json": 3,
             "dsv4-eager-restart-steps-reports.json": 4, "dsv4-eager-chained-steps-reports.json": 7,
             "dsv4-eager-learned-rows-bake.json": 6, "dsv4-eager-host-probe-bake.json": 5,
-            "dsv4-bcg-record-bake.json": 7, "dsv4-eager-reserve-bake.json": 7}
+            "dsv4-bcg-record-bake.json": 7, "dsv4-eager-reserve-bake.json": 7,
+            "dsv4-eager-sites-bake.json": 8}
 
 
 def test_a_benchmark_file_shows_its_report_and_its_rows(capsys):
