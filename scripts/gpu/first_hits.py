@@ -705,10 +705,12 @@ def compile_records(state_dir: Path, since: dict[str, int] | None = None) -> lis
                "seconds": rec.get("seconds") or rec.get("duration_s"),
                "outcome": rec.get("outcome"), "pid": rec.get("pid"),
                "reason": rec.get("reason")}
-        if rec.get("event") == "miss":
-            # the specialization a Triton miss compiled (integer and pointer classes, the
-            # constexprs): which key the plan did not reach
-            row.update({k: rec.get(k) for k in ("attrs", "constexprs", "signature")})
+        if rec.get("event") in ("miss", "hit"):
+            # the specialization a Triton miss compiled or a hit loaded from disk (integer and
+            # pointer classes, the constexprs): which key the warm-up did not reach
+            row.update({k: rec.get(k) for k in ("attrs", "constexprs", "signature", "hash")})
+        elif rec.get("event") == "load":
+            row["hash"] = rec.get("hash")
         out.append(row)
     return out
 
