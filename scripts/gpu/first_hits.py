@@ -1036,6 +1036,11 @@ def main() -> None:
     elif a.phase == "wait":
         wait_ready(names, a.budget)
     elif a.phase == "traffic":
+        if a.budget < 75:
+            # the readiness wait gets the budget less 60 s, and the steps stop 30 s short of
+            # it: a smaller budget skips a ready launch as not ready, or sends no step
+            raise SystemExit(f"traffic: --budget {a.budget:g} leaves no time for the steps "
+                             f"(at least 75 s: the readiness wait keeps 60 s of it)")
         for name in names:
             up = wait_ready([name], a.budget - 60)
             if not up:
