@@ -19,7 +19,10 @@ Probes, all outside the measured requests' path except the first:
     else on the machine (this harness left out) used while it ran, the time the hypervisor
     stole, the cores' mean clock, the load average and the GPU's SM clock, so that a first
     pass slower throughout can be told apart as the host's (other processes busy, time stolen,
-    clocks down) or the server's (more CPU for the same step).
+    clocks down) or the server's (more CPU for the same step); and for the server's processes
+    their user and system time, minor and major faults, the time their threads waited on a
+    run queue and their voluntary and involuntary context switches (more CPU for the same
+    step: waiting for a core, faulting memory in, or the same code running slower).
 
 The script runs in phases, one device call each, on one machine kept warm between calls
 (servers run in their own sessions, so they outlive a call):
@@ -615,7 +618,7 @@ def host_sample(pids: list[int]) -> dict:
         out["cpu_mhz"] = round(sum(mhz) / len(mhz)) if mhz else None
     except (OSError, ValueError, IndexError):
         pass
-    procs = {}
+    procs, sched = {}, {}
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as f:
@@ -623,8 +626,39 @@ def host_sample(pids: list[int]) -> dict:
             procs[pid] = sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
         except (OSError, IndexError, ValueError):
             continue
-    out["procs"] = procs
+        sched[pid] = proc_sched(pid, fields)
+    out["procs"], out["sched"] = procs, sched
     out["own"] = sum(os.times()[:4])  # this harness (seconds)
+    return out
+
+
+def proc_sched(pid: int, fields: list[str]) -> dict[str, float]:
+    """How one process ran, summed over its threads: user and system jiffies, minor and major
+    page faults (``stat``), the nanoseconds its threads waited on a run queue (``schedstat``),
+    and its voluntary and involuntary context switches (``status``).  A step that takes more
+    CPU for the same work shows here whether the server waited for a core (run-queue delay,
+    involuntary switches), faulted memory in (minor faults, system time) or ran its own code
+    slower (user time alone)."""
+    out: dict[str, float] = {"utime": int(fields[11]), "stime": int(fields[12]),
+                             "minflt": int(fields[7]), "majflt": int(fields[9])}
+    wait_ns = vcs = ivcs = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                wait_ns += int(f.read().split()[1])
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches"):
+                        vcs += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches"):
+                        ivcs += int(line.split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    out.update(run_delay_ns=wait_ns, vcs=vcs, ivcs=ivcs)
     return out
 
 
@@ -641,6 +675,14 @@ def host_delta(a: dict, b: dict) -> dict:
         out["other_cpu_s"] = round((b["busy"] - a["busy"]) / tick - server
                                    - (b["own"] - a["own"]), 3)
         out["steal_s"] = round((b["steal"] - a["steal"]) / tick, 3)
+    sa, sb = a.get("sched") or {}, b.get("sched") or {}
+    both = [pid for pid in sa if pid in sb]
+    if both:
+        d = {k: sum(sb[pid][k] - sa[pid][k] for pid in both) for k in sa[both[0]]}
+        out.update(user_s=round(d["utime"] / tick, 3), sys_s=round(d["stime"] / tick, 3),
+                   minflt=d["minflt"], majflt=d["majflt"],
+                   run_delay_s=round(d["run_delay_ns"] / 1e9, 4),
+                   vcs=d["vcs"], ivcs=d["ivcs"])
     return out
 
 

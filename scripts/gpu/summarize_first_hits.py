@@ -116,7 +116,19 @@ def host_text(row: dict) -> str:
     return (f"; server CPU {a['server_cpu_s']:.2f} / {b['server_cpu_s']:.2f} s, others "
             f"{a['other_cpu_s']:.2f} / {b['other_cpu_s']:.2f} s, stolen "
             f"{a.get('steal_s', 0):.2f} / {b.get('steal_s', 0):.2f} s, cores {a['cpu_mhz'][1]} / "
-            f"{b['cpu_mhz'][1]} MHz, SM {a['sm_mhz'][1]} / {b['sm_mhz'][1]} MHz")
+            f"{b['cpu_mhz'][1]} MHz, SM {a['sm_mhz'][1]} / {b['sm_mhz'][1]} MHz"
+            + sched_text(a, b))
+
+
+def sched_text(a: dict, b: dict) -> str:
+    """The server's user and system seconds, run-queue wait, involuntary switches and minor
+    faults, first against repeat (runs whose harness read them)."""
+    if "user_s" not in a or "user_s" not in b:
+        return ""
+    return (f", user {a['user_s']:.2f} / {b['user_s']:.2f} s, system {a['sys_s']:.2f} / "
+            f"{b['sys_s']:.2f} s, run-queue wait {a['run_delay_s']:.3f} / "
+            f"{b['run_delay_s']:.3f} s, involuntary switches {a['ivcs']} / {b['ivcs']}, "
+            f"minor faults {a['minflt']} / {b['minflt']}")
 
 
 def main() -> None:
