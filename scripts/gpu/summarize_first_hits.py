@@ -131,6 +131,29 @@ def sched_text(a: dict, b: dict) -> str:
             f"minor faults {a['minflt']} / {b['minflt']}")
 
 
+def later_passes(run: dict) -> dict:
+    """Runs sent more than twice (``traffic --passes N``): every pass's total and step times,
+    and per pair of passes how many steps ran 1.5x or more over the other: on a server warm
+    since pass 1, pass 3 against pass 2 has no first-time cost to pay, so its count is what
+    the host alone gives."""
+    passes = {k: v for k, v in run["passes"].items() if k.isdigit()}
+    if len(passes) <= 2:
+        return {}
+    ms = {k: [r.get("ms") for r in v] for k, v in sorted(passes.items())}
+    out: dict = {"pass_totals_ms": {k: round(sum(x for x in v if x), 1) for k, v in ms.items()},
+                 "pass_steps_ms": ms, "pairs": {}}
+    for a in ms:
+        for b in ms:
+            if a == b:
+                continue
+            rs = [x / y for x, y in zip(ms[a], ms[b]) if x and y]
+            out["pairs"][f"{a}/{b}"] = {"total": round(out["pass_totals_ms"][a]
+                                                       / max(out["pass_totals_ms"][b], 1), 3),
+                                        "worst": round(max(rs), 2) if rs else None,
+                                        "at_or_above_1.5": sum(r >= 1.5 for r in rs)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("run")
@@ -186,6 +209,7 @@ def main() -> None:
         keep = {"name": run["name"], "seed": run["seed"], "launch": launch,
                 "pass_ratio": round(total1 / max(total2, 1), 3),
                 "compiles_after_ready": {"1": by_compiler(p1), "2": by_compiler(p2)},
+                **later_passes(run),
                 "steps": rows,
                 "log_tail": run.get("log_tail", "")[-3000:]}
         Path(a.out).write_text(json.dumps(keep, indent=1) + "\n")
