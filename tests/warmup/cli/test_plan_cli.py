@@ -23,8 +23,8 @@ def test_check_ok(capsys):
     code, out, _ = run(capsys, "plan", "check", "default", "plans/deepseek_v4_serving_shapes.yaml")
     assert code == 0
     assert out.splitlines() == [
-        "default: ok (default: 8 phases, 27 shape classes)",
-        "plans/deepseek_v4_serving_shapes.yaml: ok (deepseek_v4_serving_shapes: 8 phases, 21 shape classes)"]
+        "default: ok (default: 8 phases, 28 shape classes)",
+        "plans/deepseek_v4_serving_shapes.yaml: ok (deepseek_v4_serving_shapes: 8 phases, 23 shape classes)"]
 
 
 def test_check_bad_plan_is_one_line_and_exit_2(capsys, tmp_path):

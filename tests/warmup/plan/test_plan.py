@@ -87,8 +87,10 @@ def test_dsv4_plan_reproduces_pr44627_classes():
         "hit on 262144 + extend 4133 (other)"]
     first, *extends = [r for s in by["past_context_bucket"] for r in s.requests]
     assert {(r.prefix_key, r.prefix_len) for r in extends} == {(first.prefix_key, 262144)}
-    assert [k.shape_class for k in exp.skipped] == ["mixed_batches"]                # class 6 (off)
-    assert exp.skipped[0].reason == "mixed chunk is off (--enable-mixed-chunk, needs chunked prefill)"
+    # class 6 (off), and the batches past 16 requests (the request cap is 16)
+    assert [k.shape_class for k in exp.skipped] == ["wide_batches", "mixed_batches",
+                                                    "graph_decode_batches"]
+    assert exp.skipped[1].reason == "mixed chunk is off (--enable-mixed-chunk, needs chunked prefill)"
     names = [r.sampling_name for s in exp.steps for r in (*s.background, *s.requests)]
     assert names[:4] == ["greedy", "default", "greedy", "default"]
     assert exp.flush
@@ -291,7 +293,65 @@ def test_dsv4_eager_decode_stays_small_at_every_request_cap(cap, expected):
     assert sizes == expected
     top = min(facts.max_running_requests, 512)
     assert (max(sizes) - 1).bit_length() == (top - 1).bit_length()
-    assert exp.num_requests < 2500 and "eager_decode" not in {k.shape_class for k in exp.skipped}
+    assert "eager_decode" not in {k.shape_class for k in exp.skipped}
+    # with the batches past 16 requests the plan stays within its own request limit
+    assert exp.num_requests < loader.load(PLANS["dsv4"]).max_requests
+
+
+@pytest.mark.parametrize("plan", sorted(PLANS))
+@pytest.mark.parametrize("cap,expected", [
+    (16, None),
+    (17, [17]),
+    (64, [17, 32, 33, 48]),
+    (None, [17, 32, 33, 48, 65, 80, 129, 144]),  # SGLang resolves 256
+    (2048, [17, 32, 33, 48, 65, 80, 129, 144, 257, 272]),
+])
+def test_wide_batches_reach_the_request_cap(plan, cap, expected):
+    """Prefill batches past the 16 requests batched_extends stops at: each power-of-two range's
+    smallest size of each integer class up to the request cap (at most 512's range), each as
+    one batched request in both total classes, within one forward's token budget; none where
+    the cap is 16 or less, with the reason."""
+    flags = list(_pr_flags(max_running_requests=str(cap) if cap else ""))
+    exp = expand(loader.load(PLANS[plan]), _facts_cache.resolve(tuple(flags)))
+    steps = [s for s in exp.steps if s.shape_class == "wide_batches"]
+    if expected is None:
+        assert not steps
+        assert [k.reason for k in exp.skipped if k.shape_class == "wide_batches"] == [
+            "condition `default(max_running_requests, 16) > 16` is false on this server"]
+        return
+    assert [len(s.requests) for s in steps] == [bs for bs in expected for _ in (0, 1)]
+    for odd, aligned in zip(steps[::2], steps[1::2]):
+        assert sum(r.input_len for r in odd.requests) % 16 != 0
+        assert sum(r.input_len for r in aligned.requests) % 16 == 0
+    for s in steps:
+        assert s.mode == "batch" and all(r.input_len >= 1 for r in s.requests)
+        assert s.tokens <= exp.facts.chunked_prefill_size
+    assert {1 << (b - 1).bit_length() for b in expected} == {
+        1 << k for k in range(5, (min(exp.facts.max_running_requests, 512) - 1).bit_length() + 1)}
+
+
+@pytest.mark.parametrize("cap,graphs,expected", [
+    ("16", "8", None),                    # PR #44627's launch
+    ("96", "16", None),                   # no graph past 16
+    ("16", "64", None),                   # no request past 16
+    ("96", "64", [17, 32, 33, 64]),       # graphs 17..64, then eager_decode from 65
+    ("2048", "256", [17, 32, 33, 64, 65, 128, 129, 256]),
+])
+def test_dsv4_graph_decode_batches_cover_the_graphs_past_16(cap, graphs, expected):
+    """Decode batches past 16 requests that replay a decode graph: the largest captured size of
+    each power-of-two range and its smallest "other" size, from 17 up to the largest graph
+    within the request cap; the eager-decode class goes on from there, with no size in both."""
+    facts = _facts_cache.resolve(_pr_flags(max_running_requests=cap,
+                                           cuda_graph_max_bs_decode=graphs))
+    exp = expand(loader.load(PLANS["dsv4"]), facts)
+    sizes = [len(s.requests) for s in exp.steps if s.shape_class == "graph_decode_batches"]
+    eager = [len(s.requests) for s in exp.steps if s.shape_class == "eager_decode"]
+    if expected is None:
+        assert sizes == [] and "graph_decode_batches" in {k.shape_class for k in exp.skipped}
+        return
+    assert sizes == expected
+    assert max(sizes) <= facts.decode_graph_max_bs < min(eager, default=facts.decode_graph_max_bs + 1)
+    assert all(b in facts.decode_graph_bs or b % 16 for b in sizes)  # a graph, or "other"
 
 
 def _pr_flags(**changes: str) -> tuple[str, ...]:
