@@ -337,11 +337,26 @@ def restore(archive: Path, dest: Path) -> dict:
     return {"seconds": took, "dest": str(dest), "answer": answer}
 
 
+def with_flags(args: list[str], flags: list[str]) -> list[str]:
+    """SGLang's flags ``args`` with each ``NAME=VALUE`` of ``flags`` set (``--NAME VALUE``,
+    replacing the value the rig gives it)."""
+    out = list(args)
+    for item in flags:
+        name, _, value = item.partition("=")
+        flag = "--" + name.lstrip("-")
+        if flag in out:
+            out[out.index(flag) + 1] = value
+        else:
+            out += [flag, value]
+    return out
+
+
 def launch(names: list[str], frac: dict[str, float], plan: str | None, seed_cache: str | None,
            precompile: bool = False, restore_from: str | None = None,
-           steps_record: str | None = None) -> None:
+           steps_record: str | None = None, flags: list[str] | None = None) -> None:
     """Start the launches ``names``; a C launch with ``steps_record`` sends only the steps that
-    record found loud (``serve --steps``)."""
+    record found loud (``serve --steps``); ``flags`` (``NAME=VALUE``) change the rig's SGLang
+    flags (a request cap, the decode graphs' largest size)."""
     state = load_state()
     env0 = base_env()
     for name in names:
@@ -371,7 +386,7 @@ def launch(names: list[str], frac: dict[str, float], plan: str | None, seed_cach
         env["SGLANG_JIT_DEEPGEMM_PRECOMPILE"] = "1" if precompile else "0"
         if warm == "A":
             env["WARMUP_GEMM_SWEEP_S"] = "0"
-        args = server_argv(model, graphs, port, frac.get(model, 0.3))
+        args = with_flags(server_argv(model, graphs, port, frac.get(model, 0.3)), flags or [])
         if warm == "C":
             argv = [sys.executable, "-m", "warmup", "serve", "--plan", plan or PLANS[model],
                     "--lenient", "--state-dir", str(base / "state"),
@@ -791,10 +806,12 @@ LOGPROBS = {
 }
 
 
-def random_traffic(seed: int, steps: int, context: int, chunk: int) -> list:
-    """Random steps: single prompts of log-uniform length up to the context, bursts of 2-5
-    mixed-length prompts (one multi-request extend), and every sampler family crossed with
-    every logprob mode, ``n`` and streaming at random."""
+def random_traffic(seed: int, steps: int, context: int, chunk: int, burst_max: int = 5) -> list:
+    """Random steps: single prompts of log-uniform length up to the context, bursts of 2 to
+    ``burst_max`` mixed-length prompts (one multi-request extend; a burst of more than 5 gets
+    prompts of at most 256 tokens, many short requests at once), and every sampler family
+    crossed with every logprob mode, ``n`` and streaming at random.  The default draws the same
+    steps as before the option existed."""
     from warmup.coverage.traffic import TrafficStep
 
     rng = random.Random(seed)
@@ -813,7 +830,9 @@ def random_traffic(seed: int, steps: int, context: int, chunk: int) -> list:
             prompts = [rng.randint(1, hi) if rng.random() < 0.35 else length(hi)]
             kind = "single"
         else:
-            prompts = [length(min(chunk * 3, context // 2)) for _ in range(rng.randint(2, 5))]
+            size = rng.randint(2, burst_max)
+            hi = min(chunk * 3, context // 2) if size <= 5 else 256
+            prompts = [length(hi) for _ in range(size)]
             kind = "burst"
         feats = dict(LOGPROBS[lp_name])
         if feats.get("logprob_start_len") == -1:
@@ -866,7 +885,8 @@ class contextlib_suppress:
         return True
 
 
-def run_traffic(name: str, steps_n: int, passes: int, seed: int, budget: float) -> None:
+def run_traffic(name: str, steps_n: int, passes: int, seed: int, budget: float,
+                burst_max: int = 5) -> None:
     from warmup.serve.transport import HttpTransport
 
     state = load_state()
@@ -875,7 +895,7 @@ def run_traffic(name: str, steps_n: int, passes: int, seed: int, budget: float) 
     model = s["model"]
     context = 131072 if model == "dsv4" else 40960
     chunk = 4096 if model == "dsv4" else 8192
-    steps = random_traffic(seed, steps_n, context, chunk)
+    steps = random_traffic(seed, steps_n, context, chunk, burst_max)
     res: dict = {"name": name, "launch": {k: v for k, v in s.items()}, "seed": seed,
                  "steps": [st.to_json() for st in steps], "passes": {}}
     out_path = OUT / f"{name}.json"
@@ -1058,6 +1078,12 @@ def main() -> None:
     ap.add_argument("--ratio", type=float, default=2.0, help="restrict: the timing rule's ratio")
     ap.add_argument("--min-ms", type=float, default=10.0, help="restrict: and its least gain")
     ap.add_argument("--out", default=None, help="restrict: where the new record goes")
+    ap.add_argument("--server-flag", action="append", default=[], metavar="NAME=VALUE",
+                    help="launch: set one of the rig's SGLang flags (repeat), e.g. "
+                         "max-running-requests=64")
+    ap.add_argument("--burst-max", type=int, default=5,
+                    help="traffic: the most prompts in one burst (past 5: prompts of at most "
+                         "256 tokens)")
     ap.add_argument("--steps-record", default=None,
                     help="C launches send only the loud steps of this record (serve --steps; "
                          "prebake writes WORK/NAME.tar.steps.json)")
@@ -1067,7 +1093,8 @@ def main() -> None:
         setup(a.models.split(","))
     elif a.phase == "launch":
         frac = {k: float(v) for k, v in (x.split("=") for x in a.frac.split(","))}
-        launch(names, frac, a.plan, a.seed_cache, a.precompile, a.restore, a.steps_record)
+        launch(names, frac, a.plan, a.seed_cache, a.precompile, a.restore, a.steps_record,
+               a.server_flag)
     elif a.phase == "prebake":
         frac = {k: float(v) for k, v in (x.split("=") for x in a.frac.split(","))}
         for name in names:
@@ -1092,7 +1119,7 @@ def main() -> None:
             others = [n for n in state if n != name] if a.pause_others else []
             pause(state, others, True)
             try:
-                run_traffic(name, a.steps, a.passes, a.seed, a.budget)
+                run_traffic(name, a.steps, a.passes, a.seed, a.budget, a.burst_max)
             finally:
                 pause(state, others, False)
     elif a.phase == "restrict":
