@@ -438,9 +438,9 @@ def _gen_batch(x: _Expander, phase: str, shape: Shape) -> None:
             x.room(bs)
             lens = batch_lengths(bs, per, cls)
             total = sum(lens)
-            if budget is not None and total > budget:
-                x.skip(phase, shape, f"bs={bs} total {total} tokens is above the one-forward "
-                       f"budget ({budget})", item=f"bs={bs} {cls}")
+            why = _over_budget(lens, budget, x.facts.page_size or 1)
+            if why:
+                x.skip(phase, shape, f"bs={bs} {why}", item=f"bs={bs} {cls}")
                 continue
             reqs = [x.request(shape, n) for n in lens]
             why = x.fits_all((n, r.max_new_tokens) for n, r in zip(lens, reqs))
@@ -449,6 +449,22 @@ def _gen_batch(x: _Expander, phase: str, shape: Shape) -> None:
                 continue
             x.add(phase, shape, "batch", reqs,
                   note=f"bs={bs} (pow2 {1 << (bs - 1).bit_length()}), total {total} ({_int_class(total)})")
+
+
+def _over_budget(lens: list[int], budget: int | None, page: int) -> str | None:
+    """Why a batch of prompts ``lens`` would not be one prefill: more tokens than one forward
+    takes, counted as SGLang's scheduler counts them against the chunk, each request in whole
+    pages (``ceil_paged_tokens``), so that a batch it would split is not sent as one."""
+    if budget is None:
+        return None
+    total = sum(lens)
+    if total > budget:
+        return f"total {total} tokens is above the one-forward budget ({budget})"
+    paged = sum(-(-n // page) * page for n in lens)
+    if paged > budget:
+        return (f"takes {paged} tokens of the one-forward budget ({budget}) in whole pages of "
+                f"{page}: the scheduler would split it")
+    return None
 
 
 def batch_lengths(bs: int, per: int, cls: str) -> list[int]:

@@ -23,7 +23,7 @@ def test_check_ok(capsys):
     code, out, _ = run(capsys, "plan", "check", "default", "plans/deepseek_v4_serving_shapes.yaml")
     assert code == 0
     assert out.splitlines() == [
-        "default: ok (default: 8 phases, 28 shape classes)",
+        "default: ok (default: 8 phases, 27 shape classes)",
         "plans/deepseek_v4_serving_shapes.yaml: ok (deepseek_v4_serving_shapes: 8 phases, 23 shape classes)"]
 
 
@@ -88,7 +88,7 @@ def test_a_capped_let_names_the_prompt_lengths_left_unwarmed(capsys, pr_facts_fi
     assert code == 2
     assert err.splitlines() == ["error: --let: nope: the plan deepseek_v4_serving_shapes "
                                 "defines no let 'nope'",
-                                "hint: its lets: K, C, small_odd, above_K, long_cap"]
+                                "hint: its lets: K, C, small_odd, above_K, long_cap, prefill_reqs"]
 
 
 def test_show_json_is_the_expansion(capsys, pr_facts_file):

@@ -298,36 +298,41 @@ def test_dsv4_eager_decode_stays_small_at_every_request_cap(cap, expected):
     assert exp.num_requests < loader.load(PLANS["dsv4"]).max_requests
 
 
-@pytest.mark.parametrize("plan", sorted(PLANS))
-@pytest.mark.parametrize("cap,expected", [
-    (16, None),
-    (17, [17]),
-    (64, [17, 32, 33, 48]),
-    (None, [17, 32, 33, 48, 65, 80, 129, 144]),  # SGLang resolves 256
-    (2048, [17, 32, 33, 48, 65, 80, 129, 144, 257, 272]),
+@pytest.mark.parametrize("cap,chunk,graph,expected", [
+    ("16", "8192", True, None),           # PR #44627's launch: 16 requests
+    ("64", "4096", True, None),           # 4,096 / 256-token pages: 16 requests per prefill
+    ("17", "8192", True, [17]),
+    ("64", "16384", True, [17, 32]),      # its largest prefill graph, 8,192 tokens: 32 requests
+    ("", "16384", False, [17, 32, 33, 48]),  # the cap resolves to 256; 16,384 / 256 = 64
+    ("2048", "262144", False, [17, 32, 33, 48, 65, 80, 129, 144, 257, 272]),  # 512's range
 ])
-def test_wide_batches_reach_the_request_cap(plan, cap, expected):
+def test_dsv4_wide_batches_reach_what_one_prefill_holds(cap, chunk, graph, expected):
     """Prefill batches past the 16 requests batched_extends stops at: each power-of-two range's
-    smallest size of each integer class up to the request cap (at most 512's range), each as
-    one batched request in both total classes, within one forward's token budget; none where
-    the cap is 16 or less, with the reason."""
-    flags = list(_pr_flags(max_running_requests=str(cap) if cap else ""))
-    exp = expand(loader.load(PLANS[plan]), _facts_cache.resolve(tuple(flags)))
+    smallest size of each integer class up to the most requests one prefill holds (the request
+    cap; the chunk, max_prefill_tokens and the largest prefill graph in whole 256-token pages:
+    SGLang's scheduler charges each request whole pages), each as one batched request in both
+    total classes; none where that is 16 or less, with the reason."""
+    facts = _facts_cache.resolve(_pr_flags(max_running_requests=cap, chunked_prefill_size=chunk))
+    if not graph:
+        facts = dataclasses.replace(facts, prefill_graph_backend="disabled",
+                                    prefill_graph_buckets=(), max_prefill_tokens=int(chunk))
+    exp = expand(loader.load(PLANS["dsv4"]), facts)
     steps = [s for s in exp.steps if s.shape_class == "wide_batches"]
     if expected is None:
         assert not steps
         assert [k.reason for k in exp.skipped if k.shape_class == "wide_batches"] == [
-            "condition `default(max_running_requests, 16) > 16` is false on this server"]
+            "condition `min(default(max_running_requests, 16), prefill_reqs) > 16` is false on "
+            "this server"]
         return
     assert [len(s.requests) for s in steps] == [bs for bs in expected for _ in (0, 1)]
     for odd, aligned in zip(steps[::2], steps[1::2]):
         assert sum(r.input_len for r in odd.requests) % 16 != 0
         assert sum(r.input_len for r in aligned.requests) % 16 == 0
-    for s in steps:
+    page = facts.page_size
+    for s in steps:  # one prefill: whole pages of every prompt within the chunk
         assert s.mode == "batch" and all(r.input_len >= 1 for r in s.requests)
-        assert s.tokens <= exp.facts.chunked_prefill_size
-    assert {1 << (b - 1).bit_length() for b in expected} == {
-        1 << k for k in range(5, (min(exp.facts.max_running_requests, 512) - 1).bit_length() + 1)}
+        assert sum(-(-r.input_len // page) * page for r in s.requests) <= facts.chunked_prefill_size
+    assert "wide_batches" not in {k.shape_class for k in exp.skipped}
 
 
 @pytest.mark.parametrize("cap,graphs,expected", [
@@ -605,15 +610,20 @@ def test_eager_batches_are_below_half_the_smallest_graph_size_with_penalties(pla
             if s.shape_class == "eager_batches" and 2 * sum(r.input_len for r in s.requests) < 16}
     assert pow2 == {2, 4, 8}
     # past 16 when the eager region is wider: under a 128-token bucket a batch of up to 63
-    # one-token prompts runs eager, so the batched sizes reach next_power_of_2(bs) 32 and 64
-    # where the request cap allows them; the cap still bounds them
-    for cap, top, pow2s in ((256, 63, {2, 4, 8, 16, 32, 64}), (40, 40, {2, 4, 8, 16, 32, 64}),
+    # one-token prompts runs eager, but SGLang's scheduler charges each request whole pages of
+    # the chunk (256-token pages, an 8,192-token chunk: 32 requests), so the batched sizes
+    # reach next_power_of_2(bs) 32 and stop at what one prefill holds; the request cap still
+    # bounds them, and the sizes past it are skipped with the reason
+    for cap, top, pow2s in ((256, 32, {2, 4, 8, 16, 32}), (40, 32, {2, 4, 8, 16, 32}),
                             (16, 16, {2, 4, 8, 16})):
         wide = dataclasses.replace(facts, max_running_requests=cap)
-        sizes = {len(s.requests) for s in expand(loader.load(PLANS[plan]), wide).steps
-                 if s.shape_class == "eager_batches"}
+        exp = expand(loader.load(PLANS[plan]), wide)
+        sizes = {len(s.requests) for s in exp.steps if s.shape_class == "eager_batches"}
         assert (min(sizes), max(sizes)) == (2, top)
         assert {1 << (n - 1).bit_length() for n in sizes} == pow2s
+        split = [k.reason for k in exp.skipped if k.shape_class == "eager_batches"]
+        assert all("in whole pages of 256: the scheduler would split it" in r for r in split)
+        assert bool(split) == (cap > 32)
     # a prefill graph whose sizes the facts do not name: up to 16, never skipped
     unknown = dataclasses.replace(facts, max_running_requests=256, prefill_graph_buckets=())
     assert max(len(s.requests) for s in expand(loader.load(PLANS[plan]), unknown).steps
