@@ -39,7 +39,7 @@ from warmup.plan import loader
 from warmup.errors import PlanError, WarmupError
 from warmup.plan.facts import ServerFacts
 from warmup.plan.model import SAMPLING_KEYS, SAMPLING_VARIANTS, Expansion, Plan
-from warmup.plan.expand import batch_lengths, expand
+from warmup.plan.expand import batch_lengths, expand, over_budget
 
 #: Steps named in a class's ``why`` before "and N more".
 _WHY_STEPS = 6
@@ -348,14 +348,19 @@ class _Learner:
                               f"({self.cap}); learned as batches of {self.cap}")
             total, bs = per * self.cap, self.cap
         facts = self.facts
-        budget = [v for v in (self.chunk, facts.prefill_graph_max_bucket,
-                              facts.max_prefill_tokens) if v]
-        if budget and per * bs > min(budget):
-            per = max(2, min(budget) // bs - 1)
-            self.notes.append(f"{m.name}: a batch of {bs} x {round(total / bs)} tokens is above "
-                              f"the one-forward budget ({min(budget)}); learned with {per} per "
-                              "request")
+        budgets = [v for v in (self.chunk, facts.prefill_graph_max_bucket,
+                               facts.max_prefill_tokens) if v]
         cls = "aligned" if total % 16 == 0 else "odd"
+        if budgets:
+            budget, page, asked = min(budgets), facts.page_size or 1, per
+            per = min(per, max(2, budget // bs - 1))
+            # as the scheduler counts it: each request in whole pages (expand skips the rest)
+            while per > 2 and over_budget(batch_lengths(bs, per, cls), budget, page):
+                per -= 1
+            if per < asked:
+                self.notes.append(f"{m.name}: a batch of {bs} x {round(total / bs)} tokens is "
+                                  f"above the one-forward budget ({budget}, in whole pages of "
+                                  f"{page}); learned with {per} per request")
         lengths = tuple(batch_lengths(bs, per, cls))
         if lengths in self.index.batch:
             self.covered.append(f"{m.name}: a batch of {bs} x {per} ({cls}) in class "

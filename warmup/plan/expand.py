@@ -438,7 +438,7 @@ def _gen_batch(x: _Expander, phase: str, shape: Shape) -> None:
             x.room(bs)
             lens = batch_lengths(bs, per, cls)
             total = sum(lens)
-            why = _over_budget(lens, budget, x.facts.page_size or 1)
+            why = over_budget(lens, budget, x.facts.page_size or 1)
             if why:
                 x.skip(phase, shape, f"bs={bs} {why}", item=f"bs={bs} {cls}")
                 continue
@@ -451,7 +451,7 @@ def _gen_batch(x: _Expander, phase: str, shape: Shape) -> None:
                   note=f"bs={bs} (pow2 {1 << (bs - 1).bit_length()}), total {total} ({_int_class(total)})")
 
 
-def _over_budget(lens: list[int], budget: int | None, page: int) -> str | None:
+def over_budget(lens: list[int], budget: int | None, page: int) -> str | None:
     """Why a batch of prompts ``lens`` would not be one prefill: more tokens than one forward
     takes, counted as SGLang's scheduler counts them against the chunk, each request in whole
     pages (``ceil_paged_tokens``), so that a batch it would split is not sent as one."""

@@ -200,7 +200,7 @@ def test_shapes_follow_the_servers_chunk_page_and_request_cap(tmp_path):
     got = learn.learn(file, plan)
     shapes = {s["class"]: s for s in got.shapes}
     assert list(shapes) == ["learned_chunked", "learned_prefix_640", "learned_concurrent",
-                            "learned_batch_255"]
+                            "learned_batch_252"]
     assert shapes["learned_chunked"]["lengths"] == [3000]
     assert shapes["learned_chunked"]["requires"] == ["chunked_prefill"]
     # 700 prefix tokens, 64-token pages: 640 cached; the extends are what each prompt computes.
@@ -208,14 +208,15 @@ def test_shapes_follow_the_servers_chunk_page_and_request_cap(tmp_path):
     # Six concurrent requests on a server that runs 4 at once; then the two prefix hits.
     assert shapes["learned_concurrent"]["groups"] == [[200, 300, 400, 500], [600, 700],
                                                       [260, 310]]
-    batch = shapes["learned_batch_255"]
+    # 4 x 252 in whole 64-token pages is 4 x 256: the 1,024-token budget, as the scheduler counts
+    batch = shapes["learned_batch_252"]
     assert (batch["batch_sizes"], batch["tokens_per_request"], batch["token_classes"]) == \
-        ([4], 255, ["aligned"])
+        ([4], 252, ["aligned"])
     assert got.notes == (
         "audit-1.json step 3 (big): a batch of 20 is above max_running_requests (4); learned "
         "as batches of 4",
         "audit-1.json step 3 (big): a batch of 4 x 900 tokens is above the one-forward budget "
-        "(1024); learned with 255 per request")
+        "(1024, in whole pages of 64); learned with 252 per request")
     assert got.covered == ("audit-1.json step 4 (late): a 100-token prompt in class lengths",)
     assert len(got.unexplained) == 1 and got.unexplained[0].startswith(
         "audit-1.json step 4 (late): 1 compile event(s) (no kernel names: metrics mode); ")
