@@ -342,7 +342,10 @@ def with_flags(args: list[str], flags: list[str]) -> list[str]:
     replacing the value the rig gives it)."""
     out = list(args)
     for item in flags:
-        name, _, value = item.partition("=")
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip("-"):
+            raise SystemExit(f"--server-flag {item!r}: expected NAME=VALUE (one value), e.g. "
+                             "max-running-requests=64")
         flag = "--" + name.lstrip("-")
         if flag in out:
             out[out.index(flag) + 1] = value
@@ -693,7 +696,8 @@ def host_delta(a: dict, b: dict) -> dict:
     sa, sb = a.get("sched") or {}, b.get("sched") or {}
     both = [pid for pid in sa if pid in sb]
     if both:
-        d = {k: sum(sb[pid][k] - sa[pid][k] for pid in both) for k in sa[both[0]]}
+        # a thread that ended between the samples takes its counts with it: never below 0
+        d = {k: max(0, sum(sb[pid][k] - sa[pid][k] for pid in both)) for k in sa[both[0]]}
         out.update(user_s=round(d["utime"] / tick, 3), sys_s=round(d["stime"] / tick, 3),
                    minflt=d["minflt"], majflt=d["majflt"],
                    run_delay_s=round(d["run_delay_ns"] / 1e9, 4),
@@ -1088,6 +1092,8 @@ def main() -> None:
                     help="C launches send only the loud steps of this record (serve --steps; "
                          "prebake writes WORK/NAME.tar.steps.json)")
     a = ap.parse_args()
+    if a.burst_max < 2:
+        ap.error("--burst-max: a burst has at least 2 prompts")
     names = [n for n in a.names.split(",") if n]
     if a.phase == "setup":
         setup(a.models.split(","))

@@ -39,7 +39,7 @@ from warmup.plan import loader
 from warmup.errors import PlanError, WarmupError
 from warmup.plan.facts import ServerFacts
 from warmup.plan.model import SAMPLING_KEYS, SAMPLING_VARIANTS, Expansion, Plan
-from warmup.plan.expand import batch_lengths, expand, over_budget
+from warmup.plan.expand import batch_lengths, expand, one_forward_budget, over_budget
 
 #: Steps named in a class's ``why`` before "and N more".
 _WHY_STEPS = 6
@@ -347,20 +347,21 @@ class _Learner:
             self.notes.append(f"{m.name}: a batch of {bs} is above max_running_requests "
                               f"({self.cap}); learned as batches of {self.cap}")
             total, bs = per * self.cap, self.cap
-        facts = self.facts
-        budgets = [v for v in (self.chunk, facts.prefill_graph_max_bucket,
-                               facts.max_prefill_tokens) if v]
         cls = "aligned" if total % 16 == 0 else "odd"
-        if budgets:
-            budget, page, asked = min(budgets), facts.page_size or 1, per
-            per = min(per, max(2, budget // bs - 1))
+        budget, page = one_forward_budget(self.facts), max(self.facts.page_size or 1, 1)
+        if budget is not None and bs * page > budget:  # whole pages: no more fit one prefill
+            self.notes.append(f"{m.name}: a batch of {bs} is above what one prefill holds "
+                              f"({budget // page} requests of whole {page}-token pages in "
+                              f"{budget}); learned as batches of {max(budget // page, 1)}")
+            bs = max(budget // page, 1)
+        if over_budget(batch_lengths(bs, per, cls), budget, page):
+            asked, per = per, min(per, max(2, budget // bs - 1)) if budget else per
             # as the scheduler counts it: each request in whole pages (expand skips the rest)
             while per > 2 and over_budget(batch_lengths(bs, per, cls), budget, page):
                 per -= 1
-            if per < asked:
-                self.notes.append(f"{m.name}: a batch of {bs} x {round(total / bs)} tokens is "
-                                  f"above the one-forward budget ({budget}, in whole pages of "
-                                  f"{page}); learned with {per} per request")
+            self.notes.append(f"{m.name}: a batch of {bs} x {asked} tokens is above the "
+                              f"one-forward budget ({budget}, in whole pages of {page}); "
+                              f"learned with {per} per request")
         lengths = tuple(batch_lengths(bs, per, cls))
         if lengths in self.index.batch:
             self.covered.append(f"{m.name}: a batch of {bs} x {per} ({cls}) in class "

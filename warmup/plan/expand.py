@@ -421,10 +421,16 @@ def _gen_concurrent(x: _Expander, phase: str, shape: Shape) -> None:
               note=f"{len(reqs)} at once: {'+'.join(map(str, lens))} = {sum(lens)} tokens")
 
 
+def one_forward_budget(facts: ServerFacts) -> int | None:
+    """The most prompt tokens one prefill takes on this server (the chunk, the largest prefill
+    graph, ``max_prefill_tokens``; the values it sets above 0), else None."""
+    limits = [v for v in (facts.chunked_prefill_size, facts.prefill_graph_max_bucket,
+                          facts.max_prefill_tokens) if v and v > 0]
+    return min(limits) if limits else None
+
+
 def _gen_batch(x: _Expander, phase: str, shape: Shape) -> None:
-    limits = [v for v in (x.facts.chunked_prefill_size, x.facts.prefill_graph_max_bucket,
-                          x.facts.max_prefill_tokens) if v]
-    budget = min(limits) if limits else None
+    budget = one_forward_budget(x.facts)
     for bs in _sizes(x, phase, shape, shape.batch_sizes):
         if bs < 1:
             x.skip(phase, shape, f"batch size {bs} is below 1", item=f"bs={bs}")
@@ -438,7 +444,7 @@ def _gen_batch(x: _Expander, phase: str, shape: Shape) -> None:
             x.room(bs)
             lens = batch_lengths(bs, per, cls)
             total = sum(lens)
-            why = over_budget(lens, budget, x.facts.page_size or 1)
+            why = over_budget(lens, budget, x.facts.page_size)
             if why:
                 x.skip(phase, shape, f"bs={bs} {why}", item=f"bs={bs} {cls}")
                 continue
@@ -451,7 +457,7 @@ def _gen_batch(x: _Expander, phase: str, shape: Shape) -> None:
                   note=f"bs={bs} (pow2 {1 << (bs - 1).bit_length()}), total {total} ({_int_class(total)})")
 
 
-def over_budget(lens: list[int], budget: int | None, page: int) -> str | None:
+def over_budget(lens: list[int], budget: int | None, page: int | None) -> str | None:
     """Why a batch of prompts ``lens`` would not be one prefill: more tokens than one forward
     takes, counted as SGLang's scheduler counts them against the chunk, each request in whole
     pages (``ceil_paged_tokens``), so that a batch it would split is not sent as one."""
@@ -460,6 +466,7 @@ def over_budget(lens: list[int], budget: int | None, page: int) -> str | None:
     total = sum(lens)
     if total > budget:
         return f"total {total} tokens is above the one-forward budget ({budget})"
+    page = max(page or 1, 1)
     paged = sum(-(-n // page) * page for n in lens)
     if paged > budget:
         return (f"takes {paged} tokens of the one-forward budget ({budget}) in whole pages of "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+from typing import Callable
 
 from warmup import settings
 
@@ -26,9 +27,7 @@ def register() -> None:
     if _registered or not settings.ENABLE.get():
         return
     _registered = True
-    for name, step in (("events", _install_events), ("patches", _activate_patches),
-                       ("GEMM sweep", _arm_gemm_sweep), ("allocator", _arm_allocator),
-                       ("plan", _register_plan)):
+    for name, step in steps():
         try:
             step()
         except Exception as exc:  # a guest never raises into its host
@@ -50,6 +49,14 @@ def _install_events() -> None:
 
     inductor.arm()  # Inductor compiles torch.compile kernels in workers of its own
     _start_cache_watch()
+
+
+def steps() -> tuple[tuple[str, Callable[[], None]], ...]:
+    """What :func:`register` does, in order, by name (each step is a no-op where its setting
+    turns it off)."""
+    return (("events", _install_events), ("patches", _activate_patches),
+            ("GEMM sweep", _arm_gemm_sweep), ("allocator", _arm_allocator),
+            ("plan", _register_plan))
 
 
 def _is_main_process() -> bool:

@@ -226,6 +226,23 @@ def test_shapes_follow_the_servers_chunk_page_and_request_cap(tmp_path):
            "shapes for them" in got.summary().splitlines()
 
 
+def test_a_learned_batch_is_cut_only_where_one_prefill_cannot_hold_it(tmp_path):
+    plan = tmp_path / "small.yaml"
+    plan.write_text(SMALL)
+    # 4 x 256 in 64-token pages is exactly the 1,024-token chunk: learned as it was sent
+    fits = learn.learn(audit_file(tmp_path / "audit-1.json", [step(0, "batch", [256] * 4)]), plan)
+    assert [(s["batch_sizes"], s["tokens_per_request"]) for s in fits.shapes] == [([4], 256)]
+    assert fits.notes == ()
+    # 20 short prompts under a cap of 64 with 256-token pages: the scheduler charges each a
+    # whole page, so 4 of them fill the 1,024-token chunk
+    wide = learn.learn(audit_file(tmp_path / "audit-2.json", [step(0, "batch", [2] * 20)],
+                                  facts=dict(FACTS, max_running_requests=64, page_size=256)), plan)
+    assert [(s["batch_sizes"], s["tokens_per_request"]) for s in wide.shapes] == [([4], 2)]
+    assert wide.notes == ("audit-2.json step 0 (batch): a batch of 20 is above what one prefill "
+                          "holds (4 requests of whole 256-token pages in 1024); learned as "
+                          "batches of 4",)
+
+
 def test_custom_variants_merge_into_existing_sampling_variants(tmp_path):
     plan = tmp_path / "p.yaml"
     plan.write_text("version: 1\nname: p\nsampling_variants:\n    mine: {temperature: 0.5}\n"

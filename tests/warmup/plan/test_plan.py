@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from warmup.plan import loader
 from warmup.errors import PlanError
 from warmup.plan.facts import ServerFacts, from_settings
-from warmup.plan.expand import expand
+from warmup.plan.expand import expand, over_budget
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 PLANS = {"default": "plans/default.yaml", "dsv4": "plans/deepseek_v4_serving_shapes.yaml"}
@@ -321,8 +321,7 @@ def test_dsv4_wide_batches_reach_what_one_prefill_holds(cap, chunk, graph, expec
     if expected is None:
         assert not steps
         assert [k.reason for k in exp.skipped if k.shape_class == "wide_batches"] == [
-            "condition `min(default(max_running_requests, 16), prefill_reqs) > 16` is false on "
-            "this server"]
+            "condition `min(max_running_requests, prefill_reqs) > 16` is false on this server"]
         return
     assert [len(s.requests) for s in steps] == [bs for bs in expected for _ in (0, 1)]
     for odd, aligned in zip(steps[::2], steps[1::2]):
@@ -782,3 +781,17 @@ def test_the_hit_model_follows_sglangs_match():
     import dataclasses
     off = dataclasses.replace(exp, facts=dataclasses.replace(facts, disable_radix_cache=True))
     assert off.prefix_hits() == {}
+
+
+
+def test_a_batch_counts_against_one_forward_in_whole_pages():
+    """As SGLang's scheduler charges it: each prompt in whole pages against the chunk; no
+    budget, no limit; a page below one token counts as one."""
+    assert over_budget([256] * 4, 1024, 64) is None               # 4 x 4 pages: exactly the chunk
+    assert over_budget([1] * 17, 4096, 256) == (
+        "takes 4352 tokens of the one-forward budget (4096) in whole pages of 256: the "
+        "scheduler would split it")
+    assert over_budget([3000, 2000], 4096, 1) == (
+        "total 5000 tokens is above the one-forward budget (4096)")
+    assert over_budget([10**6], None, 256) is None
+    assert over_budget([3, 3], 4, 0) is not None and over_budget([1, 1], 2, None) is None
