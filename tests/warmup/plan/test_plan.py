@@ -620,9 +620,11 @@ def test_eager_batches_are_below_half_the_smallest_graph_size_with_penalties(pla
         sizes = {len(s.requests) for s in exp.steps if s.shape_class == "eager_batches"}
         assert (min(sizes), max(sizes)) == (2, top)
         assert {1 << (n - 1).bit_length() for n in sizes} == pow2s
+        # the DeepSeek-V4 plan stops at what one prefill holds (its let prefill_reqs); the
+        # default plan sends the larger sizes and the expansion skips them with the reason
         split = [k.reason for k in exp.skipped if k.shape_class == "eager_batches"]
         assert all("in whole pages of 256: the scheduler would split it" in r for r in split)
-        assert bool(split) == (cap > 32)
+        assert bool(split) == (cap > 32 and plan == "default")
     # a prefill graph whose sizes the facts do not name: up to 16, never skipped
     unknown = dataclasses.replace(facts, max_running_requests=256, prefill_graph_buckets=())
     assert max(len(s.requests) for s in expand(loader.load(PLANS[plan]), unknown).steps
