@@ -198,6 +198,12 @@ def main() -> None:
             late = f"; pass 2: {r['repeat_cause']}" if r["repeat_compiles"] else ""
             print(f"| {r['label']} | {prompts} | {r['first_ms']:.0f} / {r['repeat_ms']:.0f} | "
                   f"{r['ratio']:.1f} | {r['cause']}{late}{host_text(r)} | {r['recorded']} |")
+    later = later_passes(run)
+    if later:
+        print("\n| passes | total | worst step | steps at or above 1.5x |")
+        print("|---|---:|---:|---:|")
+        for pair, v in later["pairs"].items():
+            print(f"| {pair} | {v['total']:.2f} | {v['worst']}x | {v['at_or_above_1.5']} |")
     if a.out:
         restored = launch.get("restored")
         if isinstance(restored, dict):  # the restore's answer lists every entry: keep its size
