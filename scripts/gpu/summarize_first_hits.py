@@ -215,7 +215,7 @@ def main() -> None:
         keep = {"name": run["name"], "seed": run["seed"], "launch": launch,
                 "pass_ratio": round(total1 / max(total2, 1), 3),
                 "compiles_after_ready": {"1": by_compiler(p1), "2": by_compiler(p2)},
-                **later_passes(run),
+                **later,
                 "steps": rows,
                 "log_tail": run.get("log_tail", "")[-3000:]}
         Path(a.out).write_text(json.dumps(keep, indent=1) + "\n")

@@ -350,12 +350,13 @@ class _Learner:
         cls = "aligned" if total % 16 == 0 else "odd"
         budget, page = one_forward_budget(self.facts), max(self.facts.page_size or 1, 1)
         if budget is not None and bs * page > budget:  # whole pages: no more fit one prefill
+            held = max(budget // page, 1)
             self.notes.append(f"{m.name}: a batch of {bs} is above what one prefill holds "
-                              f"({budget // page} requests of whole {page}-token pages in "
-                              f"{budget}); learned as batches of {max(budget // page, 1)}")
-            bs = max(budget // page, 1)
-        if over_budget(batch_lengths(bs, per, cls), budget, page):
-            asked, per = per, min(per, max(2, budget // bs - 1)) if budget else per
+                              f"({held} requests of whole {page}-token pages in {budget}); "
+                              f"learned as batches of {held}")
+            bs = held
+        if budget is not None and over_budget(batch_lengths(bs, per, cls), budget, page):
+            asked, per = per, min(per, max(2, budget // bs - 1))
             # as the scheduler counts it: each request in whole pages (expand skips the rest)
             while per > 2 and over_budget(batch_lengths(bs, per, cls), budget, page):
                 per -= 1
