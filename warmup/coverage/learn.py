@@ -39,7 +39,7 @@ from warmup.plan import loader
 from warmup.errors import PlanError, WarmupError
 from warmup.plan.facts import ServerFacts
 from warmup.plan.model import SAMPLING_KEYS, SAMPLING_VARIANTS, Expansion, Plan
-from warmup.plan.expand import batch_lengths, expand, one_forward_budget, over_budget
+from warmup.plan.expand import batch_lengths, expand, over_budget
 
 #: Steps named in a class's ``why`` before "and N more".
 _WHY_STEPS = 6
@@ -348,7 +348,7 @@ class _Learner:
                               f"({self.cap}); learned as batches of {self.cap}")
             total, bs = per * self.cap, self.cap
         cls = "aligned" if total % 16 == 0 else "odd"
-        budget, page = one_forward_budget(self.facts), max(self.facts.page_size or 1, 1)
+        budget, page = self.facts.prefill_budget, max(self.facts.page_size or 1, 1)
         if budget is not None and bs * page > budget:  # whole pages: no more fit one prefill
             held = max(budget // page, 1)
             self.notes.append(f"{m.name}: a batch of {bs} is above what one prefill holds "

@@ -421,16 +421,8 @@ def _gen_concurrent(x: _Expander, phase: str, shape: Shape) -> None:
               note=f"{len(reqs)} at once: {'+'.join(map(str, lens))} = {sum(lens)} tokens")
 
 
-def one_forward_budget(facts: ServerFacts) -> int | None:
-    """The most prompt tokens one prefill takes on this server (the chunk, the largest prefill
-    graph, ``max_prefill_tokens``; the values it sets above 0), else None."""
-    limits = [v for v in (facts.chunked_prefill_size, facts.prefill_graph_max_bucket,
-                          facts.max_prefill_tokens) if v and v > 0]
-    return min(limits) if limits else None
-
-
 def _gen_batch(x: _Expander, phase: str, shape: Shape) -> None:
-    budget = one_forward_budget(x.facts)
+    budget = x.facts.prefill_budget
     for bs in _sizes(x, phase, shape, shape.batch_sizes):
         if bs < 1:
             x.skip(phase, shape, f"batch size {bs} is below 1", item=f"bs={bs}")

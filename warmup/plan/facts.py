@@ -114,6 +114,15 @@ class ServerFacts:
     def prefill_graph_max_bucket(self) -> int | None:
         return max(self.prefill_graph_buckets) if self.prefill_graph_buckets else None
 
+    @property
+    def prefill_budget(self) -> int | None:
+        """The most prompt tokens one prefill forward takes: the least of the chunk, the largest
+        prefill graph and ``max_prefill_tokens``, of those set above 0 (None: none is).  SGLang's
+        scheduler counts each request against it in whole pages (``ceil_paged_tokens``)."""
+        limits = [v for v in (self.chunked_prefill_size, self.prefill_graph_max_bucket,
+                              self.max_prefill_tokens) if v and v > 0]
+        return min(limits) if limits else None
+
     def env(self) -> dict[str, Any]:
         """Name → value for plan expressions (fields and derived facts)."""
         out: dict[str, Any] = {}
@@ -140,7 +149,7 @@ class ServerFacts:
 
 
 DERIVED = ("prefill_graph", "radix_cache", "disaggregation", "max_input_len",
-           "prefill_graph_max_bucket")
+           "prefill_graph_max_bucket", "prefill_budget")
 #: Every name a plan expression may read from the facts.
 FACT_NAMES = frozenset([f.name for f in fields(ServerFacts)
                         if f.name not in ("default_sampling_params", "assumed", "source",

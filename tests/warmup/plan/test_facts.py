@@ -235,3 +235,26 @@ def test_a_json_facts_file_with_exponent_numbers_reads_them_as_numbers(tmp_path)
     p.write_text('{"context_length": 1.31072e5, "max_total_num_tokens": 5e5, "page_size": 1}')
     f = facts_file.from_file(p)
     assert f.context_length == 131072 and f.max_total_tokens == 500000
+
+
+@pytest.mark.parametrize("chunk,buckets,max_prefill,expected", [
+    (4096, (), 16384, 4096),              # the chunk
+    (8192, (16, 2048), 16384, 2048),      # the largest prefill graph
+    (-1, (), 16384, 16384),               # chunked prefill off: max_prefill_tokens
+    (None, (), None, None),               # nothing set: no budget
+    (0, (), 0, None),                     # values at or below 0 set nothing
+])
+def test_prefill_budget_is_the_least_limit_set(chunk, buckets, max_prefill, expected):
+    """What one prefill forward takes: the least of the chunk, the largest prefill graph and
+    max_prefill_tokens that are set above 0; plans read it by name, and it stays out of the
+    facts a steps record compares (a derived fact, not a field)."""
+    import dataclasses
+
+    base = F.from_settings({"chunked_prefill_size": 4096, "page_size": 256},
+                           source="server_args", context_length=131072, vocab_size=129280)
+    f = dataclasses.replace(base, chunked_prefill_size=chunk, prefill_graph_buckets=buckets,
+                            prefill_graph_backend="breakable" if buckets else "disabled",
+                            max_prefill_tokens=max_prefill)
+    assert f.prefill_budget == expected
+    assert f.env()["prefill_budget"] == expected and "prefill_budget" in F.FACT_NAMES
+    assert "prefill_budget" not in f.to_dict()
