@@ -30,6 +30,8 @@ from warmup.errors import FactsError, shown
 
 #: SGLang's page size when none is resolved (its own default).
 DEFAULT_PAGE_SIZE = 1
+#: SGLang's ``--max-prefill-tokens`` when none is resolved (its own default).
+DEFAULT_MAX_PREFILL_TOKENS = 16384
 #: Vocabulary assumed when the model config is unknown; warm-up token ids stay below it.
 DEFAULT_VOCAB_SIZE = 32000
 _FLAGS_HINT = "run `python -m sglang.launch_server --help` for the valid flags"
@@ -176,6 +178,10 @@ def from_settings(s: Mapping[str, Any], *, source: str, assumed: list[str] | Non
     if page is None:
         page = DEFAULT_PAGE_SIZE
         assumed.append(f"page_size={page}: not resolved; SGLang's default")
+    max_prefill = get_int("max_prefill_tokens")
+    if max_prefill is None:
+        max_prefill = DEFAULT_MAX_PREFILL_TOKENS
+        assumed.append(f"max_prefill_tokens={max_prefill}: not resolved; SGLang's default")
     cgc = s.get("cuda_graph_config") or {}
     if hasattr(cgc, "to_dict") and not isinstance(cgc, dict):  # a live CudaGraphConfig
         cgc = {p: vars(getattr(cgc, p)) for p in ("decode", "prefill")}
@@ -214,7 +220,7 @@ def from_settings(s: Mapping[str, Any], *, source: str, assumed: list[str] | Non
         max_req_input_len=max_req_input_len,
         max_running_requests=mrr,
         max_total_tokens=max_total_tokens if max_total_tokens is not None else get_int("max_total_tokens"),
-        max_prefill_tokens=get_int("max_prefill_tokens"),
+        max_prefill_tokens=max_prefill,
         decode_graph=decode_on,
         decode_graph_max_bs=setting_int("cuda_graph_max_bs", decode_max_bs) if decode_on else None,
         decode_graph_bs=decode_bs if decode_on else (),

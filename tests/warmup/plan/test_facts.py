@@ -237,24 +237,26 @@ def test_a_json_facts_file_with_exponent_numbers_reads_them_as_numbers(tmp_path)
     assert f.context_length == 131072 and f.max_total_tokens == 500000
 
 
-@pytest.mark.parametrize("chunk,buckets,max_prefill,expected", [
-    (4096, (), 16384, 4096),              # the chunk
-    (8192, (16, 2048), 16384, 2048),      # the largest prefill graph
-    (-1, (), 16384, 16384),               # chunked prefill off: max_prefill_tokens
-    (None, (), None, None),               # nothing set: no budget
-    (0, (), 0, None),                     # values at or below 0 set nothing
+@pytest.mark.parametrize("settings,buckets,expected", [
+    ({"chunked_prefill_size": 4096, "max_prefill_tokens": 16384}, (), 4096),   # the chunk
+    ({"chunked_prefill_size": 8192, "max_prefill_tokens": 6000}, (), 6000),    # max_prefill_tokens
+    ({"chunked_prefill_size": 8192, "max_prefill_tokens": 16384}, (16, 2048), 2048),  # the graph
+    ({"chunked_prefill_size": -1, "max_prefill_tokens": 20000}, (), 20000),    # chunked prefill off
+    ({"chunked_prefill_size": 32768}, (), 16384),  # max_prefill_tokens unresolved: SGLang's default
+    ({}, (), 16384),
 ])
-def test_prefill_budget_is_the_least_limit_set(chunk, buckets, max_prefill, expected):
+def test_prefill_budget_is_the_least_limit_set(settings, buckets, expected):
     """What one prefill forward takes: the least of the chunk, the largest prefill graph and
-    max_prefill_tokens that are set above 0; plans read it by name, and it stays out of the
-    facts a steps record compares (a derived fact, not a field)."""
+    max_prefill_tokens (SGLang's default where unresolved, named as assumed); plans read it by
+    name, and it stays out of the facts a steps record compares (a derived fact, not a field)."""
     import dataclasses
 
-    base = F.from_settings({"chunked_prefill_size": 4096, "page_size": 256},
-                           source="server_args", context_length=131072, vocab_size=129280)
-    f = dataclasses.replace(base, chunked_prefill_size=chunk, prefill_graph_buckets=buckets,
-                            prefill_graph_backend="breakable" if buckets else "disabled",
-                            max_prefill_tokens=max_prefill)
+    f = F.from_settings({"page_size": 256, **settings}, source="server_args",
+                        context_length=131072, vocab_size=129280)
+    if buckets:
+        f = dataclasses.replace(f, prefill_graph_backend="breakable", prefill_graph_buckets=buckets)
     assert f.prefill_budget == expected
     assert f.env()["prefill_budget"] == expected and "prefill_budget" in F.FACT_NAMES
     assert "prefill_budget" not in f.to_dict()
+    assert ("max_prefill_tokens=16384: not resolved; SGLang's default" in f.assumed) == (
+        "max_prefill_tokens" not in settings)
