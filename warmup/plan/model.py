@@ -294,10 +294,17 @@ class Expansion:
         }
 
     def digest(self) -> str:
-        """A stable hash of the steps and of how their prompts' tokens are made (for the run
-        report and for steps records)."""
-        body = json.dumps({"steps": self.to_dict()["steps"], "tokens": TOKEN_SCHEME},
-                          sort_keys=True).encode()
+        """A stable hash of everything the driver sends: the steps, each request's sampling
+        parameters by value (not only their name: an edited plan can keep a name and change a
+        penalty behind it), and how the prompts' tokens are made (for the run report and for
+        steps records)."""
+        steps = self.to_dict()["steps"]
+        for d, s in zip(steps, self.steps):
+            for key, reqs in (("requests", s.requests), ("background", s.background)):
+                for rd, r in zip(d[key], reqs):
+                    rd["params"] = dict(r.sampling_params)
+        body = json.dumps({"steps": steps, "tokens": TOKEN_SCHEME}, sort_keys=True,
+                          default=repr).encode()
         return hashlib.sha256(body).hexdigest()[:16]
 
     def prefix_hits(self) -> dict[tuple[int, int], PrefixHit]:

@@ -8,8 +8,11 @@ nothing that the steps before it had not: a launch from the same caches, sending
 in the same order, gets the same first-time costs (a kernel is loaded from disk at the same
 step, a ``torch.compile`` graph is traced at the same step) from the loud steps alone.  The
 record holds the loud steps (closed over the prefix steps they hit) and each step's evidence; it
-applies only to the expansion it was learned on (its digest, its plan's sha256) on the same
-server (its facts, its server arguments, its GPU), and to nothing else.
+applies only to the expansion it was learned on (its digest: every request as the driver sends
+it, sampling parameters by value) on the same server (its facts, its server arguments, its
+GPU), and to nothing else.  An edit of the plan file that sends the same requests on this
+server (a comment, a class this server skips) leaves the record in force; the plan's sha256
+is kept in the record for the reader, not compared.
 
 The file is data (JSON, read bounded, every field checked); a damaged or foreign record is
 refused in one line naming the file and the field, and the launch then sends the whole plan.
@@ -244,11 +247,6 @@ class StepRecord:
             return (f"it was learned on another expansion (plan {self.plan}, "
                     f"{self.steps} steps, digest {self.expansion_digest}; this launch: plan "
                     f"{exp.plan}, {len(exp.steps)} steps, digest {exp.digest()})")
-        if self.plan_sha256 and exp.plan_sha256 and self.plan_sha256 != exp.plan_sha256:
-            # the digest names each request's sampling by name: an edited plan can keep the
-            # names and change the parameters (a penalty, a logprob mode) behind them
-            return (f"it was learned on another version of plan {self.plan} (sha256 "
-                    f"{self.plan_sha256[:16]}, this launch's {exp.plan_sha256[:16]})")
         here = exp.facts.to_dict()
         for name in sorted(set(self.facts) | set(here)):
             if name in _NOT_COMPARED:

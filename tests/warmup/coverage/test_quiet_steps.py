@@ -184,11 +184,18 @@ def test_a_record_of_another_expansion_or_server_is_not_applied(
     assert dataclasses.replace(record, device="NVIDIA H100").mismatch(exp, "NVIDIA H200") == \
         "it was learned on a NVIDIA H100, this server runs on a NVIDIA H200"
     assert dataclasses.replace(record, device="NVIDIA H100").mismatch(exp, "") is None
-    # another version of the plan (same names, other parameters), other server arguments
+    # another version of the plan file that sends the same requests: the record stands; one
+    # that keeps a sampling name and changes a parameter behind it: another expansion
     assert dataclasses.replace(record, plan_sha256="a" * 64).mismatch(
-        dataclasses.replace(exp, plan_sha256="b" * 64)) == (
-        "it was learned on another version of plan tiny_plan (sha256 aaaaaaaaaaaaaaaa, this "
-        "launch's bbbbbbbbbbbbbbbb)")
+        dataclasses.replace(exp, plan_sha256="b" * 64)) is None
+    first = exp.steps[0]
+    penalized = dataclasses.replace(first, requests=tuple(
+        dataclasses.replace(r, sampling_params=(*r.sampling_params, ("repetition_penalty", 1.3)))
+        for r in first.requests))
+    edited = dataclasses.replace(exp, steps=(penalized, *exp.steps[1:]))
+    assert edited.digest() != exp.digest()
+    assert record.mismatch(edited).startswith("it was learned on another expansion (plan tiny_plan")
+    # other server arguments
     args = {"attention_backend": "1", "dtype": "2", "page_size": "3", "quantization": "4"}
     learned_on = dataclasses.replace(record, server_args=args)
     assert learned_on.mismatch(dataclasses.replace(exp, server_args=args)) is None
