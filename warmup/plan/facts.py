@@ -118,9 +118,8 @@ class ServerFacts:
 
     @property
     def prefill_budget(self) -> int | None:
-        """The most prompt tokens one prefill forward takes: the least of the chunk, the largest
-        prefill graph and ``max_prefill_tokens``, of those set above 0 (None: none is).  SGLang's
-        scheduler counts each request against it in whole pages (``ceil_paged_tokens``)."""
+        """The most prompt tokens one prefill forward takes (the least of the chunk, the largest
+        prefill graph, ``max_prefill_tokens``); SGLang counts each request in whole pages."""
         limits = [v for v in (self.chunked_prefill_size, self.prefill_graph_max_bucket,
                               self.max_prefill_tokens) if v and v > 0]
         return min(limits) if limits else None
@@ -159,6 +158,13 @@ FACT_NAMES = frozenset([f.name for f in fields(ServerFacts)
 
 
 # --- the common constructor ---------------------------------------------------------------------
+def _sglang_default(assumed: list[str], name: str, value: int | None, default: int) -> int:
+    """``value``, or SGLang's own ``default`` where it was not resolved (said in ``assumed``)."""
+    if value is None:
+        assumed.append(f"{name}={default}: not resolved; SGLang's default")
+    return default if value is None else value
+
+
 def from_settings(s: Mapping[str, Any], *, source: str, assumed: list[str] | None = None,
                   context_length: int | None = None, vocab_size: int | None = None,
                   model_type: str | None = None, max_req_input_len: int | None = None,
@@ -174,14 +180,9 @@ def from_settings(s: Mapping[str, Any], *, source: str, assumed: list[str] | Non
     chunk = get_int("chunked_prefill_size")
     if chunk is not None and chunk <= 0:  # SGLang nulls a non-positive chunk size
         chunk = None
-    page = get_int("page_size")
-    if page is None:
-        page = DEFAULT_PAGE_SIZE
-        assumed.append(f"page_size={page}: not resolved; SGLang's default")
-    max_prefill = get_int("max_prefill_tokens")
-    if max_prefill is None:
-        max_prefill = DEFAULT_MAX_PREFILL_TOKENS
-        assumed.append(f"max_prefill_tokens={max_prefill}: not resolved; SGLang's default")
+    page = _sglang_default(assumed, "page_size", get_int("page_size"), DEFAULT_PAGE_SIZE)
+    max_prefill = _sglang_default(assumed, "max_prefill_tokens", get_int("max_prefill_tokens"),
+                                  DEFAULT_MAX_PREFILL_TOKENS)
     cgc = s.get("cuda_graph_config") or {}
     if hasattr(cgc, "to_dict") and not isinstance(cgc, dict):  # a live CudaGraphConfig
         cgc = {p: vars(getattr(cgc, p)) for p in ("decode", "prefill")}
@@ -476,17 +477,12 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
 
 
 def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """``argv`` with ``flag`` (``--flag V`` or ``--flag=V``) given once, as ``value``."""
     out, skip = [], False
     for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a == flag:
-            skip = True
-            continue
-        if a.startswith(flag + "="):
-            continue
-        out.append(a)
+        if not skip and a != flag and not a.startswith(flag + "="):
+            out.append(a)
+        skip = a == flag and not skip  # the word after the flag is its old value
     return out + [flag, value]
 
 
