@@ -118,8 +118,8 @@ class ServerFacts:
 
     @property
     def prefill_budget(self) -> int | None:
-        """The most prompt tokens one prefill forward takes (the least of the chunk, the largest
-        prefill graph, ``max_prefill_tokens``); SGLang counts each request in whole pages."""
+        """The most prompt tokens one prefill forward takes: the least of the chunk, the largest
+        prefill graph, ``max_prefill_tokens`` set above 0 (None: none is); in whole pages."""
         limits = [v for v in (self.chunked_prefill_size, self.prefill_graph_max_bucket,
                               self.max_prefill_tokens) if v and v > 0]
         return min(limits) if limits else None
@@ -158,7 +158,7 @@ FACT_NAMES = frozenset([f.name for f in fields(ServerFacts)
 
 
 # --- the common constructor ---------------------------------------------------------------------
-def _sglang_default(assumed: list[str], name: str, value: int | None, default: int) -> int:
+def sglang_default(assumed: list[str], name: str, value: int | None, default: int) -> int:
     """``value``, or SGLang's own ``default`` where it was not resolved (said in ``assumed``)."""
     if value is None:
         assumed.append(f"{name}={default}: not resolved; SGLang's default")
@@ -180,8 +180,8 @@ def from_settings(s: Mapping[str, Any], *, source: str, assumed: list[str] | Non
     chunk = get_int("chunked_prefill_size")
     if chunk is not None and chunk <= 0:  # SGLang nulls a non-positive chunk size
         chunk = None
-    page = _sglang_default(assumed, "page_size", get_int("page_size"), DEFAULT_PAGE_SIZE)
-    max_prefill = _sglang_default(assumed, "max_prefill_tokens", get_int("max_prefill_tokens"),
+    page = sglang_default(assumed, "page_size", get_int("page_size"), DEFAULT_PAGE_SIZE)
+    max_prefill = sglang_default(assumed, "max_prefill_tokens", get_int("max_prefill_tokens"),
                                   DEFAULT_MAX_PREFILL_TOKENS)
     cgc = s.get("cuda_graph_config") or {}
     if hasattr(cgc, "to_dict") and not isinstance(cgc, dict):  # a live CudaGraphConfig

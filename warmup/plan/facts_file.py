@@ -12,7 +12,8 @@ from typing import Any, Mapping
 
 from cache_tools import inputfile
 from warmup.errors import FactsError, shown
-from warmup.plan.facts import ServerFacts, from_settings, setting_int
+from warmup.plan.facts import (DEFAULT_MAX_PREFILL_TOKENS, ServerFacts, from_settings,
+                               setting_int, sglang_default)
 
 #: A facts file (``plan facts`` writes about 1 KiB; ``plan show --format json`` with the
 #: expansion, some 60 KiB for the shipped plans).
@@ -105,6 +106,12 @@ def from_dump(d: Any, where: str, *, hint: str, source: str | None = None) -> Se
         raise FactsError(f"{where}: missing {len(missing)} fact(s): {', '.join(missing)}",
                          hint=hint)
     values = {k: _listed(v) if k in _LISTS else v for k, v in d.items()}
+    said = values.get("assumed", ())
+    if values.get("max_prefill_tokens") is None and isinstance(said, tuple):
+        assumed = list(said)  # a dump older than SGLang's default assumed in from_settings
+        values["max_prefill_tokens"] = sglang_default(assumed, "max_prefill_tokens", None,
+                                                      DEFAULT_MAX_PREFILL_TOKENS)
+        values["assumed"] = tuple(assumed)
     if source is not None:
         values["source"] = source
     facts = ServerFacts(**values)

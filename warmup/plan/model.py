@@ -294,17 +294,17 @@ class Expansion:
         }
 
     def digest(self) -> str:
-        """A stable hash of everything the driver sends: the steps, each request's sampling
+        """A stable hash of every request the driver sends: the steps, each request's sampling
         parameters by value (not only their name: an edited plan can keep a name and change a
         penalty behind it), and how the prompts' tokens are made (for the run report and for
-        steps records)."""
+        steps records; the flush after the last step is not in it)."""
         steps = self.to_dict()["steps"]
         for d, s in zip(steps, self.steps):
             for key, reqs in (("requests", s.requests), ("background", s.background)):
                 for rd, r in zip(d[key], reqs):
                     rd["params"] = dict(r.sampling_params)
         body = json.dumps({"steps": steps, "tokens": TOKEN_SCHEME}, sort_keys=True,
-                          default=repr).encode()
+                          default=_number).encode()
         return hashlib.sha256(body).hexdigest()[:16]
 
     def prefix_hits(self) -> dict[tuple[int, int], PrefixHit]:
@@ -361,6 +361,13 @@ def _logprob_limit(r: WarmupRequest) -> int:
     if f.get("return_logprob") and isinstance(start, int) and start >= 0:
         return start
     return r.input_len
+
+
+def _number(o: Any) -> Any:
+    """A parameter JSON cannot hold, as the number it is (a numpy scalar from a model's
+    generation config); anything else by its text, which never matches a record."""
+    item = getattr(o, "item", None)
+    return item() if callable(item) else f"<{type(o).__name__}>"
 
 
 def _req_dict(r: WarmupRequest) -> dict[str, Any]:

@@ -39,7 +39,10 @@ if TYPE_CHECKING:
 FORMAT = "sglang-warmup-steps"
 #: The record's name in a server's state directory (the second-pass check writes it there).
 STATE_FILE = "steps.json"
-VERSION = 1
+#: 2: the expansion digest takes each request's sampling parameters (1: their family's name,
+#: with the plan file's sha256 compared beside it); a version-1 record is read, never applied
+VERSION = 2
+READABLE = (1, 2)
 #: A record of the shipped plans is some 30 KiB; a plan may have at most this many steps.
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_STEPS = 100_000
@@ -60,8 +63,7 @@ _OPERATIONAL = re.compile(
     r"|mem_fraction_static|max_total_tokens|max_running_requests|base_gpu_id|gpu_id_step"
     r"|dist_init_addr|stream_interval|fastapi_root_path|stat_loggers|node_rank|nnodes"
     r"|hf_chat_template_name|chat_template|completion_template|enable_cache_report"
-    r"|max_queued_requests|show_time_cost|tool_call_parser|reasoning_parser"
-    r"|preferred_sampling_params)$"
+    r"|max_queued_requests|show_time_cost|tool_call_parser|reasoning_parser)$"
     r"|(^|_)ports?$|timeout|_secs$|key|password|secret|^log_|ssl|metric|bucket|otlp|trace"
     r"|uvicorn|dump|_log_interval|watchdog|watermark|_paths?$|_dir$|_file$|_folder$|_socket$"
     r"|endpoint|_urls?$|_ip$|_addr$|ib_device|numa_node|weight_loader_prefetch")
@@ -200,6 +202,8 @@ class StepRecord:
     server_args: Mapping[str, str] = field(default_factory=dict)
     #: the GEMM sweep's load rows in that start (None: not learned; the sweep runs whole)
     gemm: GemmRows | None = None
+    #: the format version it was written in (:data:`VERSION`; an earlier one never applies)
+    version: int = VERSION
 
     @property
     def quiet(self) -> int:
@@ -230,7 +234,7 @@ class StepRecord:
                 f"warm-up longer; bake on a quieter host for a shorter record",)
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "plan": self.plan,
+        return {"format": FORMAT, "version": self.version, "plan": self.plan,
                 "plan_sha256": self.plan_sha256, "expansion_digest": self.expansion_digest,
                 "steps": self.steps, "keep": list(self.keep), "ratio": self.ratio,
                 "min_ms": self.min_ms, "facts": dict(self.facts), "device": self.device,
@@ -243,6 +247,10 @@ class StepRecord:
 
     def mismatch(self, exp: Expansion, device: str = "") -> str | None:
         """Why this record does not apply to ``exp`` on this server (None: it applies)."""
+        if self.version != VERSION:
+            return (f"it was learned by an earlier release (record version {self.version}, whose "
+                    f"digest named each request's sampling family, not its parameters): bake "
+                    f"again to send only the loud steps")
         if self.expansion_digest != exp.digest() or self.steps != len(exp.steps):
             return (f"it was learned on another expansion (plan {self.plan}, "
                     f"{self.steps} steps, digest {self.expansion_digest}; this launch: plan "
@@ -355,9 +363,9 @@ def from_json(d: Any) -> StepRecord:
         raise StepsError("a steps record is a JSON object", hint=_HINT)
     if d.get("format") != FORMAT:
         raise StepsError(f"format: expected {FORMAT!r}, not {shown(d.get('format'))}", hint=_HINT)
-    if d.get("version") != VERSION:
-        raise StepsError(f"version: expected {VERSION}, not {shown(d.get('version'))}",
-                         hint=_HINT)
+    if d.get("version") not in READABLE or isinstance(d.get("version"), bool):
+        raise StepsError(f"version: expected one of {', '.join(map(str, READABLE))}, not "
+                         f"{shown(d.get('version'))}", hint=_HINT)
     steps = _int(d, "steps", 0, MAX_STEPS)
     keep = d.get("keep")
     if not isinstance(keep, list) or len(keep) > steps:
@@ -380,7 +388,7 @@ def from_json(d: Any) -> StepRecord:
                       learned_at=_number(d, "learned_at", 0.0, 1e11, required=False),
                       evidence=_evidence(d.get("evidence", []), steps),
                       server_args=_hashes(d.get("server_args", {})),
-                      gemm=_gemm(d.get("gemm")))
+                      gemm=_gemm(d.get("gemm")), version=int(d["version"]))
 
 
 def _gemm(value: Any) -> GemmRows | None:

@@ -242,6 +242,7 @@ def test_a_json_facts_file_with_exponent_numbers_reads_them_as_numbers(tmp_path)
     ({"chunked_prefill_size": 8192, "max_prefill_tokens": 6000}, (), 6000),    # max_prefill_tokens
     ({"chunked_prefill_size": 8192, "max_prefill_tokens": 16384}, (16, 2048), 2048),  # the graph
     ({"chunked_prefill_size": -1, "max_prefill_tokens": 20000}, (), 20000),    # chunked prefill off
+    ({"chunked_prefill_size": 4096, "max_prefill_tokens": -1}, (), 4096),      # -1 sets no bound
     ({"chunked_prefill_size": 32768}, (), 16384),  # max_prefill_tokens unresolved: SGLang's default
     ({}, (), 16384),
 ])
@@ -260,3 +261,15 @@ def test_prefill_budget_is_the_least_limit_set(settings, buckets, expected):
     assert "prefill_budget" not in f.to_dict()
     assert ("max_prefill_tokens=16384: not resolved; SGLang's default" in f.assumed) == (
         "max_prefill_tokens" not in settings)
+
+
+def test_a_dump_without_max_prefill_tokens_gets_sglangs_default():
+    """A facts dump written before the default was assumed (``max_prefill_tokens: null``) reads
+    as a facts file lacking it does: SGLang's 16,384, said in ``assumed``."""
+    f = F.from_settings({"page_size": 256, "chunked_prefill_size": 32768}, source="file",
+                        context_length=131072, vocab_size=129280)
+    dumped = {**f.to_dict(), "max_prefill_tokens": None, "assumed": []}
+    back = facts_file.from_dump(dumped, "old.json", hint="h")
+    assert back.max_prefill_tokens == 16384 and back.prefill_budget == 16384
+    assert back.assumed == ("max_prefill_tokens=16384: not resolved; SGLang's default",)
+    assert facts_file.from_dump(f.to_dict(), "new.json", hint="h") == f  # a dump reads back

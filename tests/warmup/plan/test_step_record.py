@@ -17,7 +17,7 @@ from warmup.errors import StepsError, shown
 from warmup.plan import step_record
 from warmup.serve import launch
 
-GOOD = {"format": "sglang-warmup-steps", "version": 1, "plan": "p", "plan_sha256": "ab",
+GOOD = {"format": "sglang-warmup-steps", "version": 2, "plan": "p", "plan_sha256": "ab",
         "expansion_digest": "0123456789abcdef", "steps": 4, "keep": [2, 0], "ratio": 1.2,
         "min_ms": 5.0, "facts": {"chunked_prefill_size": 8192, "decode_graph_bs": [1, 2],
                                  "default_sampling_params": {"temperature": 1.0}},
@@ -36,6 +36,17 @@ def test_a_record_reads_back_as_written(tmp_path):
     assert json.loads(path.read_text())["keep"] == [0, 2]
 
 
+def test_a_record_of_the_earlier_version_is_read_and_never_applied():
+    """Version 1 digested each request's sampling family by name: such a record is a record
+    (a launch that names it starts), and says why it does not apply."""
+    old = step_record.from_json(_with(version=1))
+    assert old.version == 1 and step_record.from_json(GOOD).version == 2
+    assert old.mismatch(None) == (  # type: ignore[arg-type]  # decided before the expansion
+        "it was learned by an earlier release (record version 1, whose digest named each "
+        "request's sampling family, not its parameters): bake again to send only the loud steps")
+    assert old.to_json()["version"] == 1  # written back as it was read
+
+
 def _with(**changes):
     return {**GOOD, **changes}
 
@@ -52,7 +63,8 @@ CORPUS = [
     ([], "a steps record is a JSON object"),
     (_with(format="sglang-warmup-run"), "format: expected 'sglang-warmup-steps', not "
                                         "'sglang-warmup-run'"),
-    (_with(version=2), "version: expected 1, not 2"),
+    (_with(version=3), "version: expected one of 1, 2, not 3"),
+    (_with(version=True), "version: expected one of 1, 2, not True"),
     (_without("steps"), "steps: expected an integer from 0 to 100,000, not None"),
     (_with(steps=10**9), "steps: expected an integer from 0 to 100,000, not 1000000000"),
     (_with(steps=True), "steps: expected an integer from 0 to 100,000, not True"),
@@ -283,6 +295,10 @@ def test_the_server_arguments_that_shape_kernels_are_compared_by_hash(tiny_model
     moved = hashed("--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "flashinfer")
     assert sorted(n for n in base if base[n] != moved.get(n)) == \
         ["attention_backend", "kv_cache_dtype"]
+    # sampling parameters SGLang merges into every request that leaves them unset (a penalty
+    # there switches on the penalties' kernels for a greedy request): compared
+    preferred = hashed("--preferred-sampling-params", '{"repetition_penalty": 1.2}')
+    assert sorted(n for n in base if base[n] != preferred.get(n)) == ["preferred_sampling_params"]
     assert step_record.server_args_of(object()) == {} == step_record.server_args_of(None)
 
 

@@ -490,7 +490,7 @@ def test_the_record_beside_the_archive_has_both_starts_gemm_load_rows(tmp_path):
     spec = prebake.prepare(PLAN, tmp_path / "a.tar", ["--model-path", "m"], port=free_port(),
                            work_dir=tmp_path / "work")
     learned = step_record.from_json({
-        "format": "sglang-warmup-steps", "version": 1, "plan": "p", "plan_sha256": "",
+        "format": "sglang-warmup-steps", "version": 2, "plan": "p", "plan_sha256": "",
         "expansion_digest": "d", "steps": 2, "keep": [1], "ratio": 1.2, "min_ms": 5.0,
         "gemm": {"blas": "H100", "max_rows": 4096, "reached": 4096,
                  "rows": {"a": [1, 9], "b": []}}})

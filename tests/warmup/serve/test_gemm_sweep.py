@@ -632,7 +632,7 @@ def _record(tmp_path, gemm):
     """A steps record with ``gemm`` (the rest as a bake writes it)."""
     import json
 
-    doc = {"format": "sglang-warmup-steps", "version": 1, "plan": "p", "plan_sha256": "",
+    doc = {"format": "sglang-warmup-steps", "version": 2, "plan": "p", "plan_sha256": "",
            "expansion_digest": "d", "steps": 1, "keep": [0], "ratio": 1.2, "min_ms": 5.0}
     if gemm is not None:
         doc["gemm"] = gemm
