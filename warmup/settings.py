@@ -165,6 +165,11 @@ STEPS = EnvVar("WARMUP_STEPS", "", _str,
                "a steps record (prebake's ARCHIVE.steps.json): send only the steps that paid a "
                "first-time cost when the cache was baked; the whole plan where it does not "
                "match this launch")
+BAKED_STATE = EnvVar("WARMUP_BAKED_STATE", "", _str,
+                     "the state directory of the start that baked the caches (prebake sets it "
+                     "for the start that learns the steps record): a step whose warm-up there "
+                     "compiled a kernel the caches keep is kept in the record, wherever this "
+                     "start loaded that kernel")
 FREEZE_GC = EnvVar("WARMUP_FREEZE_GC", True, _bool,
                    "freeze the Python garbage collector of SGLang's tokenizer manager, "
                    "schedulers and detokenizer once the warm-up is done (SGLang's /freeze_gc), "

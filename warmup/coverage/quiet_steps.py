@@ -16,9 +16,9 @@ every step of the expansion.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
-from cache_tools.compile_log import ALLOCATOR, GEMM_SWEEP
+from cache_tools.compile_log import ALLOCATOR, GEMM_SWEEP, is_kept_miss
 from warmup.plan.step_record import (StepEvidence, StepRecord, gemm_rows, prefix_closure,
                                      slower)
 
@@ -34,16 +34,19 @@ MIN_MS = 5.0
 
 
 def learn(exp: Expansion, first: RunReport, records: Iterable[Mapping], replay: RunReport, *,
-          ratio: float = RATIO, min_ms: float = MIN_MS, device: str = "") -> StepRecord:
+          ratio: float = RATIO, min_ms: float = MIN_MS, device: str = "",
+          baked: Iterable[Mapping] = ()) -> StepRecord:
     """The record of ``exp`` from its first pass (``first``: the report, ``records``: the
-    compile-log records written while it ran) and the second (``replay``)."""
+    compile-log records written while it ran) and the second (``replay``).  ``baked``: the
+    compile-log records of the start that baked the caches, on the same expansion: a step that
+    compiled there a kernel the caches keep counts as loud too.  Where steps batch by timing
+    (concurrent prompts), this start may load such a kernel at another step first, and the
+    step that compiled it in plan order, quiet here, would be left out; a launch whose
+    concurrent prompts batch otherwise would then meet the kernel after ready."""
     events: dict[int, int] = {}
-    names = {s.index: s.shape_class for s in exp.steps}
-    for r in records:
-        index = r.get("request")
-        if r.get("phase") != "warmup" or r.get("event") in (GEMM_SWEEP, ALLOCATOR) \
-                or not isinstance(index, int) or names.get(index) != r.get("shape_class"):
-            continue
+    for index in _stamped(exp, records, lambda r: r.get("event") not in (GEMM_SWEEP, ALLOCATOR)):
+        events[index] = events.get(index, 0) + 1
+    for index in _stamped(exp, baked, is_kept_miss):
         events[index] = events.get(index, 0) + 1
     first_ms, replay_ms = dict(first.step_ms), dict(replay.step_ms)
     evidence = [StepEvidence(s.index, first_ms.get(s.index), replay_ms.get(s.index),
@@ -55,6 +58,17 @@ def learn(exp: Expansion, first: RunReport, records: Iterable[Mapping], replay: 
                       facts=exp.facts.to_dict(), device=device, learned_at=round(time.time(), 3),
                       evidence=tuple(evidence), server_args=dict(exp.server_args),
                       gemm=gemm_rows(first.gemm_sweeps))
+
+
+def _stamped(exp: Expansion, records: Iterable[Mapping],
+             which: Callable[[Mapping], bool]) -> Iterable[int]:
+    """The step index of each warm-up record of ``exp``'s steps that ``which`` takes."""
+    names = {s.index: s.shape_class for s in exp.steps}
+    for r in records:
+        index = r.get("request")
+        if r.get("phase") == "warmup" and isinstance(index, int) \
+                and names.get(index) == r.get("shape_class") and which(r):
+            yield index
 
 
 def loud(evidence: Iterable[StepEvidence], *, ratio: float = RATIO, min_ms: float = MIN_MS,

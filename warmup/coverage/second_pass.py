@@ -23,10 +23,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
-from cache_tools import atomic, compile_log
+from cache_tools import atomic, compile_log, jsonfile
 from cache_tools.compile_log import is_miss, kernel_name
 from warmup.coverage.classes import ClassLatency, Coverage, RecordError, compute, read_object
-from warmup.errors import DriverError
+from warmup import settings
+from warmup.errors import DriverError, shown
 from warmup.observe import metrics
 from warmup.serve.report import RunReport
 
@@ -36,6 +37,8 @@ if TYPE_CHECKING:  # annotations only (the transports' module imports the HTTP c
     from warmup.serve.transport import Transport
 
 logger = logging.getLogger("sglang_warmup.coverage")
+#: the baking start's run report, read for its expansion digest (a shipped plan's is ~100 KiB)
+BAKED_REPORT_BYTES = 16 * 1024 * 1024
 
 
 class PassDriver(Protocol):
@@ -324,7 +327,7 @@ def _learn_steps(exp: Expansion, passes: Passes, state_dir: str | os.PathLike[st
     path = Path(state_dir) / STATE_FILE
     try:
         record = quiet_steps.learn(exp, first.report, first.records, second.report,
-                                   device=this_device())
+                                   device=this_device(), baked=_baked_records(exp))
         record.write(path)
     except OSError as exc:
         logger.warning("sglang-warmup: cannot write %s: %s", path, exc)
@@ -334,6 +337,26 @@ def _learn_steps(exp: Expansion, passes: Passes, state_dir: str | os.PathLike[st
         return
     progress(f"sglang-warmup: {len(record.keep)} of {record.steps} steps paid a first-time "
              f"cost, {record.quiet} were quiet: {path} (serve --steps sends only the first)")
+
+
+def _baked_records(exp: Expansion) -> list[dict[str, Any]]:
+    """The compile-log records of the start that baked the caches (``WARMUP_BAKED_STATE``,
+    which prebake sets for the start that learns), when its run report names this expansion's
+    digest (its step indices are this start's); none otherwise, with a warning."""
+    baked = settings.BAKED_STATE.get()
+    if not baked:
+        return []
+    try:
+        digest = jsonfile.load(Path(baked) / "report.json", BAKED_REPORT_BYTES).get(
+            "expansion_digest")
+        if digest != exp.digest():
+            raise ValueError(f"its run report names expansion {shown(digest)}, this start's is "
+                             f"{exp.digest()}")
+        return compile_log.read_dir(baked)
+    except (OSError, ValueError, AttributeError) as exc:  # JsonFileError is a ValueError
+        logger.warning("sglang-warmup: the baking start's records (%s) are not used for the "
+                       "steps record: %s", baked, exc)
+        return []
 
 
 def _write(cov: Coverage, state_dir: str | os.PathLike[str]) -> None:

@@ -104,7 +104,8 @@ def slower_throughout(ratios: Iterable[float]) -> float | None:
 class StepEvidence:
     """One step as the bake saw it: its first send and its replay (ms; None when it failed or
     was not replayed) and the compile-log records stamped with it (compiles, disk hits, builds,
-    traces, first uses)."""
+    traces, first uses in the learning start; what the cold start compiled there and the caches
+    keep)."""
 
     index: int
     first_ms: float | None

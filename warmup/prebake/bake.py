@@ -396,8 +396,9 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
         spec = launch.plan_launch(str(plan), args, report=str(wd / "report.json"),
                                   state_dir=str(wd / "state"), environ=env)
         learn = launch.plan_launch(str(plan), args, report=str(wd / LEARN_REPORT),
-                                   state_dir=str(wd / LEARN_STATE), environ=env,
-                                   second_pass=True) if learn_steps else None
+                                   state_dir=str(wd / LEARN_STATE), second_pass=True,
+                                   environ={**env, settings.BAKED_STATE.name: spec.state_dir},
+                                   ) if learn_steps else None
     except BaseException:  # cleanup on any way out (Ctrl-C too), then raised as it was
         if temporary:
             shutil.rmtree(wd, ignore_errors=True)
@@ -446,6 +447,7 @@ def _bake_env(environ: Mapping[str, str], exported: Sequence[tuple[str, str]],
             env.pop("SGL_" + var[len("SGLANG_"):], None)
     # the bake sends the whole plan: a record the environment names is for launches
     env.pop(settings.STEPS.name, None)
+    env.pop(settings.BAKED_STATE.name, None)  # the bake names its own cold start to the learning
     warnings = [f"{var}={env[var]} is set: Triton may keep kernels outside {cache_root} and "
                 f"they would not be baked"
                 for var in ("TRITON_CACHE_MANAGER", "TRITON_REMOTE_CACHE_BACKEND") if env.get(var)]

@@ -336,3 +336,61 @@ def test_the_record_keeps_the_load_rows_of_the_sweeps_up_to_where_they_all_reach
         assert step_record.gemm_rows([_sweep(), bad]) is None, bad
     assert step_record.gemm_rows([]) is None
     assert quiet_steps.learn(exp, _report(exp, steady), [], _report(exp, steady)).gemm is None
+
+
+def test_a_step_that_compiled_in_the_baking_start_is_kept(fake_tokenizer_manager,
+                                                            tiny_plan_path):
+    """The start that baked the caches compiled a kernel at step 3, the learning start loaded
+    it first at step 1 (a step that batches by timing): step 3 ran quiet there, yet a launch
+    whose step 1 batches otherwise meets the kernel at step 3, or after ready.  Kept; what the
+    caches do not keep (Dynamo's traces), other phases and other steps' records are not."""
+    exp = tiny_expansion(fake_tokenizer_manager(), tiny_plan_path)
+    steady = {s.index: 50.0 for s in exp.steps}
+    cls = {s.index: s.shape_class for s in exp.steps}
+
+    def rec(event, index, **more):
+        return compile_log.record(event, phase=more.pop("phase", "warmup"),
+                                  shape_class=more.pop("shape_class", cls[index]),
+                                  request=index, compiler=more.pop("compiler", "triton"))
+
+    learning = [rec(compile_log.HIT, 1)]
+    baked = [rec(compile_log.MISS, 3), rec(compile_log.MISS, 7, compiler="dynamo"),
+             rec(compile_log.MISS, 8, phase="init"), rec(compile_log.HIT, 9),
+             rec(compile_log.MISS, 10, shape_class="other"),
+             dict(compile_log.record(compile_log.JIT_BUILD, phase="warmup", shape_class=cls[11],
+                                     request=11, compiler="deep_gemm"), outcome=compile_log.BUILT)]
+    record = quiet_steps.learn(exp, _report(exp, steady), learning, _report(exp, steady),
+                               baked=baked)
+    assert record.keep == tuple(sorted(step_record.prefix_closure(exp, {1, 3, 11})))
+    assert {e.index: e.events for e in record.evidence if e.events} == {1: 1, 3: 1, 11: 1}
+    # without the baking start's records, step 3 and 11 are quiet
+    alone = quiet_steps.learn(exp, _report(exp, steady), learning, _report(exp, steady))
+    assert 3 not in alone.keep and 11 not in alone.keep
+
+
+def test_the_learning_start_reads_the_baking_starts_records_of_its_own_expansion(
+        fake_tokenizer_manager, tiny_plan_path, tmp_path, monkeypatch, caplog):
+    exp = tiny_expansion(fake_tokenizer_manager(), tiny_plan_path)
+    baked = tmp_path / "state"
+    writer = compile_log.Writer(compile_log.directory(str(baked)))
+    miss = compile_log.record(compile_log.MISS, phase="warmup", shape_class=exp.steps[2].shape_class,
+                              request=2, compiler="triton")
+    writer.write(miss)
+    writer.close()
+    assert second_pass._baked_records(exp) == []          # not set: nothing read
+    monkeypatch.setenv("WARMUP_BAKED_STATE", str(baked))
+    with caplog.at_level(logging.WARNING, logger="sglang_warmup.coverage"):
+        assert second_pass._baked_records(exp) == []      # no run report there
+    assert f"the baking start's records ({baked}) are not used for the steps record: " \
+           "cannot read" in caplog.text
+    (baked / "report.json").write_text(json.dumps({"expansion_digest": "0" * 16}))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sglang_warmup.coverage"):
+        assert second_pass._baked_records(exp) == []      # another expansion's step indices
+    assert f"its run report names expansion '{'0' * 16}', this start's is {exp.digest()}" \
+        in caplog.text
+    (baked / "report.json").write_text(json.dumps({"expansion_digest": exp.digest()}))
+    got = second_pass._baked_records(exp)
+    assert [(r["event"], r["request"]) for r in got] == [(compile_log.MISS, 2)]
+    (baked / "report.json").write_text("[1, 2]")        # JSON, not a report
+    assert second_pass._baked_records(exp) == []

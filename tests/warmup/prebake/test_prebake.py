@@ -483,6 +483,20 @@ def test_the_environment_pins_every_cache_under_the_root(tmp_path, monkeypatch):
     assert not spec.work_dir.exists()
 
 
+def test_the_learning_start_is_told_where_the_cold_start_wrote(tmp_path, monkeypatch):
+    """The start that learns the steps record reads the cold start's compile log (a step that
+    compiled there is kept); the cold start reads nobody's, whatever the caller's environment
+    says."""
+    monkeypatch.setenv("WARMUP_BAKED_STATE", "/somewhere/else")
+    spec = prebake.prepare(PLAN, tmp_path / "a.tar", ["--model-path", "m"], port=free_port(),
+                           work_dir=tmp_path / "work")
+    try:
+        assert spec.learn.env["WARMUP_BAKED_STATE"] == spec.launch.state_dir
+        assert "WARMUP_BAKED_STATE" not in spec.launch.env
+    finally:
+        spec.discard()
+
+
 def test_the_record_beside_the_archive_has_both_starts_gemm_load_rows(tmp_path):
     """cuBLAS loads the same kernels in every fresh process: the cold start's sweep and the
     learning start's together name every load row either saw; a cold sweep on another GPU, or
