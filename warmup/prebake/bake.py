@@ -395,9 +395,8 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
                                   cache_root)
         spec = launch.plan_launch(str(plan), args, report=str(wd / "report.json"),
                                   state_dir=str(wd / "state"), environ=env)
-        learn = launch.plan_launch(str(plan), args, report=str(wd / LEARN_REPORT),
-                                   state_dir=str(wd / LEARN_STATE), second_pass=True,
-                                   environ={**env, settings.BAKED_STATE.name: spec.state_dir},
+        learn = launch.plan_launch(str(plan), args, report=str(wd / LEARN_REPORT), state_dir=str(wd / LEARN_STATE),
+                                   second_pass=True, environ={**env, settings.BAKED_STATE.name: spec.state_dir},
                                    ) if learn_steps else None
     except BaseException:  # cleanup on any way out (Ctrl-C too), then raised as it was
         if temporary:
@@ -445,8 +444,7 @@ def _bake_env(environ: Mapping[str, str], exported: Sequence[tuple[str, str]],
         env[var] = value
         if var.startswith("SGLANG_"):  # SGLang's legacy SGL_<X> spelling would win
             env.pop("SGL_" + var[len("SGLANG_"):], None)
-    # the bake sends the whole plan: a record the environment names is for launches
-    env.pop(settings.STEPS.name, None)
+    env.pop(settings.STEPS.name, None)  # the bake sends the whole plan: a record is for launches
     env.pop(settings.BAKED_STATE.name, None)  # the bake names its own cold start to the learning
     warnings = [f"{var}={env[var]} is set: Triton may keep kernels outside {cache_root} and "
                 f"they would not be baked"
