@@ -35,19 +35,23 @@ MIN_MS = 5.0
 
 def learn(exp: Expansion, first: RunReport, records: Iterable[Mapping], replay: RunReport, *,
           ratio: float = RATIO, min_ms: float = MIN_MS, device: str = "",
-          baked: Iterable[Mapping] = ()) -> StepRecord:
+          baked: Iterable[Mapping] | None = None) -> StepRecord:
     """The record of ``exp`` from its first pass (``first``: the report, ``records``: the
     compile-log records written while it ran) and the second (``replay``).  ``baked``: the
     compile-log records of the start that baked the caches, on the same expansion: a step that
     compiled there a kernel the caches keep counts as loud too.  Where steps batch by timing
     (concurrent prompts), this start may load such a kernel at another step first, and the
     step that compiled it in plan order, quiet here, would be left out; a launch whose
-    concurrent prompts batch otherwise would then meet the kernel after ready."""
+    concurrent prompts batch otherwise would then meet the kernel after ready.  (A library
+    build seen in its cache directory is stamped with the step of the watcher's poll, which
+    may be the next: that keeps one step too many, never one too few.)"""
     events: dict[int, int] = {}
     for index in _stamped(exp, records, lambda r: r.get("event") not in (GEMM_SWEEP, ALLOCATOR)):
         events[index] = events.get(index, 0) + 1
-    for index in _stamped(exp, baked, is_kept_miss):
+    counted = 0
+    for index in _stamped(exp, baked or (), is_kept_miss):
         events[index] = events.get(index, 0) + 1
+        counted += 1
     first_ms, replay_ms = dict(first.step_ms), dict(replay.step_ms)
     evidence = [StepEvidence(s.index, first_ms.get(s.index), replay_ms.get(s.index),
                              events.get(s.index, 0)) for s in exp.steps]
@@ -57,7 +61,8 @@ def learn(exp: Expansion, first: RunReport, records: Iterable[Mapping], replay: 
                       keep=tuple(sorted(prefix_closure(exp, keep))), ratio=ratio, min_ms=min_ms,
                       facts=exp.facts.to_dict(), device=device, learned_at=round(time.time(), 3),
                       evidence=tuple(evidence), server_args=dict(exp.server_args),
-                      gemm=gemm_rows(first.gemm_sweeps))
+                      gemm=gemm_rows(first.gemm_sweeps),
+                      baked=None if baked is None else counted)
 
 
 def _stamped(exp: Expansion, records: Iterable[Mapping],

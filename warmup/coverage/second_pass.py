@@ -29,7 +29,7 @@ from warmup.coverage.classes import ClassLatency, Coverage, RecordError, compute
 from warmup import settings
 from warmup.errors import DriverError, shown
 from warmup.observe import metrics
-from warmup.serve.report import RunReport
+from warmup.serve.report import MAX_REPORT_BYTES, RunReport
 
 if TYPE_CHECKING:  # annotations only (the transports' module imports the HTTP client)
     from warmup.observe.metrics import Metrics
@@ -37,8 +37,6 @@ if TYPE_CHECKING:  # annotations only (the transports' module imports the HTTP c
     from warmup.serve.transport import Transport
 
 logger = logging.getLogger("sglang_warmup.coverage")
-#: the baking start's run report, read for its expansion digest (a shipped plan's is ~100 KiB)
-BAKED_REPORT_BYTES = 16 * 1024 * 1024
 
 
 class PassDriver(Protocol):
@@ -339,24 +337,25 @@ def _learn_steps(exp: Expansion, passes: Passes, state_dir: str | os.PathLike[st
              f"cost, {record.quiet} were quiet: {path} (serve --steps sends only the first)")
 
 
-def _baked_records(exp: Expansion) -> list[dict[str, Any]]:
+def _baked_records(exp: Expansion) -> list[dict[str, Any]] | None:
     """The compile-log records of the start that baked the caches (``WARMUP_BAKED_STATE``,
     which prebake sets for the start that learns), when its run report names this expansion's
-    digest (its step indices are this start's); none otherwise, with a warning."""
+    digest (its step indices are this start's); None otherwise, with a warning where it was
+    named (the record says it was not read, and prebake warns)."""
     baked = settings.BAKED_STATE.get()
     if not baked:
-        return []
+        return None
     try:
-        digest = jsonfile.load(Path(baked) / "report.json", BAKED_REPORT_BYTES).get(
+        digest = jsonfile.load(Path(baked) / "report.json", MAX_REPORT_BYTES).get(
             "expansion_digest")
         if digest != exp.digest():
             raise ValueError(f"its run report names expansion {shown(digest)}, this start's is "
                              f"{exp.digest()}")
         return compile_log.read_dir(baked)
-    except (OSError, ValueError, AttributeError) as exc:  # JsonFileError is a ValueError
+    except Exception as exc:  # an extra for the record: never the record's loss
         logger.warning("sglang-warmup: the baking start's records (%s) are not used for the "
                        "steps record: %s", baked, exc)
-        return []
+        return None
 
 
 def _write(cov: Coverage, state_dir: str | os.PathLike[str]) -> None:

@@ -46,6 +46,8 @@ READABLE = (1, 2)
 #: A record of the shipped plans is some 30 KiB; a plan may have at most this many steps.
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_STEPS = 100_000
+#: the cold start's compiles a record may count (a shipped plan's bake: some 100)
+MAX_BAKED = 10_000_000
 #: Facts never compared: where the facts came from, and the capacities SGLang sizes from the
 #: GPU's free memory at each start (the KV pool, the request cap it implies), which move a little
 #: from launch to launch; where they change the steps, the digest differs.
@@ -205,6 +207,8 @@ class StepRecord:
     gemm: GemmRows | None = None
     #: the format version it was written in (:data:`VERSION`; an earlier one never applies)
     version: int = VERSION
+    #: the cold start's compiles counted in ``evidence`` (None: its compile log was not read)
+    baked: int | None = None
 
     @property
     def quiet(self) -> int:
@@ -241,7 +245,8 @@ class StepRecord:
                 "min_ms": self.min_ms, "facts": dict(self.facts), "device": self.device,
                 "learned_at": self.learned_at, "server_args": dict(self.server_args),
                 "evidence": [e.to_json() for e in self.evidence],
-                **({"gemm": self.gemm.to_json()} if self.gemm is not None else {})}
+                **({"gemm": self.gemm.to_json()} if self.gemm is not None else {}),
+                **({"baked": self.baked} if self.baked is not None else {})}
 
     def write(self, path: str | os.PathLike[str]) -> None:
         atomic.write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
@@ -389,7 +394,8 @@ def from_json(d: Any) -> StepRecord:
                       learned_at=_number(d, "learned_at", 0.0, 1e11, required=False),
                       evidence=_evidence(d.get("evidence", []), steps),
                       server_args=_hashes(d.get("server_args", {})),
-                      gemm=_gemm(d.get("gemm")), version=int(d["version"]))
+                      gemm=_gemm(d.get("gemm")), version=int(d["version"]),
+                      baked=None if d.get("baked") is None else _int(d, "baked", 0, MAX_BAKED))
 
 
 def _gemm(value: Any) -> GemmRows | None:

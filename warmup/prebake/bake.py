@@ -1,4 +1,8 @@
-"""Prebake: run SGLang once with a plan against empty caches, then pack everything it compiled
+"""Longer than 500 lines: one bake in the order it runs (plan, cold start, pack, the start that
+learns the steps record, the record), each step short; the process group's handling has its own
+module.
+
+Prebake: run SGLang once with a plan against empty caches, then pack everything it compiled
 into one archive with its manifest (for a runtime image, or for a fleet's shared store).
 
 Inspect, plan, execute: :func:`prepare` validates the inputs and computes a
@@ -36,6 +40,7 @@ from warmup.errors import SidecarError, WarmupError
 from warmup.plan import step_record
 from warmup.serve import launch
 from warmup.serve.launch import Launch
+from warmup.serve.report import MAX_REPORT_BYTES
 from warmup.serve.http import HttpClient, Probe, wait_for_health
 from warmup.prebake.process_group import stop_process_group
 from warmup.prebake.result import PrebakeResult, baked_kinds
@@ -46,8 +51,6 @@ SGLANG_DEFAULT_PORT = 30000
 _LOG_TAIL = 30  # server log lines shown when it fails
 #: The start that learns the steps record, in the work directory: its run report and state
 LEARN_REPORT, LEARN_STATE = "learn-report.json", "learn-state"
-#: A run report is some 100 KiB for the largest shipped plan
-_MAX_REPORT_BYTES = 64 * 1024 * 1024
 
 
 def _arg_value(args: Sequence[str], flag: str) -> str | None:
@@ -263,6 +266,11 @@ class PrebakePlan:
                             f"whole plan")
             return None, ""
         warnings.extend(record.drift_notes)
+        if record.baked is None:
+            warnings.append(f"the start that learned the steps record did not read the cold "
+                            f"start's compile log ({self.work_dir / 'learn.log'} says why): a "
+                            f"step that batches by timing may have hidden the step that compiles "
+                            f"a kernel in plan order, which a launch then meets after ready")
         again = _compiled_again(self.launch.state_dir, self.learn.state_dir)
         if again:
             warnings.append(f"the start from the baked caches compiled {len(again)} kernel(s) "
@@ -317,7 +325,7 @@ def _read_report(path: Path) -> dict[str, Any]:
                            hint="install sglang-warmup in the environment that runs SGLang "
                                 "(pip install, so its plugin entry point loads)")
     try:
-        report = jsonfile.load(path, _MAX_REPORT_BYTES)
+        report = jsonfile.load(path, MAX_REPORT_BYTES)
     except jsonfile.JsonFileError as exc:
         raise SidecarError(f"cannot read the run report {path}: {exc}",
                            hint="see the server log") from None
@@ -395,9 +403,11 @@ def prepare(plan: str | os.PathLike[str], out: str | os.PathLike[str],
                                   cache_root)
         spec = launch.plan_launch(str(plan), args, report=str(wd / "report.json"),
                                   state_dir=str(wd / "state"), environ=env)
-        learn = launch.plan_launch(str(plan), args, report=str(wd / LEARN_REPORT), state_dir=str(wd / LEARN_STATE),
-                                   second_pass=True, environ={**env, settings.BAKED_STATE.name: spec.state_dir},
-                                   ) if learn_steps else None
+        # the learning start reads the cold start's compile log (docs/coverage.md)
+        learn = launch.plan_launch(
+            str(plan), args, report=str(wd / LEARN_REPORT), state_dir=str(wd / LEARN_STATE),
+            second_pass=True, environ={**env, settings.BAKED_STATE.name: spec.state_dir},
+        ) if learn_steps else None
     except BaseException:  # cleanup on any way out (Ctrl-C too), then raised as it was
         if temporary:
             shutil.rmtree(wd, ignore_errors=True)
@@ -444,8 +454,10 @@ def _bake_env(environ: Mapping[str, str], exported: Sequence[tuple[str, str]],
         env[var] = value
         if var.startswith("SGLANG_"):  # SGLang's legacy SGL_<X> spelling would win
             env.pop("SGL_" + var[len("SGLANG_"):], None)
-    env.pop(settings.STEPS.name, None)  # the bake sends the whole plan: a record is for launches
-    env.pop(settings.BAKED_STATE.name, None)  # the bake names its own cold start to the learning
+    # the bake sends the whole plan (a record the environment names is for launches), and names
+    # its own cold start to the start that learns the record
+    for var in (settings.STEPS.name, settings.BAKED_STATE.name):
+        env.pop(var, None)
     warnings = [f"{var}={env[var]} is set: Triton may keep kernels outside {cache_root} and "
                 f"they would not be baked"
                 for var in ("TRITON_CACHE_MANAGER", "TRITON_REMOTE_CACHE_BACKEND") if env.get(var)]

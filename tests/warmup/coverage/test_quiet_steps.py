@@ -362,10 +362,12 @@ def test_a_step_that_compiled_in_the_baking_start_is_kept(fake_tokenizer_manager
     record = quiet_steps.learn(exp, _report(exp, steady), learning, _report(exp, steady),
                                baked=baked)
     assert record.keep == tuple(sorted(step_record.prefix_closure(exp, {1, 3, 11})))
+    assert record.baked == 2 and step_record.from_json(record.to_json()).baked == 2
     assert {e.index: e.events for e in record.evidence if e.events} == {1: 1, 3: 1, 11: 1}
     # without the baking start's records, step 3 and 11 are quiet
     alone = quiet_steps.learn(exp, _report(exp, steady), learning, _report(exp, steady))
-    assert 3 not in alone.keep and 11 not in alone.keep
+    assert 3 not in alone.keep and 11 not in alone.keep and alone.baked is None
+    assert "baked" not in alone.to_json()
 
 
 def test_the_learning_start_reads_the_baking_starts_records_of_its_own_expansion(
@@ -377,20 +379,20 @@ def test_the_learning_start_reads_the_baking_starts_records_of_its_own_expansion
                               request=2, compiler="triton")
     writer.write(miss)
     writer.close()
-    assert second_pass._baked_records(exp) == []          # not set: nothing read
+    assert second_pass._baked_records(exp) is None        # not set: nothing read
     monkeypatch.setenv("WARMUP_BAKED_STATE", str(baked))
     with caplog.at_level(logging.WARNING, logger="sglang_warmup.coverage"):
-        assert second_pass._baked_records(exp) == []      # no run report there
+        assert second_pass._baked_records(exp) is None    # no run report there
     assert f"the baking start's records ({baked}) are not used for the steps record: " \
            "cannot read" in caplog.text
     (baked / "report.json").write_text(json.dumps({"expansion_digest": "0" * 16}))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="sglang_warmup.coverage"):
-        assert second_pass._baked_records(exp) == []      # another expansion's step indices
+        assert second_pass._baked_records(exp) is None    # another expansion's step indices
     assert f"its run report names expansion '{'0' * 16}', this start's is {exp.digest()}" \
         in caplog.text
     (baked / "report.json").write_text(json.dumps({"expansion_digest": exp.digest()}))
     got = second_pass._baked_records(exp)
     assert [(r["event"], r["request"]) for r in got] == [(compile_log.MISS, 2)]
     (baked / "report.json").write_text("[1, 2]")        # JSON, not a report
-    assert second_pass._baked_records(exp) == []
+    assert second_pass._baked_records(exp) is None

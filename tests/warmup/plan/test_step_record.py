@@ -65,6 +65,8 @@ CORPUS = [
                                         "'sglang-warmup-run'"),
     (_with(version=3), "version: expected one of 1, 2, not 3"),
     (_with(version=True), "version: expected one of 1, 2, not True"),
+    (_with(baked=-1), "baked: expected an integer from 0 to 10,000,000, not -1"),
+    (_with(baked=True), "baked: expected an integer from 0 to 10,000,000, not True"),
     (_without("steps"), "steps: expected an integer from 0 to 100,000, not None"),
     (_with(steps=10**9), "steps: expected an integer from 0 to 100,000, not 1000000000"),
     (_with(steps=True), "steps: expected an integer from 0 to 100,000, not True"),

@@ -5,6 +5,7 @@ the same kernels are disk-cache hits."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -212,6 +213,8 @@ def test_the_record_trims_a_launch_on_the_restored_archive_and_not_on_a_cold_cac
     r = run_prebake(env, "--out", str(out), "--port", str(free_port()))
     assert r.returncode == 0, r.stderr
     record = step_record.read(str(out) + ".steps.json")
+    # the learning start read the cold start's compiles (its Triton misses, at their steps)
+    assert record.baked == 3 and "did not read the cold start's compile log" not in r.stdout
     archive.plan_restore(out, dest=tmp_path / "restored").execute()
 
     restored = launch_from(env, tmp_path, "restored-launch", tmp_path / "restored" / "triton",
@@ -311,7 +314,7 @@ def test_a_damaged_run_report_is_one_line_read_bounded(tmp_path, monkeypatch):
     with pytest.raises(SidecarError) as info:
         prebake._read_report(report)
     assert info.value.message.startswith(f"cannot read the run report {report}: not JSON: ")
-    monkeypatch.setattr(prebake, "_MAX_REPORT_BYTES", 4)
+    monkeypatch.setattr(prebake, "MAX_REPORT_BYTES", 4)
     report.write_text('{"ok": true}')
     with pytest.raises(SidecarError) as info:
         prebake._read_report(report)
@@ -506,8 +509,8 @@ def test_the_record_beside_the_archive_has_both_starts_gemm_load_rows(tmp_path):
     learned = step_record.from_json({
         "format": "sglang-warmup-steps", "version": 2, "plan": "p", "plan_sha256": "",
         "expansion_digest": "d", "steps": 2, "keep": [1], "ratio": 1.2, "min_ms": 5.0,
-        "gemm": {"blas": "H100", "max_rows": 4096, "reached": 4096,
-                 "rows": {"a": [1, 9], "b": []}}})
+        "baked": 4, "gemm": {"blas": "H100", "max_rows": 4096, "reached": 4096,
+                             "rows": {"a": [1, 9], "b": []}}})
     learned.write(Path(spec.learn.state_dir) / step_record.STATE_FILE)
 
     def cold(**changes):
@@ -522,3 +525,12 @@ def test_the_record_beside_the_archive_has_both_starts_gemm_load_rows(tmp_path):
     for other in (cold(blas="H200"), cold(learned=3), {"gemm_sweeps": "x"}, {}):
         path, _ = spec._keep_steps(warnings, other)
         assert step_record.read(path).gemm == learned.gemm
+    assert warnings == []
+    # a learning start that could not read the cold start's compile log: said
+    dataclasses.replace(learned, baked=None).write(Path(spec.learn.state_dir) /
+                                                   step_record.STATE_FILE)
+    spec._keep_steps(warnings, cold())
+    assert warnings == [f"the start that learned the steps record did not read the cold start's "
+                        f"compile log ({spec.work_dir / 'learn.log'} says why): a step that "
+                        f"batches by timing may have hidden the step that compiles a kernel in "
+                        f"plan order, which a launch then meets after ready"]

@@ -122,8 +122,9 @@ def main() -> None:
     result = asyncio.run(second_pass.run(driver, exp))
     print(f"fake sglang: warm-up {plan.name}: {result.run.requests} requests in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
-    if mode != "no-report":
-        Path(env["WARMUP_REPORT"]).write_text(json.dumps(result.to_dict()))  # as the hook does
+    if mode != "no-report":  # as the hook does: where asked, and in the state directory
+        for target in (env["WARMUP_REPORT"], state / "report.json"):
+            Path(target).write_text(json.dumps(result.to_dict()))
     opts = standin.build_parser().parse_args(["--host", args.host, "--port", str(args.port)]
                                              + (["--never-healthy"] if mode == "never-ready" else []))
     standin.serve(opts, announce=False)
