@@ -1049,9 +1049,9 @@ def restrict(record_path: str, ratio: float, min_ms: float, out: str) -> None:
     facts = facts_file.from_dump(dict(rec.facts), record_path, hint="a record prebake wrote")
     plan = shipped.path(rec.plan)
     exp = expand(loader.load(plan if plan is not None else rec.plan), facts)
-    if exp.digest() != rec.expansion_digest:
-        raise SystemExit(f"{record_path}: learned on another expansion (other steps, or prompts "
-                         "made another way)")
+    why = rec.mismatch(exp)
+    if why is not None:  # the same check a launch makes (the device aside: not known here)
+        raise SystemExit(f"{record_path}: {why}")
     keep = step_record.prefix_closure(exp, quiet_steps.loud(
         rec.evidence, ratio=ratio, min_ms=min_ms, hitting=quiet_steps.hitting(exp)))
     dataclasses.replace(rec, keep=tuple(sorted(keep)), ratio=ratio, min_ms=min_ms).write(out)
