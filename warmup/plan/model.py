@@ -365,9 +365,10 @@ def _logprob_limit(r: WarmupRequest) -> int:
 
 def _number(o: Any) -> Any:
     """A parameter JSON cannot hold, as the number it is (a numpy scalar from a model's
-    generation config); anything else by its text, which never matches a record."""
+    generation config); anything else by its ``repr``: one with an address differs in every
+    process, so a record never applies on it (never a false match)."""
     item = getattr(o, "item", None)
-    return item() if callable(item) else f"<{type(o).__name__}>"
+    return item() if callable(item) else repr(o)
 
 
 def _req_dict(r: WarmupRequest) -> dict[str, Any]:

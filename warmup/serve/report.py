@@ -28,9 +28,9 @@ _SWEEP_FIELDS = ("pid", "shapes", "calls", "rows_reached", "max_rows", "duration
                  "stopped_by_budget", "capped_rows", "capped_shape", "failed", "learned", "blas",
                  "load_rows")
 
-
 #: the most a run report file may hold when read back (the largest shipped plan's is ~100 KiB)
 MAX_REPORT_BYTES = 64 * 1024 * 1024
+
 
 @dataclass
 class _Tally:

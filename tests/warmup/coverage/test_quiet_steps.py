@@ -396,3 +396,22 @@ def test_the_learning_start_reads_the_baking_starts_records_of_its_own_expansion
     assert [(r["event"], r["request"]) for r in got] == [(compile_log.MISS, 2)]
     (baked / "report.json").write_text("[1, 2]")        # JSON, not a report
     assert second_pass._baked_records(exp) is None
+
+
+def test_the_digest_takes_a_numpy_scalar_as_its_number(fake_tokenizer_manager, tiny_plan_path):
+    """A model's generation config may hand a numpy scalar: the digest reads it as the number
+    (the same digest as the plain float), and an object it cannot read as a number makes a
+    digest of its own."""
+    import numpy as np
+
+    exp = tiny_expansion(fake_tokenizer_manager(), tiny_plan_path)
+    first = exp.steps[0]
+
+    def with_temperature(value):
+        reqs = tuple(dataclasses.replace(r, sampling_params=(("temperature", value),))
+                     for r in first.requests)
+        return dataclasses.replace(exp, steps=(dataclasses.replace(first, requests=reqs),
+                                               *exp.steps[1:])).digest()
+
+    assert with_temperature(np.float64(0.7)) == with_temperature(0.7) != with_temperature(0.8)
+    assert with_temperature(object()) != with_temperature(object())
