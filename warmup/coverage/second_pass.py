@@ -346,11 +346,11 @@ def _baked_records(exp: Expansion) -> list[dict[str, Any]] | None:
     if not baked:
         return None
     try:
-        digest = jsonfile.load(Path(baked) / "report.json", MAX_REPORT_BYTES).get(
-            "expansion_digest")
-        if digest != exp.digest():
+        digest, ours = jsonfile.load(Path(baked) / "report.json", MAX_REPORT_BYTES).get(
+            "expansion_digest"), exp.digest()
+        if digest != ours:
             raise ValueError(f"its run report names expansion {shown(digest)}, this start's is "
-                             f"{exp.digest()}")
+                             f"{ours}")
         return compile_log.read_dir(baked)
     except Exception as exc:  # an extra for the record: never the record's loss
         logger.warning("sglang-warmup: the baking start's records (%s) are not used for the "

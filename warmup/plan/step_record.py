@@ -257,10 +257,11 @@ class StepRecord:
             return (f"it was learned by an earlier release (record version {self.version}, whose "
                     f"digest named each request's sampling family, not its parameters): bake "
                     f"again to send only the loud steps")
-        if self.expansion_digest != exp.digest() or self.steps != len(exp.steps):
+        digest = exp.digest()  # a hash of every request: once
+        if self.expansion_digest != digest or self.steps != len(exp.steps):
             return (f"it was learned on another expansion (plan {self.plan}, "
                     f"{self.steps} steps, digest {self.expansion_digest}; this launch: plan "
-                    f"{exp.plan}, {len(exp.steps)} steps, digest {exp.digest()})")
+                    f"{exp.plan}, {len(exp.steps)} steps, digest {digest})")
         here = exp.facts.to_dict()
         for name in sorted(set(self.facts) | set(here)):
             if name in _NOT_COMPARED:

@@ -785,7 +785,6 @@ def test_the_hit_model_follows_sglangs_match():
     assert off.prefix_hits() == {}
 
 
-
 def test_a_batch_counts_against_one_forward_in_whole_pages():
     """As SGLang's scheduler charges it: each prompt in whole pages against the chunk; no
     budget, no limit; a page below one token counts as one."""
